@@ -1,0 +1,61 @@
+# Targets with a `## ` comment are listed by `make help`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HARNESS := $(VENV)/bin/harness
+# The torch build. Here the CPU wheel on disk; on a GPU cluster for example
+#   make setup TORCH_SPEC='torch==2.13.0' TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+# JIT-built DeepSpeed ops are cached here so each is compiled once per machine.
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/harness/torch_extensions
+
+R ?= cpu_zero2
+S ?= cpu_grid
+ARGS ?=
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) '$(TORCH_SPEC)'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed ## make .venv and install the harness (TORCH_SPEC / TORCH_INDEX_URL choose torch)
+
+recipe: setup ## run one preset end to end: make recipe R=<name> [ARGS='layout.zero_stage=3 ...']
+	$(HARNESS) run recipes=$(R) $(ARGS)
+
+plan: setup ## predict memory / FLOPs / validity without launching: make plan R=<name> [ARGS=...]
+	$(HARNESS) plan recipes=$(R) $(ARGS)
+
+sweep: setup ## run a grid preset: make sweep S=<sweep preset> [ARGS=...]
+	$(HARNESS) sweep sweep=$(S) $(ARGS)
+
+report: setup ## aggregate the newest sweep (or D=<dir>) into summary.csv and report.html
+	$(HARNESS) report $(D)
+
+test: setup ## run every test (unit, integration on CPU, local Slurm)
+	$(PY) -m pytest -q
+
+test-unit: setup ## fast pure tests only
+	$(PY) -m pytest -q tests/unit
+
+bench: setup ## overhead and planning benchmarks
+	$(PY) tests/bench/bench_plan.py
+	$(PY) tests/bench/bench_overhead.py
+
+slurm-up: ## start a local two-node Slurm cluster
+	bash slurm/local/up.sh
+
+slurm-down: ## stop the local Slurm cluster
+	bash slurm/local/down.sh
+
+clean: ## remove the virtualenv
+	rm -rf $(VENV)
+
+.PHONY: help setup recipe plan sweep report test test-unit bench slurm-up slurm-down clean

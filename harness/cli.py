@@ -1,0 +1,111 @@
+"""`harness run | plan | sweep | report`: the command line the Makefile drives."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List
+
+USAGE = """usage: harness COMMAND [hydra overrides...]
+
+  run     compose one config (or a Hydra -m grid), plan, render, launch, measure; prints the summary
+  plan    predict memory / FLOPs / validity for one layout or a grid (no launch)
+  sweep   run a grid preset: sweep=<hydra_configs/sweep/NAME> [overrides]
+  report  aggregate a results directory into summary.csv and report.html
+
+examples:
+  harness run recipes=cpu_zero2
+  harness run recipes=cpu_zero2 layout.zero_stage=3 --cfg job
+  harness plan model=llama3_1_70b cluster=h100_8x8 layout.tp=8 layout.pp=4 layout.dp_shard=2
+"""
+
+_failed_runs: List[str] = []
+
+
+def _run_task(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from harness.config.compose import to_run_config
+    from harness.launch.local import launch_local
+    from harness.launch.prepare import RunRejected, prepare_run
+    from harness.report.table import print_table, write_summary
+    from harness.runtime.sinks import wandb_environment
+
+    run = to_run_config(cfg)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        prepared = prepare_run(run, run_dir)
+    except RunRejected as error:
+        print(f"{run_dir.name}: {error}", file=sys.stderr)
+        _failed_runs.append(run_dir.name)
+        return
+    print(f"[harness] {run_dir}: {prepared.rendered.command_line()}", flush=True)
+    state, reason = launch_local(prepared.rendered, run.launcher.timeout_s, wandb_environment(run_dir, run.tracking))
+    print(f"[harness] {run_dir.name}: {state} {reason}".rstrip(), flush=True)
+    if state != "COMPLETED":
+        _failed_runs.append(run_dir.name)
+    sweep_dir = run_dir.parent
+    frame = write_summary(sweep_dir)
+    print_table(frame, title=str(sweep_dir))
+    print(f"[harness] summary: {sweep_dir / 'summary.csv'}")
+
+
+def run_command(args: List[str]) -> int:
+    import hydra
+
+    from harness.config.compose import CONFIG_DIR, PRIMARY_CONFIG, SEARCHPATH_OVERRIDE, register_schemas
+
+    register_schemas()
+    sys.argv = ["harness run", *args, SEARCHPATH_OVERRIDE]
+    hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
+    if _failed_runs:
+        print(f"[harness] not completed: {', '.join(_failed_runs)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def plan_command(args: List[str]) -> int:
+    from harness.config.compose import compose_run_config
+    from harness.config.grid import expand_grid
+    from harness.plan.planner import make_plan, plan_rows
+    from harness.report.table import print_rows
+
+    plans = [make_plan(compose_run_config(point)) for point in expand_grid(args)]
+    rows = plan_rows(plans)
+    print_rows(rows, title=f"{len(plans)} layout(s)")
+    for plan in plans:
+        for message in [*plan.errors, *plan.warnings]:
+            print(f"  {plan.layout.name}: {message}")
+    return 0 if all(not plan.errors for plan in plans) else 1
+
+
+def report_command(args: List[str]) -> int:
+    from harness.report.table import print_table, write_summary
+
+    root = Path(args[0]) if args else _newest_sweep(Path("results"))
+    frame = write_summary(root)
+    print_table(frame, title=str(root))
+    print(f"[harness] summary: {root / 'summary.csv'}")
+    return 0
+
+
+def _newest_sweep(results: Path) -> Path:
+    candidates = sorted((p for p in results.glob("*/*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        raise SystemExit(f"no sweep under {results}/: run `make recipe` first or pass a directory")
+    return candidates[-1]
+
+
+COMMANDS = {"run": run_command, "plan": plan_command, "report": report_command}
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
+        print(USAGE)
+        return 0 if not args or args[0] in ("-h", "--help") else 2
+    return COMMANDS[args[0]](args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

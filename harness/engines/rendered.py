@@ -1,0 +1,72 @@
+"""`RenderedRun`: what an engine writes into a run directory and how its ranks are started."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List
+
+RENDERED_FILE = "rendered.json"
+# Placeholders in `argv` that the launcher fills: locally with concrete values, on Slurm with env vars.
+NODE_RANK, MASTER_ADDR, MASTER_PORT = "{node_rank}", "{master_addr}", "{master_port}"
+RANK_PROGRAM = ["-m", "harness.runtime.bench"]
+
+
+@dataclass(frozen=True)
+class RenderedRun:
+    run_dir: str
+    engine: str
+    launcher: str
+    nnodes: int
+    nproc_per_node: int
+    # One node's launch line, with the placeholders above.
+    argv: List[str]
+    env: Dict[str, str] = field(default_factory=dict)
+    files: List[str] = field(default_factory=list)
+
+    def argv_for(self, node_rank: str, master_addr: str, master_port: str) -> List[str]:
+        values = {NODE_RANK: node_rank, MASTER_ADDR: master_addr, MASTER_PORT: master_port}
+        out = []
+        for token in self.argv:
+            for placeholder, value in values.items():
+                token = token.replace(placeholder, value)
+            out.append(token)
+        return out
+
+    def save(self) -> Path:
+        path = Path(self.run_dir) / RENDERED_FILE
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "RenderedRun":
+        return cls(**json.loads((Path(run_dir) / RENDERED_FILE).read_text()))
+
+    def command_line(self) -> str:
+        return shlex.join(self.argv)
+
+
+def launcher_argv(launcher: str, nnodes: int, nproc_per_node: int, run_dir: str, extra: List[str]) -> List[str]:
+    """The standard launchers' own flags for one node; `extra` holds engine flags (e.g. accelerate's config)."""
+    program = [*RANK_PROGRAM, run_dir]
+    rendezvous = ["--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT]
+    if launcher == "torchrun":
+        return [
+            "torchrun", "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node),
+            "--node_rank", NODE_RANK, *rendezvous, *extra, *program,
+        ]  # fmt: skip
+    if launcher == "deepspeed":
+        # One launcher per node under `--no_ssh`; --num_accelerators makes it start every rank on CPU too.
+        return [
+            "deepspeed", "--no_ssh", "--num_nodes", str(nnodes), "--num_accelerators", str(nproc_per_node),
+            "--node_rank", NODE_RANK, *rendezvous, *extra, "--module", *program[1:],
+        ]  # fmt: skip
+    if launcher == "accelerate":
+        return [
+            "accelerate", "launch", "--num_machines", str(nnodes),
+            "--num_processes", str(nnodes * nproc_per_node), "--machine_rank", NODE_RANK,
+            "--main_process_ip", MASTER_ADDR, "--main_process_port", MASTER_PORT, *extra, *program,
+        ]  # fmt: skip
+    raise ValueError(f"engine.launcher={launcher!r} is not one of torchrun, deepspeed, accelerate")

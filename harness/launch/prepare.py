@@ -1,0 +1,88 @@
+"""Turn one composed config into a run directory: resolved config, plan, engine files, PENDING status."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import List, Optional
+
+from harness.config.compose import run_config_to_dict
+from harness.config.hub import fetch_hub_config
+from harness.config.schema import RunConfig
+from harness.engines import engine_module
+from harness.engines.rendered import RenderedRun
+from harness.plan.planner import Plan, make_plan
+from harness.runtime.result import PENDING, PRUNED, write_json_atomic, write_status
+from harness.runtime.sinks import tracking_problem
+
+CONFIG_FILE = "config.json"
+PLAN_FILE = "plan.json"
+
+
+class RunRejected(ValueError):
+    """Bad input found before launch; the message names every field, value and rule."""
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    run_dir: Path
+    cfg: RunConfig
+    plan: Plan
+    rendered: Optional[RenderedRun]
+
+    @property
+    def pruned(self) -> bool:
+        return self.rendered is None
+
+
+def resolve_model(cfg: RunConfig) -> RunConfig:
+    """A hub id's config.json replaces the preset's fields (where the hub is reachable)."""
+    if not cfg.model.hub_id:
+        return cfg
+    fields = fetch_hub_config(cfg.model.hub_id)
+    return replace(cfg, model=replace(cfg.model, hf_config={**cfg.model.hf_config, **fields}))
+
+
+def launch_problems(cfg: RunConfig) -> List[str]:
+    """Checks that belong to launching rather than to the layout."""
+    problems = []
+    if cfg.launcher.backend == "local" and cfg.cluster.nodes != 1:
+        problems.append(f"launcher.backend=local starts one node, but cluster.nodes={cfg.cluster.nodes}")
+    if cfg.bench.steps < 1:
+        problems.append(f"bench.steps={cfg.bench.steps} must be >= 1")
+    if cfg.bench.warmup_steps < 2:
+        # Step 1 creates the optimizer state; the last warm-up step is the one whose state is measured.
+        problems.append(f"bench.warmup_steps={cfg.bench.warmup_steps} must be >= 2")
+    problem = tracking_problem(cfg.tracking, dict(os.environ))
+    if problem:
+        problems.append(problem)
+    return problems
+
+
+def plan_record(plan: Plan) -> dict:
+    """plan.json: the whole plan, plus the few figures every rank reads at the top level."""
+    return plan.to_dict()
+
+
+def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedRun:
+    """Validate and predict, then render. Invalid input raises, or (prune=True) leaves a PRUNED run dir."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = resolve_model(cfg)
+    write_json_atomic(run_dir / CONFIG_FILE, run_config_to_dict(cfg))
+    plan = make_plan(cfg)
+    write_json_atomic(run_dir / PLAN_FILE, plan_record(plan))
+    errors = [*plan.errors, *launch_problems(cfg)]
+    if not errors and not plan.fits:
+        errors = [plan.oom_reason]
+    if errors:
+        write_status(run_dir, PRUNED, "; ".join(errors))
+        if prune:
+            return PreparedRun(run_dir, cfg, plan, None)
+        raise RunRejected("the run was not launched:\n  - " + "\n  - ".join(errors))
+    rendered = engine_module(cfg.engine.name).render(cfg, run_dir)
+    rendered.save()
+    write_status(run_dir, PENDING)
+    return PreparedRun(run_dir, cfg, plan, rendered)

@@ -1,0 +1,190 @@
+"""The program every rank runs: build, wrap with the engine, warm up, time N steps, reduce, write."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+from harness.config.compose import run_config_from_dict
+from harness.config.schema import RunConfig
+from harness.engines import engine_module
+from harness.plan.peak import peak_flops as peak_flops_of
+from harness.plan.utilization import hfu, mfu
+from harness.runtime import device
+from harness.runtime.data import micro_batches, token_source
+from harness.runtime.meter import SavedActivationMeter, StepTimer, measure_matmul_peak_flops
+from harness.runtime.model import build_model
+from harness.runtime.result import (
+    COMPLETED,
+    METRICS_FILE,
+    RUNNING,
+    Measured,
+    RunResult,
+    write_error,
+    write_json_atomic,
+    write_status,
+)
+from harness.runtime.sinks import WandbRun
+
+CONFIG_FILE = "config.json"
+PLAN_FILE = "plan.json"
+
+
+def load_run(run_dir: Path):
+    cfg = run_config_from_dict(json.loads((run_dir / CONFIG_FILE).read_text()))
+    plan = json.loads((run_dir / PLAN_FILE).read_text())
+    return cfg, plan
+
+
+def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind):
+    """Warm-up steps, then timed steps. The first warm-up step is metered for saved activations; the
+    last (optimizer state exists only after a first step) for the bytes of parameters, grads, states."""
+    layout, bench = cfg.layout, cfg.bench
+    meter, timer, losses, state = SavedActivationMeter(), StepTimer(kind), [], {}
+
+    def batches(step):
+        return micro_batches(source, step, layout.micro_batch, layout.grad_accum, session.dp_rank, session.dp_size)
+
+    for step in range(bench.warmup_steps):
+        if step == 0:
+            with meter.recording():
+                losses.append(session.train_step(batches(step)))
+        elif step == bench.warmup_steps - 1:
+            losses.append(session.train_step(batches(step), on_boundary=lambda: state.update(session.state_bytes())))
+        else:
+            losses.append(session.train_step(batches(step)))
+    device.reset_peak_memory(kind)
+    for step in range(bench.warmup_steps, bench.warmup_steps + bench.steps):
+        with timer.step():
+            losses.append(session.train_step(batches(step)))
+    return timer.times_s, [float(loss) for loss in losses], meter.peak_bytes, state
+
+
+def rank_record(state, kind, times_s, losses, activation_bytes, peak_flops) -> Dict[str, Any]:
+    return {
+        "rank": dist.get_rank(),
+        "step_times_s": times_s,
+        "losses": losses,
+        "activation_bytes": activation_bytes,
+        "peak_allocated_bytes": device.peak_allocated_bytes(kind),
+        "peak_flops": peak_flops,
+        **state,
+    }
+
+
+def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, Any], dp_size: int) -> Measured:
+    """Across ranks: a step lasts as long as its slowest rank; the loss is the mean over dp ranks."""
+    world = len(records)
+    n_steps = len(records[0]["step_times_s"])
+    step_times = [max(r["step_times_s"][i] for r in records) for i in range(n_steps)]
+    step_time = statistics.median(step_times)
+    tokens_per_s = plan["tokens_per_step"] / step_time
+    losses = [statistics.fmean(r["losses"][i] for r in records) for i in range(len(records[0]["losses"]))]
+    measured_peaks = [r["peak_flops"] for r in records if r["peak_flops"]]
+    peak = peak_flops_of(cfg.cluster.accelerator, cfg.layout.precision,
+                         statistics.fmean(measured_peaks) if measured_peaks else None)
+    peak_flops, source = peak.flops, peak.source
+    flops_per_token, recompute_flops = plan["flops_per_token"], plan["recompute_flops_per_token"]
+    peak_alloc = [r["peak_allocated_bytes"] for r in records if r["peak_allocated_bytes"] is not None]
+    return Measured(
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_device=tokens_per_s / world,
+        step_time_s=step_time,
+        step_times_s=step_times,
+        tflops_per_device=tokens_per_s * flops_per_token / world / 1e12,
+        mfu=mfu(tokens_per_s, flops_per_token, peak_flops, world),
+        hfu=hfu(tokens_per_s, flops_per_token, recompute_flops, peak_flops, world),
+        peak_flops_per_device=peak_flops,
+        peak_flops_source=source,
+        param_bytes=max(r["param_bytes"] for r in records),
+        grad_bytes=max(r["grad_bytes"] for r in records),
+        optimizer_bytes=max(r["optimizer_bytes"] for r in records),
+        activation_bytes=max(r["activation_bytes"] for r in records),
+        peak_allocated_bytes=max(peak_alloc) if peak_alloc else None,
+        losses=losses,
+        loss_first=losses[0],
+        loss_final=losses[-1],
+        per_rank=[{k: v for k, v in r.items() if k not in ("losses", "step_times_s")} for r in records],
+    )
+
+
+def run(run_dir: Path) -> int:
+    cfg, plan = load_run(run_dir)
+    kind = device.choose_device_kind(cfg.cluster.accelerator, torch.cuda.is_available())
+    device.bind(kind)
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        write_status(run_dir, RUNNING)
+    engine = engine_module(cfg.engine.name)
+    model = build_model(cfg.model.hf_config, cfg.bench.seed)
+    session = engine.apply(cfg, run_dir, model, kind)
+    # Measured on every rank at once, so the figure includes the contention of the real run.
+    peak = measure_matmul_peak_flops(device.dtype_of(cfg.layout.precision)) if cfg.cluster.accelerator == "cpu" else None
+    source = token_source(cfg.data, cfg.model.hf_config["vocab_size"], cfg.layout.seq_len)
+    times_s, losses, activation_bytes, state = timed_loop(session, source, cfg, kind)
+    record = rank_record(state, kind, times_s, losses, activation_bytes, peak)
+    records: List[Dict[str, Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    dist.all_gather_object(records, record)
+    if rank == 0:
+        measured = reduce_ranks(records, cfg, plan, session.dp_size)
+        write_result(run_dir, cfg, plan, measured)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: Measured) -> None:
+    result = RunResult(
+        run_id=run_dir.name,
+        sweep=cfg.sweep_name,
+        engine=cfg.engine.name,
+        model=cfg.model.name,
+        world_size=len(measured.per_rank),
+        layout=json.loads(json.dumps(cfg.layout.__dict__)),
+        cluster=json.loads(json.dumps(cfg.cluster.__dict__)),
+        flop_convention=plan["flop_convention"],
+        flops_per_token=plan["flops_per_token"],
+        recompute_flops_per_token=plan["recompute_flops_per_token"],
+        tokens_per_step=plan["tokens_per_step"],
+        measured=measured,
+        predicted=plan["predicted"],
+    )
+    payload = result.to_dict()
+    # Local results first: a tracking failure or hang must never cost the measurement.
+    write_json_atomic(run_dir / METRICS_FILE, payload)
+    write_status(run_dir, COMPLETED)
+    tracker = WandbRun(run_dir, cfg.tracking, name=run_dir.name, group=cfg.sweep_name, job_type=cfg.engine.name,
+                       config=json.loads((run_dir / CONFIG_FILE).read_text()))
+    timed = [None] * cfg.bench.warmup_steps + measured.step_times_s
+    tracker.log_steps([{"loss": loss, **({"step_time_s": t} if t else {})} for loss, t in zip(measured.losses, timed)])
+    tracker.finish(_flat_summary(payload))
+    payload["tracking"] = {"wandb_error": tracker.error, "wandb_run_id": getattr(tracker.run, "id", None)}
+    write_json_atomic(run_dir / METRICS_FILE, payload)
+
+
+def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
+    summary = {k: v for k, v in payload["measured"].items() if not isinstance(v, (list, dict))}
+    summary.update(flop_convention=payload["flop_convention"], flops_per_token=payload["flops_per_token"])
+    return summary
+
+
+def main() -> int:
+    run_dir = Path(sys.argv[1])
+    try:
+        return run(run_dir)
+    except BaseException as error:
+        traceback.print_exc()
+        write_error(run_dir, int(os.environ.get("RANK", "0")), error)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Measurements taken on a rank: step timers, saved-activation bytes, exact state bytes, CPU peak."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Dict, Iterable, Iterator, List, Optional
+
+import torch
+
+from harness.runtime.device import DeviceKind, synchronize
+
+
+class StepTimer:
+    """Wall-clock step times with a device sync on both sides of each step."""
+
+    def __init__(self, kind: DeviceKind):
+        self.kind = kind
+        self.times_s: List[float] = []
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        synchronize(self.kind)
+        start = time.perf_counter()
+        yield
+        synchronize(self.kind)
+        self.times_s.append(time.perf_counter() - start)
+
+
+def tensor_bytes(tensor: Optional[torch.Tensor]) -> int:
+    """Bytes of the elements a tensor holds (a DTensor counts only its local shard)."""
+    if tensor is None:
+        return 0
+    local = getattr(tensor, "_local_tensor", None)
+    if local is not None:
+        tensor = local
+    return tensor.numel() * tensor.element_size()
+
+
+def sum_tensor_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
+    seen, total = set(), 0
+    for tensor in tensors:
+        if tensor is None or tensor.numel() == 0:
+            continue
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += tensor_bytes(tensor)
+    return total
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of per-parameter optimizer tensors (Adam moments); 0-d step counters are not state memory."""
+    tensors = []
+    for state in optimizer.state.values():
+        tensors.extend(value for value in state.values() if torch.is_tensor(value) and value.dim() > 0)
+    return sum_tensor_bytes(tensors)
+
+
+class _Saved:
+    """A saved tensor's stand-in; when autograd drops it after backward, its bytes stop counting."""
+
+    __slots__ = ("tensor", "meter", "key")
+
+    def __init__(self, tensor: torch.Tensor, meter: "SavedActivationMeter", key: int):
+        self.tensor, self.meter, self.key = tensor, meter, key
+
+    def __del__(self) -> None:
+        self.meter._release(self.key)
+
+
+class SavedActivationMeter:
+    """Peak bytes of tensors autograd holds for backward, counted once per storage; parameters excluded.
+
+    Live bytes rise as the forward saves tensors and fall as backward frees them, so the peak is what
+    a schedule really keeps in flight (one micro-batch under plain accumulation, more under 1F1B).
+    """
+
+    def __init__(self) -> None:
+        self.live: Dict[int, List[int]] = {}  # storage pointer -> [references, bytes]
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    def _pack(self, tensor: torch.Tensor):
+        if tensor.is_leaf and tensor.requires_grad:
+            return tensor  # a parameter: model state, not an activation
+        storage = getattr(tensor, "_local_tensor", tensor).untyped_storage()
+        key = storage.data_ptr()
+        entry = self.live.get(key)
+        if entry is None:
+            self.live[key] = [1, storage.nbytes()]
+            self.live_bytes += storage.nbytes()
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        else:
+            entry[0] += 1
+        return _Saved(tensor, self, key)
+
+    def _release(self, key: int) -> None:
+        entry = self.live.get(key)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live_bytes -= entry[1]
+            del self.live[key]
+
+    @staticmethod
+    def _unpack(saved):
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    @contextmanager
+    def recording(self) -> Iterator["SavedActivationMeter"]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield self
+
+
+def measure_matmul_peak_flops(dtype: torch.dtype, size: int = 512, repeats: int = 8) -> float:
+    """This process's achievable matmul FLOP/s: the CPU's peak is measured, never looked up."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    torch.matmul(a, b)  # warm-up: thread pool and kernels
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / best

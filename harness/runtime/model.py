@@ -1,0 +1,35 @@
+"""Build the Hugging Face model from its config fields (random init, no weights downloaded)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+
+
+def hf_config_object(fields: Dict[str, Any]):
+    from transformers import AutoConfig
+
+    fields = dict(fields)
+    model_type = fields.pop("model_type")
+    # SDPA keeps attention causal without a mask in every layout (eager without a mask is not).
+    return AutoConfig.for_model(model_type, attn_implementation="sdpa", **fields)
+
+
+def build_model(fields: Dict[str, Any], seed: int) -> torch.nn.Module:
+    """Same seed, same weights on every rank and in every layout: losses compare across layouts."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config_object(fields), dtype=torch.float32)
+    model.config.use_cache = False
+    return model
+
+
+def decoder_layer_class(model: torch.nn.Module) -> type:
+    """The repeated block (wrap / checkpoint unit), read from the model instead of hard-coded."""
+    names = getattr(model, "_no_split_modules", None) or []
+    for module in model.modules():
+        if type(module).__name__ in names:
+            return type(module)
+    raise ValueError(f"{type(model).__name__} declares no decoder layer class in _no_split_modules={names}")
