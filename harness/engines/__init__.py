@@ -7,6 +7,9 @@ from types import ModuleType
 
 ENGINE_MODULES = {
     "deepspeed": "harness.engines.deepspeed",
+    "fsdp": "harness.engines.fsdp",
+    "nd": "harness.engines.nd",
+    "megatron_lm": "harness.engines.megatron_lm",
 }
 
 

@@ -45,8 +45,11 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
     }
     if not engine.compiled_ops and layout.offload_optimizer == "none":
         optimizer_params["torch_adam"] = True  # plain torch AdamW: no JIT-compiled FusedAdam
+    # Without an mpu, DeepSpeed's batch check counts every rank, AutoTP ranks included, although
+    # the ranks of one TP group share their batch (deepspeed.initialize builds its config that way).
+    ranks_in_batch_check = data_parallel_size(cfg) * layout.tp
     config: Dict[str, Any] = {
-        "train_batch_size": layout.micro_batch * layout.grad_accum * data_parallel_size(cfg),
+        "train_batch_size": layout.micro_batch * layout.grad_accum * ranks_in_batch_check,
         "train_micro_batch_size_per_gpu": layout.micro_batch,
         "gradient_accumulation_steps": layout.grad_accum,
         "gradient_clipping": bench.grad_clip,

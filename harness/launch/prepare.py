@@ -62,8 +62,24 @@ def launch_problems(cfg: RunConfig) -> List[str]:
 
 
 def plan_record(plan: Plan) -> dict:
-    """plan.json: the whole plan, plus the few figures every rank reads at the top level."""
-    return plan.to_dict()
+    """plan.json: the whole plan, plus the prediction in the same keys as the measurement."""
+    record = plan.to_dict()
+    memory = plan.memory
+    record["recompute_flops_per_token"] = (
+        plan.hfu_flops_per_token - plan.flops_per_token if plan.flops_per_token is not None else None
+    )
+    record["predicted"] = {
+        "param_bytes": memory.param_bytes,
+        "grad_bytes": memory.grad_bytes,
+        "optimizer_bytes": memory.master_bytes + memory.moment_bytes + memory.optimizer_grad_bytes,
+        "activation_bytes": memory.activation_bytes,
+        "total_bytes": memory.total_bytes,
+        "host_bytes": memory.host_bytes,
+        "device_memory_bytes": plan.device_memory_bytes,
+        "fits": plan.fits,
+        "margin_bytes": plan.margin_bytes,
+    } if memory else {}
+    return record
 
 
 def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedRun:
@@ -75,8 +91,10 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
     plan = make_plan(cfg)
     write_json_atomic(run_dir / PLAN_FILE, plan_record(plan))
     errors = [*plan.errors, *launch_problems(cfg)]
-    if not errors and not plan.fits:
-        errors = [plan.oom_reason]
+    if not errors and plan.fits is False:
+        need, have = plan.memory.total_bytes / 2**30, plan.device_memory_bytes / 2**30
+        errors = [f"predicted {need:.2f} GiB per rank > {have:.2f} GiB of device memory "
+                  f"({plan.device_memory_source}): would run out of memory"]
     if errors:
         write_status(run_dir, PRUNED, "; ".join(errors))
         if prune:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 # transformers' own defaults for the fields a preset may omit (checked against transformers by a test).
 _LLAMA_FAMILY = {
@@ -69,6 +69,8 @@ class ModelSpec:
     attention_dropout: float
     hidden_dropout: float  # dropout on the residual branches
     embedding_dropout: float
+    activation: str  # hidden_act / activation_function
+    attn_implementation: str  # "sdpa" (transformers' default), "eager" or "flash_attention_2"
     # Parameter counts; per-layer figures are for one decoder layer.
     attention_params: int  # q, k, v, o projections with their biases and q/k norms
     expert_params: int  # one expert (MoE) or the whole MLP (dense)
@@ -105,6 +107,8 @@ def model_spec_from_hf(name: str, hf_config: Mapping[str, Any]) -> ModelSpec:
         )
     fields = {**_DEFAULTS[model_type], **{k: v for k, v in hf_config.items() if v is not None}}
     shape = _gpt2_shape(fields) if model_type == "gpt2" else _llama_family_shape(model_type, fields)
+    shape["attn_implementation"] = str(
+        fields.get("attn_implementation") or fields.get("_attn_implementation") or "sdpa")
     return _with_counts(name, model_type, shape)
 
 
@@ -155,6 +159,7 @@ def _llama_family_shape(model_type: str, f: Dict[str, Any]) -> Dict[str, Any]:
         "attention_dropout": float(f.get("attention_dropout", 0.0)),
         "hidden_dropout": 0.0,
         "embedding_dropout": 0.0,
+        "activation": str(f["hidden_act"]),
     }
 
 
@@ -183,6 +188,7 @@ def _gpt2_shape(f: Dict[str, Any]) -> Dict[str, Any]:
         "attention_dropout": float(f["attn_pdrop"]),
         "hidden_dropout": float(f["resid_pdrop"]),
         "embedding_dropout": float(f["embd_pdrop"]),
+        "activation": str(f["activation_function"]),
     }
 
 
@@ -212,3 +218,55 @@ def _with_counts(name: str, model_type: str, s: Dict[str, Any]) -> ModelSpec:
         non_embedding_params=total - embedding,
         active_params=embedding + L * active_layer + norm + lm_head,
     )
+
+
+class ParamTensor(NamedTuple):
+    """One parameter tensor as transformers allocates it, and the dim tensor parallelism splits."""
+
+    shape: Tuple[int, ...]
+    tp_dim: Optional[int]  # None: replicated across the TP group
+    expert: bool = False  # dim 0 indexes experts (split by expert parallelism)
+
+
+def param_tensors(spec: ModelSpec) -> Tuple[Tuple[ParamTensor, ...], Tuple[ParamTensor, ...], Tuple[ParamTensor, ...]]:
+    """(one decoder layer, first-stage tensors, last-stage tensors), in transformers' shapes.
+
+    Megatron's split (Shoeybi et al. 2019, sec. 3): q/k/v and the MLP's first matrices are
+    column-parallel (output dim), o and the MLP's last matrix row-parallel (input dim), their biases
+    follow the output dim, norms and the router are replicated, embedding and lm_head split the vocab.
+    nn.Linear stores (out, in); GPT-2's Conv1D stores (in, out).
+    """
+    h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_size
+    q, kv = spec.num_heads * d, spec.num_kv_heads * d
+    col, row = (1, 0) if spec.model_type == "gpt2" else (0, 1)
+    layer = []
+    if spec.model_type == "gpt2":
+        layer += [ParamTensor((h, 3 * h), col), ParamTensor((3 * h,), 0), ParamTensor((h, h), row),
+                  ParamTensor((h,), None)]
+    else:
+        layer += [ParamTensor((q, h), col), ParamTensor((kv, h), col), ParamTensor((kv, h), col),
+                  ParamTensor((h, q), row)]
+        if spec.qkv_bias:
+            layer += [ParamTensor((q,), 0), ParamTensor((kv,), 0), ParamTensor((kv,), 0)]
+        if spec.out_bias:
+            layer.append(ParamTensor((h,), None))
+        if spec.qk_norm:
+            layer += [ParamTensor((d,), None), ParamTensor((d,), None)]
+    if spec.is_moe:
+        e = spec.num_experts
+        layer += [ParamTensor((e, h), None), ParamTensor((e, 2 * f, h), 1, True), ParamTensor((e, h, f), 2, True)]
+    elif spec.model_type == "gpt2":
+        layer += [ParamTensor((h, f), col), ParamTensor((f,), 0), ParamTensor((f, h), row), ParamTensor((h,), None)]
+    else:
+        layer += [ParamTensor((f, h), col), ParamTensor((f, h), col), ParamTensor((h, f), row)]
+        if spec.mlp_bias:
+            layer += [ParamTensor((f,), 0), ParamTensor((f,), 0), ParamTensor((h,), None)]
+    norm = [ParamTensor((h,), None)] * (2 if spec.norm_kind == "layernorm" else 1)
+    layer += norm * 2
+    first = [ParamTensor((spec.vocab_size, h), 0)]
+    if spec.learned_positions:
+        first.append(ParamTensor((spec.learned_positions, h), None))
+    last = list(norm)
+    if not spec.tied_embeddings:
+        last.append(ParamTensor((spec.vocab_size, h), 0))
+    return tuple(layer), tuple(first), tuple(last)

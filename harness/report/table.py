@@ -1,18 +1,47 @@
-"""One row per run directory, read only from its structured files (status, config, plan, metrics)."""
+"""One row per run directory, read only from its structured files (status, config, plan, metrics, errors)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from harness.runtime.result import STATUS_FILE, read_metrics, read_status
+from harness.plan.peak import device_memory_gib
+from harness.report.predicted import GIB, plan_messages, prediction
+from harness.runtime.result import (
+    COMPLETED,
+    FAILED,
+    OOM,
+    PENDING,
+    PRUNED,
+    RUNNING,
+    STATUS_FILE,
+    read_errors,
+    read_metrics,
+    read_status,
+)
 
 SUMMARY_CSV = "summary.csv"
+SUMMARY_PARQUET = "summary.parquet"
+CONFIG_FILE = "config.json"
+PLAN_FILE = "plan.json"
 LAYOUT_COLUMNS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch",
                   "grad_accum", "seq_len", "activation_checkpointing", "precision")
+# Layout fields beyond the degrees that change what a run measures.
+EXTRA_LAYOUT_COLUMNS = ("offload_optimizer", "offload_params", "pp_schedule", "pp_virtual_stages")
+# Short names for the layout label, in label order; columns that are the same for every run are left out.
+LABEL_AXES = (("engine", ""), ("model", ""), ("cluster", ""), ("dp_replicate", "dpr"), ("dp_shard", "dp"),
+              ("tp", "tp"), ("pp", "pp"), ("pp_schedule", ""), ("pp_virtual_stages", "vpp"), ("cp", "cp"),
+              ("ep", "ep"), ("zero_stage", "zero"), ("offload_optimizer", "offload_opt="),
+              ("offload_params", "offload_param="), ("micro_batch", "mb"), ("grad_accum", "ga"),
+              ("seq_len", "seq"), ("activation_checkpointing", "ac="), ("precision", ""))
+# Columns holding lists: kept in Parquet, left out of the CSV.
+LIST_COLUMNS = ("step_times_s",)
+# Order in which statuses are listed: what needs attention first.
+STATUS_ORDER = {COMPLETED: 0, RUNNING: 1, PENDING: 2, OOM: 3, FAILED: 4, "TIMEOUT": 5, "CANCELLED": 6, PRUNED: 7}
 
 
 def run_dirs(root: Path) -> List[Path]:
@@ -21,69 +50,243 @@ def run_dirs(root: Path) -> List[Path]:
 
 
 def _read_json(path: Path) -> Dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except (json.JSONDecodeError, OSError):
+        return {}
+
+
+def _gib(value: Optional[float]) -> Optional[float]:
+    return None if value is None else value / GIB
+
+
+def _ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def status_reason(run_dir: Path, status: Mapping[str, Any], plan: Mapping[str, Any]) -> str:
+    """The status file's reason; else the first failing rank's error; else the plan's errors."""
+    if status.get("reason"):
+        return str(status["reason"])
+    if status.get("state") in (FAILED, OOM, "TIMEOUT", "CANCELLED"):
+        errors = read_errors(run_dir)
+        if errors:
+            first = errors[0]
+            return f"rank {first.get('rank')}: {first.get('type')}: {first.get('message', '')[:300]}"
+    if status.get("state") == PRUNED:
+        return "; ".join(plan_messages(plan))
+    return ""
+
+
+def measured_memory(measured: Mapping[str, Any]) -> Dict[str, Optional[float]]:
+    """Per-rank memory: the largest rank's params + grads + optimizer + saved activations, and the allocator peak.
+
+    The sum is taken rank by rank before the max, so one rank's activations are never added to another
+    rank's parameters (pipeline stages differ); without per-rank records the maxima are summed.
+    """
+    parts = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
+    per_rank = [r for r in measured.get("per_rank") or [] if all(r.get(p) is not None for p in parts)]
+    if per_rank:
+        state_activation = max(sum(r[p] for p in parts) for r in per_rank)
+    elif all(measured.get(p) is not None for p in parts):
+        state_activation = sum(measured[p] for p in parts)
+    else:
+        state_activation = None
+    return {"state_activation_bytes": state_activation, "allocated_peak_bytes": measured.get("peak_allocated_bytes")}
+
+
+def _device_memory_gib(cluster: Mapping[str, Any], predicted: Mapping[str, Any]) -> Optional[float]:
+    if cluster.get("memory_per_accelerator_gib"):
+        return float(cluster["memory_per_accelerator_gib"])
+    if predicted.get("device_memory_bytes"):
+        return predicted["device_memory_bytes"] / GIB
+    return device_memory_gib(cluster.get("accelerator", "")) if cluster.get("accelerator") else None
 
 
 def run_row(run_dir: Path) -> Dict[str, Any]:
+    """One run as a flat record; a missing file leaves its columns empty (a partial sweep still reads)."""
+    run_dir = Path(run_dir)
     status = read_status(run_dir)
-    config = _read_json(run_dir / "config.json")
+    config = _read_json(run_dir / CONFIG_FILE)
+    plan = _read_json(run_dir / PLAN_FILE)
     metrics = read_metrics(run_dir) or {}
-    measured = metrics.get("measured", {})
-    layout = config.get("layout", {})
+    measured = metrics.get("measured") or {}
+    layout = {**(metrics.get("layout") or {}), **(config.get("layout") or {})}
+    cluster = {**(metrics.get("cluster") or {}), **(config.get("cluster") or {})}
+    tracking = config.get("tracking") or {}
+    predicted = prediction(plan, metrics)
+    memory = measured_memory(measured)
+    step_times = measured.get("step_times_s") or []
+    mem_measured = memory["allocated_peak_bytes"] or memory["state_activation_bytes"]
+    device_gib = _device_memory_gib(cluster, predicted)
+    world = metrics.get("world_size") or (cluster.get("nodes", 1) * cluster.get("accelerators_per_node", 1)
+                                          if cluster else None)
     row: Dict[str, Any] = {
+        "sweep": config.get("sweep_name") or metrics.get("sweep"),
         "run": run_dir.name,
-        "status": status["state"],
-        "reason": status.get("reason", ""),
-        "engine": config.get("engine", {}).get("name"),
-        "model": config.get("model", {}).get("name"),
+        "status": status.get("state"),
+        "reason": status_reason(run_dir, status, plan),
+        "status_time": status.get("time"),
+        "engine": (config.get("engine") or {}).get("name") or metrics.get("engine"),
+        "model": (config.get("model") or {}).get("name") or metrics.get("model"),
+        "cluster": cluster.get("name"),
+        "accelerator": cluster.get("accelerator"),
+        "nodes": cluster.get("nodes"),
+        "world_size": world,
         "layout": layout.get("name"),
-        **{column: layout.get(column) for column in LAYOUT_COLUMNS},
-        "world_size": metrics.get("world_size"),
+        **{column: layout.get(column) for column in (*LAYOUT_COLUMNS, *EXTRA_LAYOUT_COLUMNS)},
+        "tokens_per_step": metrics.get("tokens_per_step") or plan.get("tokens_per_step"),
         "tokens_per_s": measured.get("tokens_per_s"),
         "tokens_per_s_per_device": measured.get("tokens_per_s_per_device"),
         "step_time_s": measured.get("step_time_s"),
+        "step_time_min_s": min(step_times) if step_times else None,
+        "step_time_max_s": max(step_times) if step_times else None,
         "tflops_per_device": measured.get("tflops_per_device"),
         "mfu": measured.get("mfu"),
         "hfu": measured.get("hfu"),
-        "flop_convention": metrics.get("flop_convention"),
+        "peak_flops_per_device": measured.get("peak_flops_per_device"),
+        "peak_flops_source": measured.get("peak_flops_source"),
+        "flop_convention": metrics.get("flop_convention") or plan.get("flop_convention"),
+        "flops_per_token": metrics.get("flops_per_token") or plan.get("flops_per_token"),
+        "param_bytes": measured.get("param_bytes"),
+        "grad_bytes": measured.get("grad_bytes"),
+        "optimizer_bytes": measured.get("optimizer_bytes"),
+        "activation_bytes": measured.get("activation_bytes"),
+        "mem_state_activation_gib": _gib(memory["state_activation_bytes"]),
+        "mem_allocated_peak_gib": _gib(memory["allocated_peak_bytes"]),
+        "mem_measured_gib": _gib(mem_measured),
+        "pred_param_bytes": predicted["param_bytes"],
+        "pred_grad_bytes": predicted["grad_bytes"],
+        "pred_optimizer_bytes": predicted["optimizer_bytes"],
+        "pred_activation_bytes": predicted["activation_bytes"],
+        "mem_predicted_state_activation_gib": _gib(predicted["state_activation_bytes"]),
+        "mem_predicted_gib": _gib(predicted["total_bytes"]),
+        # Like with like: the measured sum against the predicted sum of the same four terms, and the
+        # allocator's peak (GPU) against the predicted device total (which includes the allowance).
+        "mem_ratio": _ratio(memory["state_activation_bytes"], predicted["state_activation_bytes"]),
+        "mem_peak_ratio": _ratio(memory["allocated_peak_bytes"], predicted["total_bytes"]),
+        "device_memory_gib": device_gib,
+        "fits_predicted": predicted["fits"],
+        "mfu_predicted": predicted["mfu"],
+        "mfu_ratio": _ratio(measured.get("mfu"), predicted["mfu"]),
+        "step_time_predicted_s": predicted["step_time_s"],
+        "tokens_per_s_predicted": predicted["tokens_per_s"],
+        "loss_first": measured.get("loss_first"),
         "loss_final": measured.get("loss_final"),
+        "wandb_project": tracking.get("project"),
+        "wandb_entity": tracking.get("entity"),
+        "wandb_mode": tracking.get("mode") if tracking.get("backend", "wandb") == "wandb" else "disabled",
+        "wandb_run_id": (metrics.get("tracking") or {}).get("wandb_run_id"),
         "run_dir": str(run_dir),
+        "step_times_s": list(step_times) or None,
     }
+    row["fits"] = _fits(row)
     return row
 
 
+def _fits(row: Mapping[str, Any]) -> Optional[bool]:
+    """Measured fit where there is a measurement; else the plan's verdict (pruned runs); else unknown."""
+    if row["status"] == OOM:
+        return False
+    if row["status"] == COMPLETED:
+        if row["mem_measured_gib"] is None or not row["device_memory_gib"]:
+            return True
+        return bool(row["mem_measured_gib"] <= row["device_memory_gib"])
+    return row["fits_predicted"]
+
+
+def layout_labels(frame: pd.DataFrame) -> pd.Series:
+    """A short name per run from the axes that differ between the runs shown (never from folder names)."""
+    varying = [(col, short) for col, short in LABEL_AXES
+               if col in frame and frame[col].astype(str).nunique(dropna=False) > 1]
+    if not varying:
+        return frame["layout"].fillna(frame["run"]).astype(str) if "layout" in frame else frame["run"].astype(str)
+
+    def label(row) -> str:
+        parts = []
+        for col, short in varying:
+            value = row[col]
+            if value is None or (isinstance(value, float) and pd.isna(value)):
+                continue
+            parts.append(f"{short}{value}")
+        return " ".join(parts)
+
+    return frame.apply(label, axis=1)
+
+
 def summary_frame(roots: Iterable[Path]) -> pd.DataFrame:
+    """Every run below every root, one row each, with a `label` column naming its layout."""
     rows = [run_row(run_dir) for root in roots for run_dir in run_dirs(root)]
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    frame.insert(2, "label", layout_labels(frame))
+    return frame
+
+
+def _write_atomic(frame: pd.DataFrame, target: Path, writer) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        writer(frame, tmp)
+        tmp.replace(target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_frame(frame: pd.DataFrame, out_dir: Path) -> Dict[str, Path]:
+    """summary.csv (scalar columns) and summary.parquet (all columns), each replaced atomically."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv, parquet = out_dir / SUMMARY_CSV, out_dir / SUMMARY_PARQUET
+    scalar = frame.drop(columns=[c for c in LIST_COLUMNS if c in frame])
+    _write_atomic(scalar, csv, lambda f, p: f.to_csv(p, index=False))
+    _write_atomic(frame, parquet, lambda f, p: f.to_parquet(p, index=False))
+    return {"csv": csv, "parquet": parquet}
 
 
 def write_summary(sweep_dir: Path) -> pd.DataFrame:
-    """Rewrite `summary.csv` of a sweep from its run directories (atomic rename)."""
+    """Rewrite `summary.csv` and `summary.parquet` of a sweep from its run directories (atomic rename)."""
     frame = summary_frame([sweep_dir])
-    target = Path(sweep_dir) / SUMMARY_CSV
-    tmp = target.with_name(f".{SUMMARY_CSV}.tmp")
-    frame.to_csv(tmp, index=False)
-    tmp.replace(target)
+    write_frame(frame, Path(sweep_dir))
     return frame
+
+
+# Terminal columns: (column, header, format).
+TERMINAL_COLUMNS: Sequence[tuple] = (
+    ("sweep", "sweep", "{}"), ("run", "run", "{}"), ("label", "layout", "{}"), ("status", "status", "{}"),
+    ("world_size", "devs", "{:.0f}"), ("tokens_per_s", "tok/s", "{:,.0f}"),
+    ("tokens_per_s_per_device", "tok/s/dev", "{:,.0f}"), ("step_time_s", "step s", "{:.4g}"),
+    ("tflops_per_device", "TFLOP/s/dev", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
+    ("mfu_predicted", "MFU pred", "{:.1%}"), ("mem_measured_gib", "mem GiB", "{:.3g}"),
+    ("mem_predicted_gib", "pred GiB", "{:.3g}"), ("mem_ratio", "mem meas/pred", "{:.2f}"),
+    ("loss_final", "loss", "{:.4g}"), ("reason", "reason", "{}"),
+)
 
 
 def print_table(frame: pd.DataFrame, title: str = "") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    columns = ["run", "status", "engine", "layout", "world_size", "tokens_per_s", "tokens_per_s_per_device",
-               "step_time_s", "tflops_per_device", "mfu", "loss_final"]
+    columns = [c for c in TERMINAL_COLUMNS if c[0] in frame and (c[0] != "sweep" or frame["sweep"].nunique() > 1)]
     table = Table(title=title or None)
-    for column in columns:
-        table.add_column(column)
+    for _, header, _ in columns:
+        table.add_column(header, overflow="fold", max_width=60 if header == "reason" else None)
     for _, row in frame.iterrows():
-        table.add_row(*(_cell(row.get(column)) for column in columns))
-    Console(width=200).print(table)
+        table.add_row(*(_cell(row.get(column), fmt) for column, _, fmt in columns))
+    Console(width=240).print(table)
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, fmt: str = "") -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "-"
+    if fmt and fmt != "{}":
+        try:
+            return fmt.format(value)
+        except (ValueError, TypeError):
+            return str(value)
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)

@@ -44,28 +44,45 @@ def load_run(run_dir: Path):
     return cfg, plan
 
 
-def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind):
-    """Warm-up steps, then timed steps. The first warm-up step is metered for saved activations; the
-    last (optimizer state exists only after a first step) for the bytes of parameters, grads, states."""
-    layout, bench = cfg.layout, cfg.bench
-    meter, timer, losses, state = SavedActivationMeter(), StepTimer(kind), [], {}
+def batch_maker(session, source, cfg: RunConfig):
+    layout = cfg.layout
 
-    def batches(step):
+    def batches(step: int):
         return micro_batches(source, step, layout.micro_batch, layout.grad_accum, session.dp_rank, session.dp_size)
 
-    for step in range(bench.warmup_steps):
+    return batches
+
+
+def warm_up(session, batches, warmup_steps: int):
+    """Untimed steps. The first is metered for saved activations; the last (optimizer state exists
+    only after a first step) for the bytes of parameters, gradients and optimizer state."""
+    meter, state, losses = SavedActivationMeter(session.model.parameters()), {}, []
+    for step in range(warmup_steps):
         if step == 0:
             with meter.recording():
                 losses.append(session.train_step(batches(step)))
-        elif step == bench.warmup_steps - 1:
+        elif step == warmup_steps - 1:
             losses.append(session.train_step(batches(step), on_boundary=lambda: state.update(session.state_bytes())))
         else:
             losses.append(session.train_step(batches(step)))
-    device.reset_peak_memory(kind)
-    for step in range(bench.warmup_steps, bench.warmup_steps + bench.steps):
+    return losses, meter.peak_bytes, state
+
+
+def timed_steps(session, batches, steps, timer: StepTimer, losses: list) -> None:
+    """The measured loop: nothing but a device sync and a clock read on each side of a step."""
+    for step in steps:
         with timer.step():
             losses.append(session.train_step(batches(step)))
-    return timer.times_s, [float(loss) for loss in losses], meter.peak_bytes, state
+
+
+def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind):
+    bench = cfg.bench
+    batches = batch_maker(session, source, cfg)
+    losses, activation_bytes, state = warm_up(session, batches, bench.warmup_steps)
+    device.reset_peak_memory(kind)
+    timer = StepTimer(kind)
+    timed_steps(session, batches, range(bench.warmup_steps, bench.warmup_steps + bench.steps), timer, losses)
+    return timer.times_s, [float(loss) for loss in losses], activation_bytes, state
 
 
 def rank_record(state, kind, times_s, losses, activation_bytes, peak_flops) -> Dict[str, Any]:

@@ -77,7 +77,10 @@ class SavedActivationMeter:
     a schedule really keeps in flight (one micro-batch under plain accumulation, more under 1F1B).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, parameters: Iterable[torch.Tensor] = ()) -> None:
+        # Engines keep weights in flat buffers (DeepSpeed ZeRO-1/2), so a saved view of a weight is
+        # not a leaf: weight storages are excluded by address as well.
+        self.weight_storages = {p.untyped_storage().data_ptr() for p in parameters}
         self.live: Dict[int, List[int]] = {}  # storage pointer -> [references, bytes]
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -87,6 +90,8 @@ class SavedActivationMeter:
             return tensor  # a parameter: model state, not an activation
         storage = getattr(tensor, "_local_tensor", tensor).untyped_storage()
         key = storage.data_ptr()
+        if key in self.weight_storages:
+            return tensor
         entry = self.live.get(key)
         if entry is None:
             self.live[key] = [1, storage.nbytes()]

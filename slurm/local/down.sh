@@ -4,7 +4,10 @@
 #   1. cancel every job still queued/running (while slurmctld still answers) so slurmstepd and the
 #      job processes end cleanly;
 #   2. SIGTERM the daemons from their pid files (slurmd n1/n2, slurmctld, munged), SIGKILL after a grace;
-#   3. kill any slurmstepd left over that belongs to THIS cluster (its environment holds our SLURM_CONF).
+#   3. kill what is left of THIS cluster's jobs (only after an unclean stop, e.g. slurmctld died first):
+#      slurmstepd processes whose environment holds our SLURM_CONF, and job processes whose environment
+#      holds our SLURM_CONF and a SLURM_JOB_ID; nothing else is touched.
+# In cgroup mode (SLURM_LOCAL_CGROUP=1) the empty slurm_n1/slurm_n2 cgroups are removed too.
 # The state directory (configs, logs, saved state, jobcomp.txt) is kept; up.sh reuses it.
 # Env: SLURM_LOCAL_DIR (default /tmp/harness-slurm). Idempotent: a stopped cluster stays stopped.
 set -euo pipefail
@@ -118,8 +121,9 @@ stepds="$(printf '%s\n%s\n%s\n' "$stepds" "$(our_stepds)" "$(our_job_procs)" | g
 left=()
 for p in $stepds; do running "$p" && left+=("$p"); done
 if ((${#left[@]})); then
-    log "stopping ${#left[@]} leftover slurmstepd: ${left[*]}"
-    stop_pids slurmstepd "${left[@]}"
+    log "stopping ${#left[@]} leftover job step process(es): ${left[*]}"
+    # slurmstepd ignores SIGTERM: a short grace, then SIGKILL.
+    GRACE=3 stop_pids "job steps" "${left[@]}"
 fi
 # cgroup mode: remove the (now empty) per-node cgroups, deepest first; a busy one is left alone.
 if [[ "$(cat "$STATE_DIR/mode" 2>/dev/null || true)" == cgroup ]]; then

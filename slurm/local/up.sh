@@ -12,7 +12,7 @@
 #          SLURM_LOCAL_PORT      slurmctld port; slurmd use +1 and +2   (default 16817)
 #          SLURM_LOCAL_CPUS      CPUs declared per node     (default 4)
 #          SLURM_LOCAL_MEM_MB    memory declared per node   (default 8192)
-#          SLURM_LOCAL_DEF_MEM_PER_CPU  MB per allocated CPU by default (default 1024)
+#          SLURM_LOCAL_DEF_MEM_PER_CPU  MB per allocated CPU by default (default 2048)
 #          SLURM_LOCAL_GPUS      fake GPUs per node         (default 2)
 #          SLURM_LOCAL_TIMEOUT   seconds to wait for idle nodes (default 60)
 #          SLURM_LOCAL_CGROUP    0 (default): proctrack/linuxproc + task/none, memory enforced by RSS
@@ -29,7 +29,7 @@ STATE_DIR="${SLURM_LOCAL_DIR:-/tmp/harness-slurm}"
 CTLD_PORT="${SLURM_LOCAL_PORT:-16817}"
 CPUS="${SLURM_LOCAL_CPUS:-4}"
 MEM_MB="${SLURM_LOCAL_MEM_MB:-8192}"
-DEF_MEM_PER_CPU="${SLURM_LOCAL_DEF_MEM_PER_CPU:-1024}"
+DEF_MEM_PER_CPU="${SLURM_LOCAL_DEF_MEM_PER_CPU:-2048}"
 GPUS="${SLURM_LOCAL_GPUS:-2}"
 TIMEOUT="${SLURM_LOCAL_TIMEOUT:-60}"
 CGROUP="${SLURM_LOCAL_CGROUP:-0}"
@@ -63,9 +63,9 @@ if [[ -n "$(missing_binaries)" ]]; then
     ti=$(date +%s.%N)
     export DEBIAN_FRONTEND=noninteractive
     # policy-rc.d/no systemd: the packages' own services are not started (we start our own daemons).
-    if ! apt-get install -y --no-install-recommends "${PACKAGES[@]}" >"$STATE_DIR/apt.log" 2>&1; then
+    if ! apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends "${PACKAGES[@]}" >"$STATE_DIR/apt.log" 2>&1; then
         log "apt-get install failed; trying apt-get update first"
-        { apt-get update && apt-get install -y --no-install-recommends "${PACKAGES[@]}"; } \
+        { apt-get -o DPkg::Lock::Timeout=300 update && apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends "${PACKAGES[@]}"; } \
             >>"$STATE_DIR/apt.log" 2>&1 \
             || { tail -n 20 "$STATE_DIR/apt.log" >&2; die "could not install ${PACKAGES[*]}" 3; }
     fi
@@ -181,7 +181,12 @@ tails() {
         tail -n 25 "$f" >&2
     done
 }
-fail() { log "ERROR: $*"; tails; log "state directory: $STATE_DIR (stop with slurm/local/down.sh)"; exit 1; }
+fail() {
+    log "ERROR: $*"
+    tails
+    log "ERROR: $* (logs above; state directory $STATE_DIR; stop what started with slurm/local/down.sh)"
+    exit 1
+}
 
 # munged: own key, socket, pid, seed and log in the state directory.
 if alive "$STATE_DIR/run/munged.pid" munged; then
@@ -198,20 +203,25 @@ fi
 munge --socket="$MUNGE_SOCKET" -n </dev/null | unmunge --socket="$MUNGE_SOCKET" >/dev/null 2>&1 \
     || fail "munge credential round trip failed"
 
+started_ctld=0
 if alive "$STATE_DIR/run/slurmctld.pid" slurmctld; then
     log "slurmctld already running (pid $(cat "$STATE_DIR/run/slurmctld.pid"))"
 else
     port_free "$CTLD_PORT" || fail "port $CTLD_PORT is taken by something else (set SLURM_LOCAL_PORT)"
     # -i: ignore unreadable saved state instead of refusing to start.
+    started_ctld=1
     slurmctld -i -f "$SLURM_CONF" </dev/null >>"$STATE_DIR/log/slurmctld.log" 2>&1 \
         || fail "slurmctld did not start"
 fi
 wait_for 20 slurmctld scontrol ping || fail "slurmctld does not answer 'scontrol ping'"
 
+port=$CTLD_PORT
 for n in "${NODES[@]}"; do
+    port=$((port + 1))
     if alive "$STATE_DIR/run/slurmd-$n.pid" slurmd; then
         log "slurmd $n already running (pid $(cat "$STATE_DIR/run/slurmd-$n.pid"))"
     else
+        port_free "$port" || fail "port $port (slurmd $n) is taken by something else (set SLURM_LOCAL_PORT)"
         slurmd -N "$n" -f "$SLURM_CONF" </dev/null >>"$STATE_DIR/log/slurmd-$n.log" 2>&1 \
             || fail "slurmd -N $n did not start"
     fi
@@ -225,6 +235,7 @@ both_idle() {
     out="$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null)" || return 1
     [[ "$(grep -cE '^n[12] (idle|mix|alloc|comp)$' <<<"$out")" == 2 ]]
 }
+both_really_idle() { [[ "$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null | grep -cE '^n[12] idle$')" == 2 ]]; }
 if ! wait_for "$TIMEOUT" nodes both_idle; then
     # A node left DOWN by an earlier, unclean stop may need a nudge (ReturnToService=2 usually does it).
     scontrol update nodename=n[1-2] state=resume >/dev/null 2>&1 || true
@@ -232,6 +243,27 @@ if ! wait_for "$TIMEOUT" nodes both_idle; then
         sinfo -N -o '%N %t %E' >&2 || true
         fail "nodes n1, n2 not idle after ${TIMEOUT}s"
     }
+fi
+
+# After an unclean stop (slurmctld died before down.sh could cancel jobs), slurmctld recovers jobs as
+# RUNNING whose processes down.sh has killed; Slurm would hold them (and their CPUs) for a long time.
+# If no slurmstepd of this cluster is alive, cancel those jobs so the cluster starts idle.
+our_stepds_alive() {
+    local d
+    for d in /proc/[0-9]*; do
+        [[ "$(cat "$d/comm" 2>/dev/null)" == slurmstepd ]] || continue
+        tr '\0' '\n' 2>/dev/null <"$d/environ" | grep -qx "SLURM_CONF=$SLURM_CONF" && return 0
+    done
+    return 1
+}
+if ((started_ctld)); then
+    stale="$(squeue -h -t RUNNING,COMPLETING,CONFIGURING,SUSPENDED -o '%A' 2>/dev/null | sort -u | tr '\n' ' ')"
+    if [[ -n "${stale// /}" ]] && ! our_stepds_alive; then
+        log "cancelling job(s) ${stale% } recovered as running although their processes are gone (unclean stop)"
+        # shellcheck disable=SC2086
+        scancel $stale >/dev/null 2>&1 || true
+        wait_for 30 nodes both_really_idle || fail "nodes not idle after cancelling stale jobs"
+    fi
 fi
 
 t1=$(date +%s.%N)

@@ -1,0 +1,493 @@
+"""nd: Megatron-style tensor parallel x pipeline parallel x FSDP2 on one DeviceMesh (DTensor, torch.distributed.pipelining).
+
+`render` writes `nd_plan.json` (mesh, TP plan per module, pipeline stages, FSDP and CP settings, all as data
+from `nd_plans`) and the torchrun line; `apply` builds the torch objects from that file, so what runs is
+exactly what was rendered.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from harness.config.schema import RunConfig
+from harness.engines import nd_plans
+from harness.engines.rendered import RenderedRun, launcher_argv
+
+PLAN_FILE = "nd_plan.json"
+# Runs through `apply` (unlike the megatron_lm export).
+EXPORT_ONLY = False
+# Label of ignored positions (the last token of each row has no next token), as in transformers' loss.
+IGNORE_INDEX = -100
+
+
+def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
+    """(errors, warnings) for this config under engine=nd; the planner reports them."""
+    return nd_plans.check(cfg)
+
+
+def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
+    run_dir = Path(run_dir)
+    plan = nd_plans.nd_plan(cfg)  # raises, naming every problem, on a layout nd cannot run
+    (run_dir / PLAN_FILE).write_text(json.dumps(plan, indent=2) + "\n")
+    if cfg.engine.launcher != "torchrun":
+        raise ValueError(f"engine=nd launches with torchrun, not engine.launcher={cfg.engine.launcher!r}")
+    argv = launcher_argv("torchrun", cfg.cluster.nodes, cfg.cluster.accelerators_per_node, str(run_dir), [])
+    return RenderedRun(
+        run_dir=str(run_dir),
+        engine="nd",
+        launcher="torchrun",
+        nnodes=cfg.cluster.nodes,
+        nproc_per_node=cfg.cluster.accelerators_per_node,
+        argv=argv,
+        env={},
+        files=[PLAN_FILE],
+    )
+
+
+# ------------------------------------------------------------------------------------- torch below
+def _torch():
+    import torch
+
+    return torch
+
+
+def _placement(text: str):
+    from torch.distributed.tensor import Replicate, Shard
+
+    if text == nd_plans.REPLICATE:
+        return Replicate()
+    if text.startswith("Shard(") and text.endswith(")"):
+        return Shard(int(text[len("Shard(") : -1]))
+    raise ValueError(f"unknown placement {text!r} in {PLAN_FILE}")
+
+
+def _layouts(value: Any):
+    if isinstance(value, str):
+        return _placement(value)
+    if isinstance(value, list):
+        return tuple(None if v is None else _placement(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _placement(v) for k, v in value.items()}
+    return value
+
+
+def build_style(spec: Dict[str, Any]):
+    """A torch ParallelStyle from its `nd_plan.json` entry."""
+    import torch.distributed.tensor.parallel as tp
+
+    kwargs = {k: (_layouts(v) if k.endswith("layouts") else v) for k, v in spec.items() if k != "style"}
+    return getattr(tp, spec["style"])(**kwargs)
+
+
+class Stage:
+    """Builders of one pipeline stage's module from a Hugging Face causal LM (no copies of weights)."""
+
+    @staticmethod
+    def module(model, layers: List[int], embedding: bool, head: bool, seq_scale: int):
+        torch = _torch()
+
+        class StageModule(torch.nn.Module):
+            """Embedding (first stage), decoder layers, norm and LM head (last stage).
+
+            The stage computes its own rotary embeddings from positions 0..seq-1 and passes no attention
+            mask: SDPA is causal by itself, and stages exchange nothing but hidden states.
+            """
+
+            def __init__(self):
+                super().__init__()
+                inner = model.model
+                self.embed_tokens = inner.embed_tokens if embedding else None
+                self.layers = torch.nn.ModuleDict({str(i): inner.layers[i] for i in layers})
+                self.norm = inner.norm if head else None
+                self.lm_head = model.lm_head if head else None
+                self.rotary_emb = copy.deepcopy(inner.rotary_emb)
+                # Sequence parallelism hands each rank 1/tp of the sequence between layers.
+                self.seq_scale = seq_scale
+
+            def forward(self, x, positions=None):
+                if self.embed_tokens is not None:
+                    x = self.embed_tokens(x)
+                if positions is None:
+                    seq = x.shape[1] * self.seq_scale
+                    positions = torch.arange(seq, device=x.device).unsqueeze(0)
+                rotary = self.rotary_emb(x, positions)
+                for layer in self.layers.values():
+                    x = layer(x, position_embeddings=rotary, attention_mask=None, position_ids=positions)
+                if self.lm_head is not None:
+                    x = self.lm_head(self.norm(x))
+                return x
+
+        return StageModule()
+
+
+def shifted_labels(tokens):
+    """Next-token labels; the last position of each row is ignored (transformers' ForCausalLMLoss)."""
+    torch = _torch()
+    pad = torch.full_like(tokens[:, :1], IGNORE_INDEX)
+    return torch.cat([tokens[:, 1:], pad], dim=1)
+
+
+def causal_lm_loss(logits, labels):
+    """Mean cross-entropy over the labelled positions (a DTensor under loss parallelism)."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1), ignore_index=IGNORE_INDEX)
+
+
+def _local(tensor):
+    from torch.distributed.tensor import DTensor
+
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def _plain(tensor):
+    """A plain tensor of a (possibly replicated DTensor) scalar loss."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+class LocalShards:
+    """`session.model` for the runtime: `parameters()` yields the local tensors of this rank's weights
+    (a DTensor has no storage of its own to compare saved tensors with)."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def parameters(self):
+        return (_local(p) for p in self.params)
+
+
+class NdSession:
+    """One rank's stages, optimizer and schedule: a training step and the bytes of state it holds."""
+
+    def __init__(self, plan: Dict[str, Any], mesh, stages, optimizer, schedule, stage_specs, device, cfg):
+        self.plan, self.mesh, self.stages = plan, mesh, stages
+        self.optimizer, self.schedule, self.stage_specs = optimizer, schedule, stage_specs
+        self.device, self.cfg = device, cfg
+        layout = cfg.layout
+        self.dp_size = nd_plans.data_parallel_size(layout)
+        self.dp_rank = nd_plans.data_parallel_rank(layout, mesh.get_rank())
+        self.params = [p for stage in stages for p in stage.parameters()]
+        # What the runtime's activation meter excludes as weights: this rank's local shards.
+        self.model = LocalShards(self.params)
+        self.pp = layout.pp
+        # Ranks holding copies of one parameter shard: everything in this pipeline stage, over its shards.
+        self.ranks_per_stage = mesh.size() // layout.pp
+        self.has_first = any(spec["embedding"] for spec in stage_specs)
+        self.has_last = any(spec["head"] for spec in stage_specs)
+        pipeline = plan["pipeline"]
+        if pipeline is not None:
+            last = pipeline["stages"][-1]["pp_rank"]
+            self.last_stage_pp_rank = last
+
+    # -- one optimizer step ------------------------------------------------------------------------
+    def _context(self) -> ExitStack:
+        torch = _torch()
+        stack = ExitStack()
+        if self.plan["tensor_parallel"]["loss_parallel"]:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            stack.enter_context(loss_parallel())
+        if self.plan["autocast_bf16"]:
+            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        return stack
+
+    def train_step(self, micro_batches, on_boundary=None):
+        torch = _torch()
+        batches = [tokens.to(self.device) for tokens in micro_batches]
+        with self._context():
+            if self.schedule is None:
+                loss = self._accumulate(batches)
+            else:
+                loss = self._pipeline(batches)
+        if on_boundary is not None:
+            on_boundary()
+        clip = self.plan["optimizer"]["grad_clip"]
+        if clip and clip > 0:
+            self.clip_grad_norm(clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach().to(torch.float32).cpu()
+
+    def _accumulate(self, batches):
+        torch = _torch()
+        stage, losses = self.stages[0], []
+        for tokens in batches:
+            loss = causal_lm_loss(stage(tokens), shifted_labels(tokens))
+            (loss / len(batches)).backward()
+            losses.append(_plain(loss).detach().float())
+        return torch.stack(losses).mean()
+
+    def _pipeline(self, batches):
+        """The step's micro-batches are the schedule's; the loss is broadcast from the last stage's rank."""
+        torch = _torch()
+        import torch.distributed as dist
+
+        tokens = torch.cat(batches)
+        args = (tokens,) if self.has_first else ()
+        losses: List[Any] = []
+        if self.has_last:
+            self.schedule.step(*args, target=shifted_labels(tokens), losses=losses)
+            loss = torch.stack([_plain(value).detach().float() for value in losses]).mean()
+        else:
+            self.schedule.step(*args)
+            loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        dist.broadcast(loss, group=self.mesh.get_group("pp"), group_src=self.last_stage_pp_rank)
+        return loss
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Scale gradients to a global L2 norm of at most `max_norm` (torch's clip_grad_norm_ rule).
+
+        Each shard's squared sum is divided by the number of ranks holding a copy of it (ranks of this
+        pipeline stage over the number of distinct shards), then summed over every rank: each element counts
+        once, whichever mix of plain tensors, TP shards and FSDP shards holds it.
+        """
+        torch = _torch()
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        for grad in grads:
+            shards = 1
+            if isinstance(grad, DTensor):
+                for size, placement in zip(grad.device_mesh.shape, grad.placements):
+                    if placement.is_partial():
+                        raise RuntimeError(f"unreduced (Partial) gradient with placements {grad.placements}")
+                    shards *= size if placement.is_shard() else 1
+            local = _local(grad)
+            if local.numel():
+                total += local.double().pow(2).sum() * (shards / self.ranks_per_stage)
+        dist.all_reduce(total)
+        norm = float(total.sqrt())
+        coef = min(1.0, max_norm / (norm + 1e-6))
+        if coef < 1.0:
+            for grad in grads:
+                _local(grad).mul_(coef)
+        return norm
+
+    # -- measurement ------------------------------------------------------------------------------
+    def state_bytes(self) -> Dict[str, int]:
+        """Exact local bytes: DTensor parameters, gradients and Adam moments count their local shard only.
+
+        Weights stay fp32 (under bf16 FSDP keeps them as the fp32 master and gathers bf16 copies for
+        compute; without FSDP autocast computes in bf16), so there is no separate master copy.
+        """
+        torch = _torch()
+        from harness.runtime.meter import sum_tensor_bytes
+
+        states = [
+            _local(value)
+            for state in self.optimizer.state.values()
+            for value in state.values()
+            if torch.is_tensor(value) and value.dim() > 0
+        ]
+        return {
+            "param_bytes": sum_tensor_bytes(_local(p) for p in self.params),
+            "grad_bytes": sum_tensor_bytes(_local(p.grad) for p in self.params if p.grad is not None),
+            "optimizer_bytes": sum_tensor_bytes(states),
+        }
+
+
+# ------------------------------------------------------------------------------------------ apply
+def _build_mesh(plan: Dict[str, Any]):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh_plan = plan["mesh"]
+    return init_device_mesh(mesh_plan["device_type"], tuple(mesh_plan["shape"]),
+                            mesh_dim_names=tuple(mesh_plan["dim_names"]))  # fmt: skip
+
+
+def _fsdp_mesh(mesh, fsdp: Dict[str, Any]):
+    """dp_shard x cp flattened into one shard dim (CP ranks hold the same weights); dp_replicate for HSDP."""
+    if mesh["cp"].size() > 1:
+        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        shard = "dp_shard_cp"
+    else:
+        shard = "dp_shard"
+    if fsdp["replicate_size"] > 1:
+        return mesh["dp_replicate", shard]
+    return mesh[shard]
+
+
+def _set_head_counts(attention, tp: int) -> None:
+    """Attention modules that keep head counts as attributes compute heads/tp of them on each rank.
+
+    transformers 5 reshapes with -1 heads (nothing to change); the ratio num_key_value_groups is unchanged.
+    """
+    for name in ("num_heads", "num_attention_heads", "num_key_value_heads"):
+        if isinstance(getattr(attention, name, None), int):
+            setattr(attention, name, getattr(attention, name) // tp)
+
+
+def _apply_tensor_parallel(stage, tp_mesh, tp_plan: Dict[str, Any]) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    layer_plan = {path: build_style(spec) for path, spec in tp_plan["layer_plan"].items()}
+    for layer in stage.layers.values():
+        _set_head_counts(layer.self_attn, tp_mesh.size())
+        parallelize_module(layer, tp_mesh, layer_plan)
+    top = {path: build_style(spec) for path, spec in tp_plan["top_plan"].items() if getattr(stage, path) is not None}
+    parallelize_module(stage, tp_mesh, top)
+
+
+def _selective_policy():
+    """Keep matmul and attention outputs, recompute the cheap element-wise ops (norms, SiLU, rotary, adds)."""
+    torch = _torch()
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default}
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):  # fmt: skip
+        if hasattr(aten, name):
+            save.add(getattr(aten, name).default)
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return lambda: create_selective_checkpoint_contexts(policy)
+
+
+def _apply_checkpointing(stage, mode: str) -> None:
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    kwargs = {"context_fn": _selective_policy()} if mode == "selective" else {}
+    for key, layer in list(stage.layers.items()):
+        stage.layers[key] = checkpoint_wrapper(layer, preserve_rng_state=False, **kwargs)
+
+
+def _apply_fsdp(stage, dp_mesh, fsdp: Dict[str, Any]) -> None:
+    torch = _torch()
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy()
+    if fsdp["mixed_precision"]:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    reshard = fsdp["reshard_after_forward"]
+    for layer in stage.layers.values():
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+
+
+def _stage_specs(plan: Dict[str, Any], num_layers: int, pp_rank: int) -> List[Dict[str, Any]]:
+    if plan["pipeline"] is None:
+        return [{"stage": 0, "pp_rank": 0, "layers": list(range(num_layers)), "embedding": True, "head": True}]
+    return [spec for spec in plan["pipeline"]["stages"] if spec["pp_rank"] == pp_rank]
+
+
+def _release_unowned(model, specs: List[Dict[str, Any]]) -> None:
+    """Move the weights this rank's stages do not hold to the meta device (frees their memory)."""
+    owned = {i for spec in specs for i in spec["layers"]}
+    for index, layer in enumerate(model.model.layers):
+        if index not in owned:
+            layer.to("meta")
+    if not any(spec["embedding"] for spec in specs):
+        model.model.embed_tokens.to("meta")
+    if not any(spec["head"] for spec in specs):
+        model.model.norm.to("meta")
+        model.lm_head.to("meta")
+
+
+def _schedule(plan: Dict[str, Any], stages, specs, mesh, device):
+    from torch.distributed import pipelining
+
+    pipeline = plan["pipeline"]
+    group = mesh.get_group("pp")
+    pipeline_stages = [
+        pipelining.PipelineStage(module, spec["stage"], pipeline["num_stages"], device, group=group)
+        for module, spec in zip(stages, specs)
+    ]
+    name = pipeline["schedule"]
+    cls = getattr(pipelining, f"Schedule{name}")
+    n = pipeline["n_microbatches"]
+    if name in nd_plans.SINGLE_STAGE_SCHEDULES:
+        return cls(pipeline_stages[0], n_microbatches=n, loss_fn=causal_lm_loss, scale_grads=True)
+    return cls(pipeline_stages, n_microbatches=n, loss_fn=causal_lm_loss, scale_grads=True)
+
+
+def apply(cfg: RunConfig, run_dir: Path, model, kind) -> NdSession:
+    torch = _torch()
+    import torch.distributed as dist
+
+    from harness.runtime.device import torch_device
+
+    plan = json.loads((Path(run_dir) / PLAN_FILE).read_text())
+    if plan["context_parallel"] is not None and kind.type != "cuda":
+        raise RuntimeError(f"layout.cp={cfg.layout.cp}: context parallelism runs on GPU only (device {kind.type})")
+    if not dist.is_initialized():
+        dist.init_process_group(backend=kind.backend)
+    device = torch_device(kind)
+    mesh = _build_mesh(plan)
+    specs = _stage_specs(plan, model.config.num_hidden_layers, mesh.get_local_rank("pp"))
+    tp_plan = plan["tensor_parallel"]
+    seq_scale = tp_plan["size"] if tp_plan["sequence_parallel"] else 1
+    stages = [Stage.module(model, s["layers"], s["embedding"], s["head"], seq_scale) for s in specs]
+    _release_unowned(model, specs)
+    dp_mesh = _fsdp_mesh(mesh, plan["fsdp"]) if plan["fsdp"] else None
+    for stage in stages:
+        stage.to(device)
+        if tp_plan["size"] > 1:
+            _apply_tensor_parallel(stage, mesh["tp"], tp_plan)
+        _apply_checkpointing(stage, plan["activation_checkpointing"])
+        if dp_mesh is not None:
+            _apply_fsdp(stage, dp_mesh, plan["fsdp"])
+        stage.train()
+    schedule = _schedule(plan, stages, specs, mesh, device) if plan["pipeline"] else None
+    opt = plan["optimizer"]
+    params = [p for stage in stages for p in stage.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+                                  weight_decay=opt["weight_decay"])  # fmt: skip
+    session = NdSession(plan, mesh, stages, optimizer, schedule, specs, device, cfg)
+    if plan["context_parallel"] is not None:
+        return ContextParallelSession.wrap(session)
+    return session
+
+
+class ContextParallelSession(NdSession):
+    """Ring attention over the `cp` mesh dim around each micro-batch (GPU only; validated on CPU, not run).
+
+    Tokens, labels and positions are split along the sequence (load-balanced causal chunks). Each rank's
+    loss is its labelled tokens' summed cross-entropy over the micro-batch's mean count per CP rank, so the
+    mean over CP ranks (FSDP's gradient average over dp_shard x cp) is the exact micro-batch mean.
+    """
+
+    @classmethod
+    def wrap(cls, session: NdSession) -> "ContextParallelSession":
+        session.__class__ = cls
+        return session  # type: ignore[return-value]
+
+    def _accumulate(self, batches):
+        torch = _torch()
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        cp_mesh, cp = self.mesh["cp"], self.mesh["cp"].size()
+        set_rotate_method(self.plan["context_parallel"]["rotate_method"])
+        stage, losses = self.stages[0], []
+        for tokens in batches:
+            labels = shifted_labels(tokens)
+            positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens).contiguous()
+            count = (labels != IGNORE_INDEX).sum()
+            buffers = [tokens, labels, positions]
+            with context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)):
+                logits = stage(tokens, positions)
+                summed = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1),
+                                         ignore_index=IGNORE_INDEX, reduction="sum")  # fmt: skip
+                loss = summed * cp / count
+                (loss / len(batches)).backward()
+            value = _plain(loss).detach().float()
+            dist.all_reduce(value, group=cp_mesh.get_group())
+            losses.append(value / cp)
+        return torch.stack(losses).mean()
+
+

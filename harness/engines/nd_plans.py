@@ -1,0 +1,481 @@
+"""The nd engine's layout as plain data (no torch): device mesh, TP plan per family, pipeline split, checks.
+
+Everything here is JSON: `nd.render` writes it to `nd_plan.json`, `nd.apply` builds the torch objects from
+that file, and the unit tests (and the planner) read the same functions without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from harness.config.schema import LayoutConfig, RunConfig
+from harness.plan.model_spec import ModelSpec, model_spec_from_hf
+
+# Mesh dimensions, outermost first. Pipeline outermost and tensor innermost, as in torchtitan's
+# ParallelDims: TP all-reduces every layer (keep it on NVLink, adjacent ranks), PP only sends activations
+# point to point (it may cross nodes), the data axes reduce gradients once per step in between.
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+# Families whose decoder layers share Llama's module names (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
+# input_layernorm, post_attention_layernorm) and whose stages the engine can rebuild from `model.model`.
+DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+MOE_FAMILIES = ("mixtral",)  # attention tensor-parallel; the MoE block is replicated over TP
+TP_FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
+
+# Schedules that hold one stage per rank, and those that take a list of (virtual) stages per rank.
+SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+# ZBV and DualPipeV place exactly two stages per rank in a "V": rank r holds stages r and 2*pp-1-r.
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+
+REPLICATE, SHARD_SEQ, SHARD_LAST = "Replicate()", "Shard(1)", "Shard(-1)"
+
+
+# --------------------------------------------------------------------------------------------- mesh
+def mesh_shape(layout: LayoutConfig) -> List[int]:
+    sizes = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
+             "cp": layout.cp, "tp": layout.tp}  # fmt: skip
+    return [sizes[name] for name in MESH_DIMS]
+
+
+def world_size(layout: LayoutConfig) -> int:
+    return layout.pp * layout.dp_replicate * layout.dp_shard * layout.cp * layout.tp
+
+
+def data_parallel_size(layout: LayoutConfig) -> int:
+    """Ranks that read different batches; cp and tp ranks of one data-parallel rank read the same batch."""
+    return layout.dp_replicate * layout.dp_shard
+
+
+def mesh_coordinates(layout: LayoutConfig, rank: int) -> Dict[str, int]:
+    """Row-major coordinates of `rank` in the mesh (what `init_device_mesh` assigns)."""
+    coords, rest = {}, rank
+    for name, size in reversed(list(zip(MESH_DIMS, mesh_shape(layout)))):
+        coords[name] = rest % size
+        rest //= size
+    return {name: coords[name] for name in MESH_DIMS}
+
+
+def data_parallel_rank(layout: LayoutConfig, rank: int) -> int:
+    c = mesh_coordinates(layout, rank)
+    return c["dp_replicate"] * layout.dp_shard + c["dp_shard"]
+
+
+def fsdp_shard_size(layout: LayoutConfig) -> int:
+    """FSDP shards over dp_shard x cp: context-parallel ranks hold the same weights (torchtitan's dp_shard_cp)."""
+    return layout.dp_shard * layout.cp
+
+
+def uses_fsdp(layout: LayoutConfig) -> bool:
+    return layout.dp_replicate * fsdp_shard_size(layout) > 1
+
+
+# ------------------------------------------------------------------------------------------ TP plans
+def _style(style: str, **kwargs: Any) -> Dict[str, Any]:
+    return {"style": style, **kwargs}
+
+
+def layer_tp_plan(model_type: str, sequence_parallel: bool) -> Dict[str, Dict[str, Any]]:
+    """Megatron's plan for one decoder layer, keyed by module path inside the layer.
+
+    q/k/v (and gate/up) are column-parallel: each rank computes heads/num_tp of the heads (and a slice of the
+    MLP) with no communication; o_proj and down_proj are row-parallel and all-reduce (or, with sequence
+    parallelism, reduce-scatter to sequence shards). Qwen2's q/k/v biases are sharded with their columns.
+    Mixtral's MoE block is not split: with sequence parallelism its input is gathered and its output
+    re-sharded, so every TP rank routes the same tokens and expert gradients agree across the TP group.
+    """
+    if model_type not in TP_FAMILIES:
+        raise ValueError(f"model_type={model_type!r} has no nd tensor-parallel plan; supported: {', '.join(TP_FAMILIES)}")
+    row_out = {"output_layouts": SHARD_SEQ} if sequence_parallel else {}
+    plan: Dict[str, Dict[str, Any]] = {}
+    if sequence_parallel:
+        plan["input_layernorm"] = _style("SequenceParallel")
+        plan["self_attn"] = _style(
+            "PrepareModuleInput",
+            input_kwarg_layouts={"hidden_states": SHARD_SEQ},
+            desired_input_kwarg_layouts={"hidden_states": REPLICATE},
+            use_local_output=True,
+        )
+    plan.update({
+        "self_attn.q_proj": _style("ColwiseParallel"),
+        "self_attn.k_proj": _style("ColwiseParallel"),
+        "self_attn.v_proj": _style("ColwiseParallel"),
+        "self_attn.o_proj": _style("RowwiseParallel", **row_out),
+    })  # fmt: skip
+    if sequence_parallel:
+        plan["post_attention_layernorm"] = _style("SequenceParallel")
+    if model_type in MOE_FAMILIES:
+        if sequence_parallel:
+            plan["mlp"] = _style(
+                "PrepareModuleInputOutput",
+                input_layouts=[SHARD_SEQ], desired_input_layouts=[REPLICATE], use_local_input=True,
+                output_layouts=[REPLICATE], desired_output_layouts=[SHARD_SEQ], use_local_output=True,
+            )  # fmt: skip
+        return plan
+    if sequence_parallel:
+        plan["mlp"] = _style(
+            "PrepareModuleInput", input_layouts=[SHARD_SEQ], desired_input_layouts=[REPLICATE], use_local_output=True
+        )
+    plan.update({
+        "mlp.gate_proj": _style("ColwiseParallel"),
+        "mlp.up_proj": _style("ColwiseParallel"),
+        "mlp.down_proj": _style("RowwiseParallel", **row_out),
+    })  # fmt: skip
+    return plan
+
+
+def top_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> Dict[str, Dict[str, Any]]:
+    """Embedding (vocab-parallel rows), final norm and LM head (vocab-parallel columns), keyed by stage path.
+
+    With loss parallelism the logits stay sharded over the vocabulary and cross-entropy is computed on the
+    shards (`loss_parallel()`), so the full [tokens, vocab] logits are never gathered.
+    """
+    seq = sequence_parallel
+    return {
+        "embed_tokens": _style("RowwiseParallel", input_layouts=REPLICATE, output_layouts=SHARD_SEQ if seq else REPLICATE),
+        **({"norm": _style("SequenceParallel")} if seq else {}),
+        "lm_head": _style(
+            "ColwiseParallel",
+            input_layouts=SHARD_SEQ if seq else REPLICATE,
+            output_layouts=SHARD_LAST if loss_parallel else REPLICATE,
+            use_local_output=not loss_parallel,
+        ),
+    }
+
+
+def tp_attention_heads(spec: ModelSpec, tp: int) -> Dict[str, int]:
+    """Heads each TP rank computes: the attention modules are told these counts."""
+    return {"num_attention_heads": spec.num_heads // tp, "num_key_value_heads": spec.num_kv_heads // tp}
+
+
+# ------------------------------------------------------------------------------------------ pipeline
+def num_stages(layout: LayoutConfig) -> int:
+    return layout.pp * layout.pp_virtual_stages
+
+
+def stage_layer_counts(num_layers: int, stages: int, explicit: Optional[List[int]] = None) -> List[int]:
+    """Layers per stage: the explicit list, else an even split whose remainder goes to the middle stages.
+
+    The first stage also holds the embedding and the last the final norm and LM head, so the extra layers
+    of an uneven split go to the stages between them (starting at stage 1), never to the ends first.
+    """
+    if explicit:
+        return list(explicit)
+    base, extra = divmod(num_layers, stages)
+    order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 2 else list(range(stages))
+    counts = [base] * stages
+    for index in order[:extra]:
+        counts[index] += 1
+    return counts
+
+
+def stage_to_rank(stage: int, pp: int, schedule: str) -> int:
+    """Loop placement (stage s on rank s % pp) for every schedule but the V ones (rank s, then back)."""
+    if schedule in V_SCHEDULES:
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
+
+
+def pipeline_plan(num_layers: int, layout: LayoutConfig) -> Dict[str, Any]:
+    stages = num_stages(layout)
+    counts = stage_layer_counts(num_layers, stages, list(layout.pp_stage_layers))
+    out, first = [], 0
+    for index, count in enumerate(counts):
+        out.append({
+            "stage": index,
+            "pp_rank": stage_to_rank(index, layout.pp, layout.pp_schedule),
+            "layers": list(range(first, first + count)),
+            "embedding": index == 0,
+            "head": index == stages - 1,
+        })  # fmt: skip
+        first += count
+    return {
+        "schedule": layout.pp_schedule,
+        "num_stages": stages,
+        "virtual_stages_per_rank": layout.pp_virtual_stages,
+        "placement": "v" if layout.pp_schedule in V_SCHEDULES else "loop",
+        # The step's grad_accum micro-batches are the schedule's micro-batches.
+        "n_microbatches": layout.grad_accum,
+        "microbatch_rows": layout.micro_batch,
+        "stages": out,
+    }
+
+
+# -------------------------------------------------------------------------------------- whole plan
+def nd_plan(cfg: RunConfig) -> Dict[str, Any]:
+    """The content of `nd_plan.json` (validated first: an invalid layout raises, naming every problem)."""
+    errors, _ = check(cfg)
+    if errors:
+        raise ValueError("nd cannot run this layout:\n  - " + "\n  - ".join(errors))
+    layout, engine = cfg.layout, cfg.engine
+    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    sp = engine.sequence_parallel and layout.tp > 1
+    lp = engine.loss_parallel and layout.tp > 1
+    fsdp = None
+    if uses_fsdp(layout):
+        fsdp = {
+            "mesh_dims": (["dp_replicate"] if layout.dp_replicate > 1 else []) + ["dp_shard_cp"],
+            "shard_size": fsdp_shard_size(layout),
+            "replicate_size": layout.dp_replicate,
+            # ZeRO-3 frees the gathered weights after forward; ZeRO-2 keeps them until backward.
+            "reshard_after_forward": layout.zero_stage >= 3,
+            "units": ["each decoder layer", "each pipeline stage (root)"],
+            "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"} if layout.precision == "bf16" else None,
+        }
+    return {
+        "engine": "nd",
+        "model_type": spec.model_type,
+        "mesh": {"dim_names": list(MESH_DIMS), "shape": mesh_shape(layout), "world_size": world_size(layout),
+                 "device_type": "cpu" if cfg.cluster.accelerator == "cpu" else "cuda"},
+        "data_parallel": {"size": data_parallel_size(layout), "dims": ["dp_replicate", "dp_shard"]},
+        "tensor_parallel": {
+            "size": layout.tp,
+            "sequence_parallel": sp,
+            "loss_parallel": lp,
+            "heads_per_rank": tp_attention_heads(spec, layout.tp),
+            "layer_plan": layer_tp_plan(spec.model_type, sp) if layout.tp > 1 else {},
+            "top_plan": top_tp_plan(sp, lp) if layout.tp > 1 else {},
+        },
+        "pipeline": pipeline_plan(spec.num_layers, layout) if layout.pp > 1 else None,
+        "fsdp": fsdp,
+        "context_parallel": context_parallel_plan(layout) if layout.cp > 1 else None,
+        "activation_checkpointing": layout.activation_checkpointing,
+        "precision": layout.precision,
+        "autocast_bf16": layout.precision == "bf16" and fsdp is None,
+        "optimizer": {"type": "AdamW", "lr": cfg.bench.lr, "betas": [0.9, 0.95], "eps": 1e-8,
+                      "weight_decay": cfg.bench.weight_decay, "grad_clip": cfg.bench.grad_clip},
+    }  # fmt: skip
+
+
+def context_parallel_plan(layout: LayoutConfig) -> Dict[str, Any]:
+    """Ring attention over the `cp` mesh dim (GPU only: there is no CPU sharding rule for SDPA)."""
+    return {
+        "size": layout.cp,
+        "gpu_only": True,
+        # Tokens, labels and rotary positions are split along the sequence; load balancing gives each
+        # rank chunk i and 2*cp-1-i so causal work is even, hence seq_len % (2*cp) == 0.
+        "buffers": ["input_ids", "labels", "position_ids"],
+        "buffer_seq_dims": [1, 1, 1],
+        "rotate_method": "allgather",
+        "load_balance": True,
+    }
+
+
+# -------------------------------------------------------------------------------------------- checks
+def _schedule_problems(layout: LayoutConfig) -> List[str]:
+    pp, v, schedule, n = layout.pp, layout.pp_virtual_stages, layout.pp_schedule, layout.grad_accum
+    stages = pp * v
+    problems = []
+    if schedule in SINGLE_STAGE_SCHEDULES and v != 1:
+        problems.append(f"layout.pp_schedule={schedule} holds one stage per rank, but pp_virtual_stages={v} "
+                        f"(use Interleaved1F1B, LoopedBFS or InterleavedZeroBubble)")
+    if schedule in V_SCHEDULES and v != 2:
+        problems.append(f"layout.pp_schedule={schedule} needs exactly pp_virtual_stages=2, got {v}")
+    if schedule == "1F1B" and n < pp:
+        problems.append(f"layout.pp_schedule=1F1B needs grad_accum (micro-batches per step) >= pp: "
+                        f"grad_accum={n} < pp={pp}")
+    if schedule == "DualPipeV" and n < stages:
+        problems.append(f"layout.pp_schedule=DualPipeV needs grad_accum >= pp*pp_virtual_stages={stages}, got {n}")
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        rounds = max(1, n // pp)
+        if n % rounds:
+            problems.append(f"layout.pp_schedule={schedule} needs grad_accum={n} to be a multiple of "
+                            f"max(1, grad_accum // pp)={rounds}")
+    return problems
+
+
+def _pipeline_problems(spec: ModelSpec, layout: LayoutConfig) -> List[str]:
+    problems: List[str] = []
+    stages = num_stages(layout)
+    if layout.pp_virtual_stages < 1:
+        return [f"layout.pp_virtual_stages={layout.pp_virtual_stages} must be >= 1"]
+    if layout.pp == 1:
+        if layout.pp_virtual_stages != 1:
+            problems.append(f"layout.pp_virtual_stages={layout.pp_virtual_stages} needs pp > 1 (pp=1)")
+        if layout.pp_stage_layers:
+            problems.append(f"layout.pp_stage_layers={list(layout.pp_stage_layers)} needs pp > 1 (pp=1)")
+        return problems
+    explicit = list(layout.pp_stage_layers)
+    if explicit:
+        if len(explicit) != stages:
+            problems.append(f"layout.pp_stage_layers has {len(explicit)} entries but pp*pp_virtual_stages="
+                            f"{layout.pp}*{layout.pp_virtual_stages}={stages} stages")
+        if sum(explicit) != spec.num_layers:
+            problems.append(f"layout.pp_stage_layers={explicit} sums to {sum(explicit)}, "
+                            f"not num_hidden_layers={spec.num_layers}")
+        if any(count < 1 for count in explicit):
+            problems.append(f"layout.pp_stage_layers={explicit}: every stage needs >= 1 layer")
+    elif spec.num_layers < stages:
+        problems.append(f"num_hidden_layers={spec.num_layers} < pp*pp_virtual_stages={stages}: "
+                        f"every stage needs >= 1 layer")
+    return problems + _schedule_problems(layout)
+
+
+def _tp_problems(spec: ModelSpec, layout: LayoutConfig, cfg: RunConfig) -> List[str]:
+    tp, problems = layout.tp, []
+    if tp == 1:
+        return problems
+    if spec.num_heads % tp:
+        problems.append(f"tp={tp} must divide num_attention_heads={spec.num_heads}")
+    if spec.num_kv_heads % tp:
+        problems.append(f"tp={tp} must divide num_key_value_heads={spec.num_kv_heads} "
+                        f"(nd does not replicate kv heads)")
+    if not spec.is_moe and spec.ffn_size % tp:
+        problems.append(f"tp={tp} must divide intermediate_size={spec.ffn_size}")
+    if cfg.engine.sequence_parallel and layout.seq_len % tp:
+        problems.append(f"engine.sequence_parallel needs tp={tp} to divide layout.seq_len={layout.seq_len}")
+    return problems
+
+
+def _model_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
+    layout, problems = cfg.layout, []
+    if spec.model_type not in TP_FAMILIES:
+        return [f"model.hf_config.model_type={spec.model_type!r}: engine=nd supports {', '.join(TP_FAMILIES)}"]
+    if spec.tied_embeddings and (layout.tp > 1 or layout.pp > 1):
+        problems.append(f"tie_word_embeddings=true with tp={layout.tp}, pp={layout.pp}: engine=nd splits the "
+                        f"embedding and the LM head separately (untie them or use tp=pp=1)")
+    hf = cfg.model.hf_config
+    window = hf.get("sliding_window")
+    if spec.model_type == "qwen2" and not hf.get("use_sliding_window", False):
+        window = None
+    if window is not None and int(window) < layout.seq_len:
+        problems.append(f"sliding_window={window} < layout.seq_len={layout.seq_len}: nd stages pass no attention "
+                        f"mask (causal SDPA), which would attend past the window")
+    return problems
+
+
+def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
+    """(errors, warnings) for running this config with engine=nd; each names the field, value and rule."""
+    layout, engine = cfg.layout, cfg.engine
+    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    errors = _model_problems(spec, cfg)
+    warnings: List[str] = []
+    processes = cfg.cluster.nodes * cfg.cluster.accelerators_per_node
+    if world_size(layout) != processes:
+        errors.append(f"pp*dp_replicate*dp_shard*cp*tp={layout.pp}*{layout.dp_replicate}*{layout.dp_shard}*"
+                      f"{layout.cp}*{layout.tp}={world_size(layout)} must equal cluster.nodes*"
+                      f"accelerators_per_node={cfg.cluster.nodes}*{cfg.cluster.accelerators_per_node}={processes}")
+    if layout.ep != 1:
+        errors.append(f"layout.ep={layout.ep}: engine=nd has no expert parallelism (engine=megatron_lm exports it)")
+    if layout.precision == "fp16":
+        errors.append("layout.precision=fp16: engine=nd trains bf16 or fp32 (fp16 needs a loss scaler)")
+    if layout.offload_optimizer != "none" or layout.offload_params != "none":
+        errors.append(f"layout.offload_optimizer={layout.offload_optimizer}, offload_params={layout.offload_params}: "
+                      f"engine=nd does not offload (use engine=fsdp or deepspeed)")
+    if fsdp_shard_size(layout) > 1 and layout.zero_stage < 2:
+        errors.append(f"layout.zero_stage={layout.zero_stage} with dp_shard*cp={fsdp_shard_size(layout)}: engine=nd "
+                      f"shards the data axis with FSDP2 (zero_stage 2 or 3); unsharded copies go on dp_replicate")
+    if layout.cp > 1:
+        if cfg.cluster.accelerator == "cpu":
+            errors.append(f"layout.cp={layout.cp}: context parallelism runs on GPU only "
+                          f"(no CPU sharding rule for SDPA); cluster.accelerator=cpu")
+        if layout.pp > 1:
+            errors.append(f"layout.cp={layout.cp} with pp={layout.pp}: engine=nd runs context parallelism without "
+                          f"pipeline parallelism")
+        if layout.seq_len % (2 * layout.cp):
+            errors.append(f"layout.cp={layout.cp} needs seq_len={layout.seq_len} divisible by 2*cp={2 * layout.cp} "
+                          f"(load-balanced causal chunks)")
+    errors += _tp_problems(spec, layout, cfg) + _pipeline_problems(spec, layout)
+    if layout.tp == 1 and engine.sequence_parallel:
+        warnings.append("engine.sequence_parallel has no effect with tp=1")
+    if layout.tp == 1 and engine.loss_parallel:
+        warnings.append("engine.loss_parallel has no effect with tp=1")
+    if layout.pp == 1 and layout.pp_schedule != "1F1B":
+        warnings.append(f"layout.pp_schedule={layout.pp_schedule} has no effect with pp=1")
+    return errors, warnings
+
+
+# ------------------------------------------------------------------------------------ state bytes
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor: where it lives (stage part), its global shape, its TP placement."""
+
+    part: str  # "embedding", "layer", "head" (final norm and LM head)
+    name: str
+    shape: Tuple[int, ...]
+    tp_dim: Optional[int]  # dim sharded over tp, or None (replicated over tp)
+
+
+def _layer_tensors(spec: ModelSpec) -> List[ParamTensor]:
+    h, d = spec.hidden_size, spec.head_dim
+    q, kv = spec.num_heads * d, spec.num_kv_heads * d
+    out = [
+        ParamTensor("layer", "self_attn.q_proj.weight", (q, h), 0),
+        ParamTensor("layer", "self_attn.k_proj.weight", (kv, h), 0),
+        ParamTensor("layer", "self_attn.v_proj.weight", (kv, h), 0),
+        ParamTensor("layer", "self_attn.o_proj.weight", (h, q), 1),
+        ParamTensor("layer", "input_layernorm.weight", (h,), None),
+        ParamTensor("layer", "post_attention_layernorm.weight", (h,), None),
+    ]
+    if spec.qkv_bias:
+        out += [ParamTensor("layer", f"self_attn.{n}_proj.bias", (size,), 0) for n, size in (("q", q), ("k", kv), ("v", kv))]
+    if spec.out_bias:
+        out.append(ParamTensor("layer", "self_attn.o_proj.bias", (h,), None))
+    if spec.qk_norm:
+        out += [ParamTensor("layer", "self_attn.q_norm.weight", (d,), None),
+                ParamTensor("layer", "self_attn.k_norm.weight", (d,), None)]  # fmt: skip
+    ffn = spec.ffn_size
+    if spec.is_moe:
+        e = spec.num_experts
+        out += [ParamTensor("layer", "mlp.gate.weight", (e, h), None),
+                ParamTensor("layer", "mlp.experts.gate_up_proj", (e, 2 * ffn, h), None),
+                ParamTensor("layer", "mlp.experts.down_proj", (e, h, ffn), None)]  # fmt: skip
+    else:
+        out += [ParamTensor("layer", "mlp.gate_proj.weight", (ffn, h), 0),
+                ParamTensor("layer", "mlp.up_proj.weight", (ffn, h), 0),
+                ParamTensor("layer", "mlp.down_proj.weight", (h, ffn), 1)]  # fmt: skip
+        if spec.mlp_bias:
+            out += [ParamTensor("layer", "mlp.gate_proj.bias", (ffn,), 0), ParamTensor("layer", "mlp.up_proj.bias", (ffn,), 0),
+                    ParamTensor("layer", "mlp.down_proj.bias", (h,), None)]  # fmt: skip
+    return out
+
+
+def _chunk(n: int, parts: int, index: int) -> int:
+    """Rows of chunk `index` when `n` rows are split like torch.chunk (DTensor Shard and FSDP2 both do)."""
+    size = -(-n // parts)
+    return max(0, min(size, n - index * size))
+
+
+def local_numel(tensor: ParamTensor, tp: int, tp_rank: int, fsdp: int, fsdp_rank: int) -> int:
+    """Elements of `tensor` one rank holds: TP shard (torch.chunk on tp_dim), then FSDP2 shard on dim 0."""
+    shape = list(tensor.shape)
+    if tensor.tp_dim is not None and tp > 1:
+        shape[tensor.tp_dim] = _chunk(shape[tensor.tp_dim], tp, tp_rank)
+    if fsdp > 1:
+        shape[0] = _chunk(shape[0], fsdp, fsdp_rank)
+    numel = 1
+    for size in shape:
+        numel *= size
+    return numel
+
+
+def rank_param_numel(hf_config: Mapping[str, Any], layout: LayoutConfig, rank: int) -> int:
+    """Parameter elements `rank` holds under this layout (the exact prediction `state_bytes` is tested against)."""
+    spec = model_spec_from_hf("model", hf_config)
+    c = mesh_coordinates(layout, rank)
+    fsdp_rank = c["dp_shard"] * layout.cp + c["cp"]
+    tp_rank = c["tp"]
+    if layout.pp > 1:
+        stages = [s for s in pipeline_plan(spec.num_layers, layout)["stages"] if s["pp_rank"] == c["pp"]]
+    else:
+        stages = [{"layers": list(range(spec.num_layers)), "embedding": True, "head": True}]
+    layer = _layer_tensors(spec)
+    embedding = ParamTensor("embedding", "embed_tokens.weight", (spec.vocab_size, spec.hidden_size), 0)
+    head = [ParamTensor("head", "norm.weight", (spec.hidden_size,), None)]
+    if not spec.tied_embeddings:
+        head.append(ParamTensor("head", "lm_head.weight", (spec.vocab_size, spec.hidden_size), 0))
+    shard = fsdp_shard_size(layout)
+    total = 0
+    for stage in stages:
+        tensors = layer * len(stage["layers"])
+        tensors += [embedding] if stage["embedding"] else []
+        tensors += head if stage["head"] else []
+        total += sum(local_numel(t, layout.tp, tp_rank, shard, fsdp_rank) for t in tensors)
+    return total
+
+
+def predicted_state_bytes(hf_config: Mapping[str, Any], layout: LayoutConfig, rank: int) -> Dict[str, int]:
+    """fp32 weights (FSDP's sharded weights are the fp32 master under bf16), fp32 grads, two fp32 Adam moments."""
+    numel = rank_param_numel(hf_config, layout, rank)
+    return {"param_bytes": 4 * numel, "grad_bytes": 4 * numel, "optimizer_bytes": 8 * numel}

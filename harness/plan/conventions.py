@@ -1,0 +1,88 @@
+"""Bytes per parameter each engine keeps for each training state, and which ZeRO stage shards them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class StateConvention:
+    """One engine at one precision: bytes per parameter of each state (Rajbhandari et al. 2020, sec. 3.1:
+    mixed-precision Adam keeps 2 + 2 + K bytes, K = 12 = fp32 master 4 + momentum 4 + variance 4)."""
+
+    param: int  # the model's parameter tensors as they sit between steps
+    grad: int  # gradients the backward writes
+    master: int  # separate fp32 copy owned by the optimizer (0: the parameters are the master)
+    moments: int  # Adam exp_avg + exp_avg_sq
+    optimizer_grad: int = 0  # fp32 gradient copy the optimizer keeps between steps (Megatron fp16)
+    working: int = 2  # bytes of the unsharded compute copy gathered when parameters are sharded
+    # Lowest zero_stage at which each state is partitioned over the data-parallel shard group.
+    param_shard_stage: int = 3
+    grad_shard_stage: int = 2
+    optimizer_shard_stage: int = 1  # master, moments and the optimizer's gradient copy
+    # Unsharded layers alive at once at the param-sharding stage 3 (DeepSpeed: params + grads of the
+    # live layer, its estimator's 4 x largest_layer bytes; FSDP2: current + prefetched layer).
+    gathered_layers: int = 2
+    # How a partition is sized: "even" (numel / N, the ZeRO paper), "deepspeed" (flat groups padded to
+    # 2 x N elements at ZeRO-1/2, each tensor padded to N at ZeRO-3), "dim0" (FSDP2: each tensor's
+    # dim 0 chunked, padded to ceil(d0 / N) rows).
+    partition: str = "even"
+    # Bytes per parameter of a gradient once offloaded (the CPU optimizer steps in fp32).
+    offload_grad: int = 4
+
+
+# The one table. Keys: (engine, precision) or, for stage-specific behaviour, (engine, precision, stage).
+# deepspeed: bf16/fp16 module weights + grads, fp32 master partition + moments (probed with 0.19.8 on
+# 2 CPU ranks: ZeRO-1/2 keep a 4-byte master even in fp32; ZeRO-0 fp32 is plain torch AdamW).
+# fsdp / nd (FSDP2 + MixedPrecisionPolicy): fp32 sharded parameters are the master, fp32 gradients,
+# a bf16 copy gathered for compute; SHARD_GRAD_OP (stage 2) already shards parameters at rest.
+# megatron_lm: Megatron-LM docs "distributed optimizer": bf16 6 + 12/d, fp16 4 + 16/d, fp32 8 + 8/d
+# bytes per parameter (d = data-parallel size), i.e. fp32 main grads for bf16, an fp32 grad copy for fp16.
+STATE_CONVENTIONS: Dict[Union[Tuple[str, str], Tuple[str, str, int]], StateConvention] = {
+    ("deepspeed", "bf16"): StateConvention(2, 2, 4, 8, partition="deepspeed"),
+    ("deepspeed", "fp16"): StateConvention(2, 2, 4, 8, partition="deepspeed"),
+    ("deepspeed", "fp32"): StateConvention(4, 4, 4, 8, working=4, partition="deepspeed"),
+    ("deepspeed", "fp32", 0): StateConvention(4, 4, 0, 8, working=4),
+    ("fsdp", "bf16"): StateConvention(4, 4, 0, 8, param_shard_stage=2, partition="dim0"),
+    ("fsdp", "fp16"): StateConvention(4, 4, 0, 8, param_shard_stage=2, partition="dim0"),
+    ("fsdp", "fp32"): StateConvention(4, 4, 0, 8, working=4, param_shard_stage=2, partition="dim0"),
+    ("nd", "bf16"): StateConvention(4, 4, 0, 8, param_shard_stage=2, partition="dim0"),
+    ("nd", "fp16"): StateConvention(4, 4, 0, 8, param_shard_stage=2, partition="dim0"),
+    ("nd", "fp32"): StateConvention(4, 4, 0, 8, working=4, param_shard_stage=2, partition="dim0"),
+    ("megatron_lm", "bf16"): StateConvention(2, 4, 4, 8),
+    ("megatron_lm", "fp16"): StateConvention(2, 2, 4, 8, optimizer_grad=4),
+    ("megatron_lm", "fp32"): StateConvention(4, 4, 0, 8, working=4),
+}
+
+
+def state_convention(engine: str, precision: str, zero_stage: int) -> Optional[StateConvention]:
+    """The table entry for this engine, precision and stage (stage-specific entries win)."""
+    return STATE_CONVENTIONS.get((engine, precision, zero_stage)) or STATE_CONVENTIONS.get((engine, precision))
+
+
+def partition_numel(rule: str, tensors: Sequence[Tuple[int, int]], total: int, group: int, sharded: bool,
+                    zero_stage: int) -> int:
+    """Elements one rank stores of a state over a data-parallel shard group of `group` ranks.
+
+    `tensors` are the (numel, dim0) of the rank's tensors, `total` their numel sum. The largest
+    partition is returned: padding is allocated on every rank, so it is what a rank holds.
+    """
+    if rule == "deepspeed" and zero_stage in (1, 2):
+        # stage_1_and_2: one flat group padded to nccl_start_alignment_factor (2) x N elements; the
+        # 16-bit weights live in that padded flat buffer even though they are not partitioned.
+        aligned = -(-total // (2 * group)) * 2 * group
+        return aligned // group if sharded else aligned
+    if not sharded or group == 1:
+        return total
+    if rule == "even":
+        return -(-total // group)
+    if rule == "dim0":
+        # FSDP2 (fully_shard) chunks dim 0 and pads every shard to ceil(d0 / N) rows.
+        return sum(-(-d0 // group) * (n // d0) for n, d0 in tensors if d0)
+    if rule == "deepspeed":
+        # stage3 partition_parameters: each tensor padded to a multiple of N, then split evenly.
+        return sum(-(-n // group) for n, _ in tensors)
+    raise ValueError(f"unknown partition rule {rule!r}")

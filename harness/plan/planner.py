@@ -1,0 +1,229 @@
+"""Turn a RunConfig into a Plan: validate, predict per-rank memory, FLOPs per token and MFU."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from harness.plan.flops import FlopConvention, flops_per_token, recompute_flops_per_token
+from harness.plan.memory import Allowance, MemoryBreakdown, memory_per_rank
+from harness.plan.model_spec import ModelSpec, model_spec_from_hf
+from harness.plan.peak import device_memory_gib, peak_flops
+from harness.plan.utilization import hfu, mfu, tokens_per_step
+from harness.plan.validate import validate
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One layout, judged before launch. `layout`, `cluster` and `engine` are the config objects the
+    plan was made from (harness.config.schema); treat them as read-only."""
+
+    model: Optional[ModelSpec]
+    layout: Any
+    cluster: Any
+    engine: Any
+    world_size: int
+    errors: Tuple[str, ...]
+    warnings: Tuple[str, ...]
+    memory: Optional[MemoryBreakdown]  # None when the layout is invalid
+    device_memory_bytes: Optional[int]
+    device_memory_source: str  # "config", "datasheet:<accelerator>", "host/ranks" (cpu), "unknown"
+    fits: Optional[bool]  # None when device memory is unknown or the layout invalid
+    margin_bytes: Optional[int]  # device memory - predicted total (negative: OOM)
+    flop_convention: str
+    flops_per_token: Optional[float]
+    hfu_flops_per_token: Optional[float]  # + activation recomputation
+    tokens_per_step: int
+    peak_flops_per_device: Optional[float]
+    peak_flops_source: str
+    tokens_per_s: Optional[float] = None
+    predicted_mfu: Optional[float] = None
+    predicted_hfu: Optional[float] = None
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+    @property
+    def global_batch(self) -> int:
+        return self.tokens_per_step // self.layout.seq_len if self.layout.seq_len > 0 else 0
+
+    def mfu(self, tokens_per_s: float) -> Optional[float]:
+        if self.flops_per_token is None:
+            return None
+        return mfu(tokens_per_s, self.flops_per_token, self.peak_flops_per_device, self.world_size)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-serialisable: plain dicts, lists, numbers, strings, booleans and None."""
+        return {
+            "valid": self.valid,
+            "errors": list(self.errors),
+            "warnings": list(self.warnings),
+            "model": self.model.to_dict() if self.model else None,
+            "layout": asdict(self.layout),
+            "cluster": asdict(self.cluster),
+            "engine": asdict(self.engine),
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "tokens_per_step": self.tokens_per_step,
+            "memory": self.memory.to_dict() if self.memory else None,
+            "device_memory_bytes": self.device_memory_bytes,
+            "device_memory_source": self.device_memory_source,
+            "fits": self.fits,
+            "margin_bytes": self.margin_bytes,
+            "flop_convention": self.flop_convention,
+            "flops_per_token": self.flops_per_token,
+            "hfu_flops_per_token": self.hfu_flops_per_token,
+            "peak_flops_per_device": self.peak_flops_per_device,
+            "peak_flops_source": self.peak_flops_source,
+            "tokens_per_s": self.tokens_per_s,
+            "predicted_mfu": self.predicted_mfu,
+            "predicted_hfu": self.predicted_hfu,
+        }
+
+
+_SPECS: Dict[str, List[Tuple[Dict[str, Any], ModelSpec]]] = {}
+_CONVENTIONS: Dict[Tuple[str, bool], FlopConvention] = {}
+
+
+def spec_for(model_cfg: Any) -> ModelSpec:
+    """The ModelSpec of a ModelConfig, built once per distinct (name, hf_config)."""
+    entries = _SPECS.setdefault(model_cfg.name, [])
+    hf_config = model_cfg.hf_config
+    for fields, spec in entries:
+        if fields == hf_config:
+            return spec
+    spec = model_spec_from_hf(model_cfg.name, hf_config)
+    entries.append((dict(hf_config), spec))
+    return spec
+
+
+def default_allowance(accelerator: str) -> Allowance:
+    """10% for fragmentation and buckets; on GPUs 1 GiB more for the CUDA context and NCCL buffers."""
+    return Allowance(0.10, 0 if accelerator == "cpu" else GIB)
+
+
+def _device_memory(cluster: Any) -> Tuple[Optional[int], str]:
+    if cluster.memory_per_accelerator_gib is not None:
+        return int(cluster.memory_per_accelerator_gib * GIB), "config"
+    gib = device_memory_gib(cluster.accelerator)
+    if gib is not None:
+        return int(gib * GIB), f"datasheet:{cluster.accelerator}"
+    if cluster.accelerator == "cpu" and cluster.accelerators_per_node > 0:
+        return int(cluster.host_memory_gib * GIB / cluster.accelerators_per_node), "host/ranks"
+    return None, "unknown"
+
+
+def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_per_s: Optional[float] = None,
+              allowance: Optional[Allowance] = None) -> Plan:
+    """Plan one RunConfig. `peak_flops_per_device` is a measured peak (the CPU matmul benchmark);
+    without it the datasheet table is used. `tokens_per_s` (global) adds a predicted MFU / HFU."""
+    layout, cluster, engine, bench = cfg.layout, cfg.cluster, cfg.engine, cfg.bench
+    world = layout.dp_replicate * layout.dp_shard * layout.tp * layout.pp * layout.cp
+    tokens = tokens_per_step(layout.micro_batch, layout.grad_accum, layout.dp_replicate, layout.dp_shard,
+                             layout.seq_len)
+    convention = _CONVENTIONS.get((bench.flop_attention, bench.flop_include_lm_head))
+    if convention is None:
+        try:
+            convention = FlopConvention(bench.flop_attention, bool(bench.flop_include_lm_head))
+        except ValueError:
+            convention = None
+        else:
+            _CONVENTIONS[(bench.flop_attention, bench.flop_include_lm_head)] = convention
+    try:
+        spec = spec_for(cfg.model)
+    except (ValueError, KeyError, TypeError) as exc:
+        return _invalid(cfg, None, world, tokens, [f"model {cfg.model.name!r}: {exc}"], [], convention)
+    errors, warnings = validate(cfg, spec)
+    peak = peak_flops(cluster.accelerator, layout.precision, peak_flops_per_device)
+    if peak.warning:
+        warnings.append(peak.warning)
+    if errors or convention is None:
+        return _invalid(cfg, spec, world, tokens, errors, warnings, convention, peak)
+    model_flops = flops_per_token(spec, layout.seq_len, convention)
+    hardware_flops = model_flops + recompute_flops_per_token(spec, layout.seq_len, convention,
+                                                             layout.activation_checkpointing)
+    memory = memory_per_rank(spec, layout, engine, cluster.accelerator,
+                             allowance or default_allowance(cluster.accelerator))
+    device_bytes, device_source = _device_memory(cluster)
+    fits = margin = None
+    if device_bytes is None:
+        warnings.append(f"device memory of accelerator={cluster.accelerator!r} unknown: set "
+                        "cluster.memory_per_accelerator_gib to judge fits/OOM")
+    else:
+        margin = device_bytes - memory.total_bytes
+        fits = margin >= 0
+    if memory.host_bytes and cluster.host_memory_gib:
+        node_host = memory.host_bytes * cluster.accelerators_per_node
+        if node_host > cluster.host_memory_gib * GIB:
+            warnings.append(f"offloaded states need {node_host / GIB:.1f} GiB of host memory per node > "
+                            f"cluster.host_memory_gib={cluster.host_memory_gib}")
+    return Plan(
+        model=spec, layout=layout, cluster=cluster, engine=engine, world_size=world, errors=(),
+        warnings=tuple(warnings), memory=memory, device_memory_bytes=device_bytes,
+        device_memory_source=device_source, fits=fits, margin_bytes=margin, flop_convention=convention.name,
+        flops_per_token=model_flops, hfu_flops_per_token=hardware_flops, tokens_per_step=tokens,
+        peak_flops_per_device=peak.flops, peak_flops_source=peak.source, tokens_per_s=tokens_per_s,
+        predicted_mfu=None if tokens_per_s is None else mfu(tokens_per_s, model_flops, peak.flops, world),
+        predicted_hfu=None if tokens_per_s is None else hfu(tokens_per_s, model_flops,
+                                                            hardware_flops - model_flops, peak.flops, world),
+    )
+
+
+def _invalid(cfg: Any, spec: Optional[ModelSpec], world: int, tokens: int, errors: List[str],
+             warnings: List[str], convention: Optional[FlopConvention], peak: Any = None) -> Plan:
+    return Plan(
+        model=spec, layout=cfg.layout, cluster=cfg.cluster, engine=cfg.engine, world_size=world,
+        errors=tuple(errors) or ("invalid FLOP convention",), warnings=tuple(warnings), memory=None,
+        device_memory_bytes=None, device_memory_source="unknown", fits=None, margin_bytes=None,
+        flop_convention=convention.name if convention else "invalid", flops_per_token=None,
+        hfu_flops_per_token=None, tokens_per_step=tokens,
+        peak_flops_per_device=peak.flops if peak else None, peak_flops_source=peak.source if peak else "unknown",
+    )
+
+
+def _gib(value: Optional[int]) -> Optional[float]:
+    return None if value is None else round(value / GIB, 2)
+
+
+def plan_rows(plans: Iterable[Plan]) -> List[Dict[str, Any]]:
+    """One table row per plan: the layout columns, validity, memory against the device, FLOPs, MFU."""
+    rows = []
+    for plan in plans:
+        layout, memory = plan.layout, plan.memory
+        rows.append({
+            "model": plan.model.name if plan.model else None,
+            "engine": plan.engine.name,
+            "accelerator": plan.cluster.accelerator,
+            "world": plan.world_size,
+            "dp_replicate": layout.dp_replicate,
+            "dp_shard": layout.dp_shard,
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "cp": layout.cp,
+            "ep": layout.ep,
+            "zero": layout.zero_stage,
+            "offload": f"{layout.offload_optimizer}/{layout.offload_params}",
+            "micro_batch": layout.micro_batch,
+            "grad_accum": layout.grad_accum,
+            "seq_len": layout.seq_len,
+            "ckpt": layout.activation_checkpointing,
+            "precision": layout.precision,
+            "valid": plan.valid,
+            "errors": "; ".join(plan.errors),
+            "warnings": "; ".join(plan.warnings),
+            "memory_per_rank(GiB)": _gib(memory.total_bytes) if memory else None,
+            "states(GiB)": _gib(memory.state_bytes) if memory else None,
+            "activations(GiB)": _gib(memory.activation_bytes) if memory else None,
+            "device_memory(GiB)": _gib(plan.device_memory_bytes),
+            "fits": plan.fits,
+            "margin(GiB)": _gib(plan.margin_bytes),
+            "host_per_rank(GiB)": _gib(memory.host_bytes) if memory else None,
+            "flops_per_token(GFLOP)": None if plan.flops_per_token is None else round(plan.flops_per_token / 1e9, 3),
+            "flop_convention": plan.flop_convention,
+            "tokens_per_step": plan.tokens_per_step,
+            "mfu": plan.predicted_mfu,
+        })
+    return rows

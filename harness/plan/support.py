@@ -1,0 +1,64 @@
+"""What each engine supports: one table the validator reads and the engines issue keeps current."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+ALL_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+                 "DualPipeV")
+
+
+@dataclass(frozen=True)
+class EngineSupport:
+    """Degrees, stages and offload targets one engine accepts; the reason strings end up in errors."""
+
+    zero_stages: Tuple[int, ...]
+    zero_reason: str
+    tp: bool
+    cp: bool
+    ep: bool
+    pp_schedules: Tuple[str, ...]  # empty: no pipeline parallelism
+    pp_zero_stages: Tuple[int, ...]  # stages allowed together with pp > 1
+    hybrid_zero_stages: Tuple[int, ...]  # stages allowed with dp_replicate > 1
+    # zero stages at which each offload target works, per state
+    offload_optimizer: Dict[str, Tuple[int, ...]]
+    offload_params: Dict[str, Tuple[int, ...]]
+    offload_together: bool  # parameters and optimizer offload only as one switch (FSDP's CPUOffload)
+    # Tensor parallelism splits the vocabulary of (embedding, lm_head).
+    tp_shards_vocab: Tuple[bool, bool]
+    activation_profile: str  # see harness.plan.activations.PROFILES
+
+
+ENGINE_SUPPORT: Dict[str, EngineSupport] = {
+    # DeepSpeed 0.19: ZeRO 0-3; PipelineEngine asserts stage < 2 and runs its own 1F1B; no context
+    # parallelism or MoE in this harness; hybrid sharding only as ZeRO-3 MiCS/hpZ; ZeRO-Offload moves the
+    # optimizer to cpu at stage >= 1, ZeRO-Infinity moves parameters (stage 3) and NVMe (stage 3).
+    # AutoTP shards the linear layers and the lm_head, not the embedding.
+    "deepspeed": EngineSupport(
+        zero_stages=(0, 1, 2, 3), zero_reason="", tp=True, cp=False, ep=False,
+        pp_schedules=("1F1B",), pp_zero_stages=(0, 1), hybrid_zero_stages=(0, 3),
+        offload_optimizer={"cpu": (1, 2, 3), "nvme": (3,)}, offload_params={"cpu": (3,), "nvme": (3,)},
+        offload_together=False, tp_shards_vocab=(False, True), activation_profile="hf"),
+    # FSDP through Accelerate: 3 FULL_SHARD, 2 SHARD_GRAD_OP, 0 NO_SHARD (no optimizer-only level);
+    # no pipeline; CPUOffload moves parameters, gradients and optimizer together, at FULL_SHARD.
+    "fsdp": EngineSupport(
+        zero_stages=(0, 2, 3), zero_reason="FSDP has no optimizer-only sharding level",
+        tp=True, cp=True, ep=False, pp_schedules=(), pp_zero_stages=(), hybrid_zero_stages=(0, 2, 3),
+        offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)}, offload_together=True,
+        tp_shards_vocab=(False, True), activation_profile="hf"),
+    # Torch-native: DTensor TP (+ sequence parallel), torch.distributed.pipelining schedules, FSDP2 on
+    # the data axis (3 reshard after forward, 2 keep, 0 replicate).
+    "nd": EngineSupport(
+        zero_stages=(0, 2, 3), zero_reason="FSDP2 has no optimizer-only sharding level",
+        tp=True, cp=True, ep=False, pp_schedules=ALL_SCHEDULES, pp_zero_stages=(0, 2, 3),
+        hybrid_zero_stages=(0, 2, 3), offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)},
+        offload_together=True, tp_shards_vocab=(True, True), activation_profile="hf"),
+    # Megatron-LM command line (export only): zero_stage 1 is --use-distributed-optimizer; 1F1B and
+    # interleaved 1F1B (--num-layers-per-virtual-pipeline-stage); experts via --expert-model-parallel-size.
+    "megatron_lm": EngineSupport(
+        zero_stages=(0, 1), zero_reason="the export maps zero_stage 1 to --use-distributed-optimizer only",
+        tp=True, cp=True, ep=True, pp_schedules=("1F1B", "Interleaved1F1B"), pp_zero_stages=(0, 1),
+        hybrid_zero_stages=(), offload_optimizer={}, offload_params={}, offload_together=False,
+        tp_shards_vocab=(True, True), activation_profile="megatron"),
+}

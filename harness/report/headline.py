@@ -1,0 +1,87 @@
+"""Which layout to use: the completed layout that fits with the most tokens/s per device, said in one sentence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import pandas as pd
+
+from harness.runtime.result import COMPLETED, FINAL_STATES
+
+
+@dataclass(frozen=True)
+class Headline:
+    sweep: str
+    best: Optional[Dict[str, Any]]  # the chosen run's row, None when nothing completed and fits
+    runner_up: Optional[Dict[str, Any]]
+    text: str  # the answer, one sentence
+    detail: str  # what it was chosen among, and what is still missing
+
+
+def _num(value: Any) -> Optional[float]:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return None
+    return float(value)
+
+
+def format_bytes(value: Optional[float], gib: bool = False) -> str:
+    """Bytes in the largest binary unit that keeps the number >= 1 (`gib=True`: the value is in GiB)."""
+    value = _num(value)
+    if value is None:
+        return "-"
+    value = value * 2**30 if gib else value
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def candidates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Completed runs that fit their device memory, fastest per device first."""
+    if frame.empty or "status" not in frame:
+        return frame
+    done = frame[(frame["status"] == COMPLETED) & (frame["fits"] != False)]  # noqa: E712 (None = unknown fit)
+    done = done[done["tokens_per_s_per_device"].notna()]
+    return done.sort_values(["tokens_per_s_per_device", "tokens_per_s"], ascending=False)
+
+
+def _status_counts(frame: pd.DataFrame) -> str:
+    counts = frame["status"].value_counts()
+    return ", ".join(f"{n} {state.lower()}" for state, n in counts.items())
+
+
+def headline(frame: pd.DataFrame, sweep: str = "") -> Headline:
+    """The answer to "which layout should I use" for the runs in `frame` (one sweep)."""
+    ranked = candidates(frame)
+    unfinished = int((~frame["status"].isin(FINAL_STATES)).sum()) if not frame.empty else 0
+    partial = f" {unfinished} of {len(frame)} runs have not finished: the answer may change." if unfinished else ""
+    if ranked.empty:
+        text = "No layout has completed and fit yet."
+        detail = f"{len(frame)} runs: {_status_counts(frame)}." if not frame.empty else "No runs found."
+        return Headline(sweep, None, None, text, detail + partial)
+    best = ranked.iloc[0].to_dict()
+    runner = ranked.iloc[1].to_dict() if len(ranked) > 1 else None
+    text = (f"Use {best['label']}: {best['tokens_per_s_per_device']:,.0f} tokens/s per device "
+            f"({best['tokens_per_s']:,.0f} tokens/s on {best['world_size']:.0f} devices)")
+    if _num(best.get("mfu")) is not None:
+        text += f", MFU {best['mfu']:.1%}"
+    if _num(best.get("step_time_s")) is not None:
+        text += f", step {best['step_time_s'] * 1e3:.3g} ms"
+    if _num(best.get("mem_measured_gib")) is not None:
+        text += f", peak memory {format_bytes(best['mem_measured_gib'], gib=True)} per device"
+        if _num(best.get("device_memory_gib")):
+            text += f" of {format_bytes(best['device_memory_gib'], gib=True)}"
+    text += "."
+    detail = f"Fastest of {len(ranked)} completed layouts that fit ({len(frame)} runs: {_status_counts(frame)})."
+    if runner is not None:
+        lead = best["tokens_per_s_per_device"] / runner["tokens_per_s_per_device"] - 1
+        detail += f" {lead:.0%} ahead of the runner-up, {runner['label']}."
+    return Headline(sweep, best, runner, text, detail + partial)
+
+
+def headlines(frame: pd.DataFrame) -> List[Headline]:
+    """One headline per sweep in the frame."""
+    if frame.empty:
+        return [headline(frame)]
+    return [headline(group, str(sweep)) for sweep, group in frame.groupby("sweep", sort=True, dropna=False)]

@@ -1,0 +1,365 @@
+"""The local HTML report: one self-contained file (inline SVG, CSS and a few lines of JS; no network)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from html import escape
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import pandas as pd
+
+from harness.report import svg
+from harness.report.headline import Headline, format_bytes, headlines
+from harness.report.table import STATUS_ORDER
+from harness.runtime.result import COMPLETED
+
+REPORT_HTML = "report.html"
+TITLES = {
+    "throughput": "Tokens/s per device by layout",
+    "mfu": "MFU by layout",
+    "memory": "Memory per device: measured vs predicted vs device memory",
+    "step_times": "Step-time distribution per run",
+    "compare": "Sweeps compared",
+    "status": "Run status and failure reasons",
+    "results": "Results table",
+}
+MEMORY_UNITS = (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10), ("B", 1.0))
+RATE_UNITS = (("M", 1e6), ("k", 1e3), ("", 1.0))
+TIME_UNITS = ((" s", 1.0), (" ms", 1e-3), (" µs", 1e-6))
+STATUS_COLORS = {"COMPLETED": "#2e7d32", "RUNNING": "#1565c0", "PENDING": "#6d6d6d", "OOM": "#c62828",
+                 "FAILED": "#c62828", "TIMEOUT": "#ef6c00", "CANCELLED": "#6d6d6d", "PRUNED": "#8e6d00"}
+MAX_LABEL = 56
+# Results table: (column, header, kind) where kind picks the cell format.
+RESULT_COLUMNS: Sequence[Tuple[str, str, str]] = (
+    ("sweep", "sweep", "text"), ("run", "run", "text"), ("label", "layout", "text"), ("status", "status", "status"),
+    ("engine", "engine", "text"), ("model", "model", "text"), ("cluster", "cluster", "text"),
+    ("world_size", "devices", "int"), ("dp_replicate", "dp_rep", "int"), ("dp_shard", "dp_shard", "int"),
+    ("tp", "tp", "int"), ("pp", "pp", "int"), ("cp", "cp", "int"), ("ep", "ep", "int"),
+    ("zero_stage", "zero", "int"), ("micro_batch", "micro", "int"), ("grad_accum", "accum", "int"),
+    ("seq_len", "seq", "int"), ("activation_checkpointing", "ckpt", "text"), ("precision", "dtype", "text"),
+    ("tokens_per_s", "tokens/s", "rate"), ("tokens_per_s_per_device", "tokens/s/device", "rate"),
+    ("step_time_s", "step (median)", "time"), ("tflops_per_device", "TFLOP/s/device", "float"),
+    ("mfu", "MFU", "pct"), ("mfu_predicted", "MFU predicted", "pct"), ("mfu_ratio", "MFU meas/pred", "ratio"),
+    ("hfu", "HFU", "pct"), ("mem_state_activation_gib", "mem params+grads+opt+act", "gib"),
+    ("mem_allocated_peak_gib", "mem allocator peak", "gib"), ("mem_predicted_gib", "mem predicted", "gib"),
+    ("mem_ratio", "mem meas/pred", "ratio"), ("device_memory_gib", "device mem", "gib"),
+    ("loss_first", "loss first", "float"), ("loss_final", "loss final", "float"),
+    ("flop_convention", "FLOP convention", "text"), ("peak_flops_source", "peak FLOP/s source", "text"),
+)
+
+
+def _num(value: Any) -> Optional[float]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if pd.isna(number) else number
+
+
+def _fmt(value: Any, kind: str) -> str:
+    number = _num(value)
+    if kind in ("text", "status"):
+        return "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+    if number is None:
+        return "–"
+    return {
+        "int": lambda n: f"{n:.0f}",
+        "rate": lambda n: f"{n:,.0f}",
+        "time": lambda n: f"{n * 1e3:.3g} ms",
+        "float": lambda n: f"{n:.4g}",
+        "pct": lambda n: f"{n:.2%}",
+        "ratio": lambda n: f"{n:.2f}×",
+        "gib": lambda n: format_bytes(n, gib=True),
+    }[kind](number)
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…"
+
+
+def chart_labels(frame: pd.DataFrame) -> Dict[int, str]:
+    """Row index -> the name a chart shows: layout label, with the sweep when several, and the run if repeated."""
+    several = frame["sweep"].nunique(dropna=False) > 1
+    names = {i: (f"{row.sweep} · {row.label}" if several else str(row.label)) for i, row in frame.iterrows()}
+    counts = pd.Series(list(names.values())).value_counts()
+    return {i: _short(f"{name} ({frame.at[i, 'run']})" if counts[name] > 1 else name) for i, name in names.items()}
+
+
+def ordered(frame: pd.DataFrame) -> pd.DataFrame:
+    """Completed runs fastest first, then the others by status (running, pending, failed, pruned)."""
+    key = frame["status"].map(lambda s: STATUS_ORDER.get(s, 9))
+    speed = frame["tokens_per_s_per_device"].astype(float).fillna(-1.0)
+    return frame.assign(_key=key, _speed=-speed).sort_values(["_key", "_speed", "run"]).drop(columns=["_key", "_speed"])
+
+
+def _note(row: pd.Series) -> str:
+    if row["status"] == COMPLETED:
+        return ""
+    return str(row["status"]) + (" (predicted OOM)" if row.get("fits_predicted") is False else "")
+
+
+def throughput_chart(frame: pd.DataFrame, labels: Dict[int, str], best_runs: set) -> str:
+    maximum = max([_num(v) or 0.0 for v in frame["tokens_per_s_per_device"]] + [0.0])
+    fmt = svg.scaled_formatter(maximum, RATE_UNITS)
+    series = [svg.Series("measured", "#4e79a7"), svg.Series("recommended", "#59a14f"),
+              svg.Series("predicted", "#e15759", dashed=True)]
+    rows = []
+    for i, row in frame.iterrows():
+        value = _num(row["tokens_per_s_per_device"])
+        chosen = row["run_dir"] in best_runs
+        bars = [[("recommended" if chosen else "measured", value)]] if value is not None else [[]]
+        predicted = _num(row.get("tokens_per_s_predicted"))
+        world = _num(row.get("world_size"))
+        markers = [("predicted", predicted / world)] if predicted is not None and world else []
+        rows.append(svg.Row(labels[i], bars, markers, note=_note(row), highlight=chosen))
+    return svg.bar_chart(TITLES["throughput"], rows, series, fmt, "tokens/s per device (higher is better)",
+                         "chart-throughput")
+
+
+def mfu_chart(frame: pd.DataFrame, labels: Dict[int, str]) -> str:
+    with_hfu = any((_num(h) or 0) != (_num(m) or 0) for h, m in zip(frame["hfu"], frame["mfu"]))
+    series = [svg.Series("MFU measured", "#4e79a7")] + ([svg.Series("HFU measured", "#a0cbe8")] if with_hfu else [])
+    series.append(svg.Series("MFU predicted", "#e15759", dashed=True))
+    rows = []
+    for i, row in frame.iterrows():
+        mfu, hfu, predicted = _num(row["mfu"]), _num(row["hfu"]), _num(row.get("mfu_predicted"))
+        bars = [[("MFU measured", mfu)]] if mfu is not None else [[]]
+        if with_hfu:
+            bars.append([("HFU measured", hfu)] if hfu is not None else [])
+        markers = [("MFU predicted", predicted)] if predicted is not None else []
+        rows.append(svg.Row(labels[i], bars, markers, note=_note(row) if mfu is None else ""))
+    return svg.bar_chart(TITLES["mfu"], rows, series, lambda v: f"{v:.3g}" if v == 0 else f"{v:.2%}",
+                         "model FLOPs utilization (higher is better)", "chart-mfu")
+
+
+MEMORY_PARTS = (("param_bytes", "parameters", "#4e79a7"), ("grad_bytes", "gradients", "#f28e2b"),
+                ("optimizer_bytes", "optimizer states", "#e15759"), ("activation_bytes", "activations", "#76b7b2"))
+PREDICTED_COLOR = "#bab0ac"
+
+
+def _memory_bars(row: pd.Series) -> Tuple[List[Tuple[str, float]], List[Tuple[str, float]]]:
+    measured = [(f"measured {name}", _num(row[col])) for col, name, _ in MEMORY_PARTS]
+    measured = [(n, v) for n, v in measured if v is not None]
+    predicted_total = _num(row.get("mem_predicted_gib"))
+    predicted = [(f"predicted {name}", _num(row.get(f"pred_{col}"))) for col, name, _ in MEMORY_PARTS]
+    if all(v is not None for _, v in predicted):
+        rest = (predicted_total or 0) * 2**30 - sum(v for _, v in predicted)
+        predicted = predicted + ([("predicted other (allowance, buffers)", rest)] if rest > 0 else [])
+    elif predicted_total is not None:
+        predicted = [("predicted total", predicted_total * 2**30)]
+    else:
+        predicted = []
+    return measured, predicted
+
+
+def memory_chart(frame: pd.DataFrame, labels: Dict[int, str]) -> Tuple[str, str]:
+    """The chart, and a caption saying where device memory is when it is far off the scale."""
+    rows, biggest = [], 0.0
+    for i, row in frame.iterrows():
+        measured, predicted = _memory_bars(row)
+        peak = _num(row.get("mem_allocated_peak_gib"))
+        markers = [("allocator peak (measured)", peak * 2**30)] if peak is not None else []
+        biggest = max([biggest, sum(v for _, v in measured), sum(v for _, v in predicted)] + [v for _, v in markers])
+        note = "" if measured or predicted else _note(row) or "no measurement"
+        rows.append((i, svg.Row(labels[i], [measured, predicted], markers, note=note)))
+    device = [(_num(v) or 0.0) * 2**30 for v in frame["device_memory_gib"]]
+    on_scale = bool(device) and max(device) > 0 and max(device) <= 3 * max(biggest, 1.0)
+    caption = ""
+    if on_scale:
+        for (i, row), dev in zip(rows, device):
+            if dev:
+                row.markers.append(("device memory", dev))
+    elif any(device):
+        caption = (f"Device memory ({format_bytes(max(device))} per device) is off this scale: the largest bar is "
+                   f"{format_bytes(biggest)} ({biggest / max(device):.2%} of it).")
+    series = [svg.Series(f"measured {name}", color) for _, name, color in MEMORY_PARTS]
+    shades = ("#9c9c9c", "#b5b5b5", "#cdcdcd", "#dedede", "#ececec")
+    names = sorted({n for _, row in rows for n, _ in row.bars[1]}, key=_predicted_order)
+    series += [svg.Series(name, shades[k % len(shades)]) for k, name in enumerate(names)]
+    series += [svg.Series("allocator peak (measured)", "#222"), svg.Series("device memory", "#d62728", dashed=True)]
+    fmt = svg.scaled_formatter(max(biggest, max(device) if on_scale else 0.0), MEMORY_UNITS)
+    chart = svg.bar_chart(TITLES["memory"], [row for _, row in rows], series, fmt,
+                          "bytes per device (upper bar measured, lower bar predicted)", "chart-memory")
+    return chart, caption
+
+
+def _predicted_order(name: str) -> int:
+    order = ["predicted parameters", "predicted gradients", "predicted optimizer states", "predicted activations",
+             "predicted other (allowance, buffers)", "predicted total"]
+    return order.index(name) if name in order else len(order)
+
+
+def _is_sequence(value: Any) -> bool:
+    """A list of step times (a list, or the numpy array Parquet gives back), not a missing value."""
+    return hasattr(value, "__len__") and not isinstance(value, str) and len(value) > 0
+
+
+def step_time_chart(frame: pd.DataFrame, labels: Dict[int, str]) -> str:
+    rows = [(labels[i], [float(t) for t in row["step_times_s"]]) for i, row in frame.iterrows()
+            if _is_sequence(row.get("step_times_s"))]
+    maximum = max([max(v) for _, v in rows if len(v)] + [0.0])
+    fmt = svg.scaled_formatter(maximum, TIME_UNITS)
+    return svg.distribution_chart(TITLES["step_times"], rows, fmt, "time of one optimizer step (lower is better)",
+                                  "chart-step-times")
+
+
+def _table(frame: pd.DataFrame, columns: Sequence[Tuple[str, str, str]], table_id: str,
+           best_runs: Iterable[str] = ()) -> str:
+    best = set(best_runs)
+    head = "".join(f'<th data-kind="{kind}">{escape(header)}</th>' for _, header, kind in columns)
+    body = []
+    for _, row in frame.iterrows():
+        cells = []
+        for column, _, kind in columns:
+            value = row.get(column)
+            text = escape(_fmt(value, kind))
+            sort = _num(value)
+            attr = f' data-sort="{sort!r}"' if sort is not None and kind not in ("text", "status") else ""
+            if kind == "status":
+                color = STATUS_COLORS.get(str(value), "#444")
+                text = f'<span class="badge" style="background:{color}">{text}</span>'
+            cells.append(f"<td{attr}>{text}</td>")
+        klass = ' class="best"' if row.get("run_dir") in best else ""
+        body.append(f"<tr{klass}>{''.join(cells)}</tr>")
+    return (f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
+def status_table(frame: pd.DataFrame) -> str:
+    def when(value: Any) -> str:
+        number = _num(value)
+        if number is None:
+            return ""
+        return _dt.datetime.fromtimestamp(number, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    view = frame.assign(updated=frame["status_time"].map(when))
+    columns = [("sweep", "sweep", "text"), ("run", "run", "text"), ("label", "layout", "text"),
+               ("status", "status", "status"), ("reason", "reason", "text"), ("updated", "status updated", "text")]
+    if frame["sweep"].nunique(dropna=False) <= 1:
+        columns = columns[1:]
+    return _table(view, columns, "status-table")
+
+
+def compare_table(frame: pd.DataFrame) -> str:
+    """Layouts down, sweeps across: tokens/s per device and MFU of each sweep's run of that layout."""
+    done = frame[frame["status"] == COMPLETED]
+    if done.empty:
+        return "<p>No completed runs to compare.</p>"
+    pivot = done.pivot_table(index="label", columns="sweep", values=["tokens_per_s_per_device", "mfu"],
+                             aggfunc="max")
+    sweeps = sorted(done["sweep"].astype(str).unique())
+    head = "<th>layout</th>" + "".join(f"<th>{escape(s)} tokens/s/device</th><th>{escape(s)} MFU</th>" for s in sweeps)
+    rows = []
+    for label in pivot.index:
+        cells = [f"<td>{escape(str(label))}</td>"]
+        for s in sweeps:
+            for metric, kind in (("tokens_per_s_per_device", "rate"), ("mfu", "pct")):
+                value = pivot[(metric, s)][label] if (metric, s) in pivot.columns else None
+                cells.append(f'<td data-sort="{_num(value)!r}">{escape(_fmt(value, kind))}</td>')
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    return (f'<table id="compare-table" class="sortable"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def headline_block(item: Headline, several: bool) -> str:
+    sweep = f'<span class="sweep">{escape(item.sweep)}</span> ' if several else ""
+    klass = "headline" if item.best is not None else "headline none"
+    return (f'<div class="{klass}"><p class="answer">{sweep}{escape(item.text)}</p>'
+            f'<p class="detail">{escape(item.detail)}</p></div>')
+
+
+def _footer(frame: pd.DataFrame, roots: Sequence[Path]) -> str:
+    conventions = sorted({str(c) for c in frame.get("flop_convention", pd.Series(dtype=object)).dropna()})
+    sources = sorted({str(c) for c in frame.get("peak_flops_source", pd.Series(dtype=object)).dropna()})
+    items = [f"FLOP convention: {', '.join(conventions) or 'n/a'}.",
+             f"Peak FLOP/s: {', '.join(sources) or 'n/a'}.",
+             "Memory measured: per rank, parameters + gradients + optimizer states + saved activations (the "
+             "largest rank), and the device allocator's peak where there is one (CUDA).",
+             "Read from each run directory's status.json, config.json, plan.json, metrics.json and "
+             "errors/rank*.json only.",
+             "Sweep directories: " + ", ".join(str(r) for r in roots) + "."]
+    return "<footer>" + "".join(f"<p>{escape(item)}</p>" for item in items) + "</footer>"
+
+
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#666;font-size:13px;margin:0 0 16px}
+.headline{background:#eef7ee;border-left:5px solid #59a14f;padding:10px 16px;margin:10px 0}
+.headline.none{background:#fdf3e7;border-left-color:#ef6c00}
+.headline .answer{font-size:19px;font-weight:600;margin:4px 0}.headline .detail{margin:4px 0;color:#444}
+.sweep{background:#555;color:#fff;border-radius:3px;padding:1px 6px;font-size:13px;margin-right:6px}
+.caption{color:#666;font-size:13px;margin:4px 0}
+table{border-collapse:collapse;font-size:12px;margin:6px 0}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#f4f4f4;cursor:pointer;position:sticky;top:0}td:nth-child(-n+3){text-align:left}
+#status-table td{white-space:normal;text-align:left;max-width:640px}
+tr.best td{background:#eef7ee;font-weight:600}
+.badge{color:#fff;border-radius:3px;padding:1px 5px;font-size:11px}
+.scroll{overflow-x:auto}svg.plot{display:block;margin:4px 0 12px;max-width:100%;height:auto}
+footer{color:#666;font-size:12px;margin-top:30px;border-top:1px solid #ddd}
+"""
+
+# Click a header to sort by it (numbers by their data-sort value); no libraries.
+SCRIPT = """
+document.querySelectorAll('table.sortable').forEach(function (table) {
+  table.querySelectorAll('th').forEach(function (th, col) {
+    th.addEventListener('click', function () {
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      var up = th.dataset.dir !== 'asc'; th.dataset.dir = up ? 'asc' : 'desc';
+      function key(row) { var td = row.cells[col]; var s = td.dataset.sort;
+        return s !== undefined && s !== 'None' ? parseFloat(s) : td.textContent; }
+      rows.sort(function (a, b) { var x = key(a), y = key(b);
+        var c = (typeof x === 'number' && typeof y === 'number') ? x - y : String(x).localeCompare(String(y));
+        return up ? c : -c; });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+"""
+
+
+def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[_dt.datetime] = None) -> str:
+    """The whole report as one HTML string."""
+    generated = generated or _dt.datetime.now(tz=_dt.timezone.utc)
+    sweeps = sorted(frame["sweep"].astype(str).unique()) if not frame.empty else []
+    several = len(sweeps) > 1
+    title = "Benchmark report: " + (", ".join(sweeps) if sweeps else "no runs")
+    items = headlines(frame)
+    parts = [f"<h1>{escape(title)}</h1>",
+             f'<p class="meta">{len(frame)} runs · generated {generated:%Y-%m-%d %H:%M UTC} · '
+             f'{escape(", ".join(str(r) for r in roots))}</p>',
+             "<h2>Which layout should I use?</h2>",
+             *(headline_block(item, several) for item in items)]
+    if not frame.empty:
+        view = ordered(frame)
+        labels = chart_labels(view)
+        best_runs = {item.best["run_dir"] for item in items if item.best is not None}
+        memory, caption = memory_chart(view, labels)
+        parts += [f"<h2>{TITLES['throughput']}</h2>", throughput_chart(view, labels, best_runs),
+                  f"<h2>{TITLES['mfu']}</h2>", mfu_chart(view, labels),
+                  f"<h2>{TITLES['memory']}</h2>", (f'<p class="caption">{escape(caption)}</p>' if caption else ""),
+                  memory,
+                  f"<h2>{TITLES['step_times']}</h2>", step_time_chart(view[view["status"] == COMPLETED], labels)]
+        if several:
+            parts += [f"<h2>{TITLES['compare']}</h2>", f'<div class="scroll">{compare_table(view)}</div>']
+        columns = [c for c in RESULT_COLUMNS if c[0] in view and (c[0] != "sweep" or several)]
+        parts += [f"<h2>{TITLES['status']}</h2>", f'<div class="scroll">{status_table(view)}</div>',
+                  f"<h2>{TITLES['results']}</h2>",
+                  '<p class="caption">Click a column header to sort. All columns: summary.csv / summary.parquet.</p>',
+                  f'<div class="scroll">{_table(view, columns, "results-table", best_runs)}</div>']
+    parts.append(_footer(frame, roots))
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}<script>{SCRIPT}</script></body></html>\n")
+
+
+def write_html(frame: pd.DataFrame, roots: Sequence[Path], path: Path) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(render_html(frame, roots), encoding="utf-8")
+    tmp.replace(path)
+    return path

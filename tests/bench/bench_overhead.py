@@ -1,0 +1,92 @@
+"""Instrumentation overhead: the default recipe's timed steps vs the same engine's bare loop, one run.
+
+Prepares the default recipe's run directory, starts its ranks with the rendered launcher, and on every
+rank alternates blocks of instrumented steps (`harness.runtime.bench.timed_steps`) and bare
+`session.train_step` calls, so drift on a shared machine hits both alike. Prints the ratio of their
+total times (target: at most 1.01).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+BLOCKS, STEPS_PER_BLOCK = 6, 5
+
+
+def rank_main(run_dir: Path) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from harness.engines import engine_module
+    from harness.runtime import device
+    from harness.runtime.bench import batch_maker, load_run, timed_steps, warm_up
+    from harness.runtime.data import token_source
+    from harness.runtime.meter import StepTimer
+    from harness.runtime.model import build_model
+
+    cfg, _ = load_run(run_dir)
+    kind = device.choose_device_kind(cfg.cluster.accelerator, torch.cuda.is_available())
+    model = build_model(cfg.model.hf_config, cfg.bench.seed)
+    session = engine_module(cfg.engine.name).apply(cfg, run_dir, model, kind)
+    batches = batch_maker(session, token_source(cfg.data, cfg.model.hf_config["vocab_size"], cfg.layout.seq_len), cfg)
+    warm_up(session, batches, 3)
+    instrumented = bare = 0.0
+    step = 3
+    for _ in range(BLOCKS):
+        steps = range(step, step + STEPS_PER_BLOCK)
+        start = time.perf_counter()
+        losses: list = []
+        timed_steps(session, batches, steps, StepTimer(kind), losses)
+        [float(loss) for loss in losses]
+        instrumented += time.perf_counter() - start
+        start = time.perf_counter()
+        for s in steps:
+            float(session.train_step(batches(s)))
+        bare += time.perf_counter() - start
+        step += STEPS_PER_BLOCK
+    totals = [None] * dist.get_world_size()
+    dist.all_gather_object(totals, (instrumented, bare))
+    if dist.get_rank() == 0:
+        instrumented, bare = max(t[0] for t in totals), max(t[1] for t in totals)
+        print(json.dumps({"instrumented_s": instrumented, "bare_s": bare, "ratio": instrumented / bare}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    import subprocess
+
+    from harness.config.compose import compose_run_config
+    from harness.launch.local import free_port, rank_environment, resolve_executable
+    from harness.launch.prepare import prepare_run
+
+    cfg = compose_run_config(["recipes=cpu_zero2", "tracking=disabled"])
+    run_dir = Path(tempfile.mkdtemp(prefix="harness-overhead-"))
+    prepared = prepare_run(cfg, run_dir)
+    argv = prepared.rendered.argv_for("0", "127.0.0.1", str(free_port()))
+    program = argv.index("-m")
+    argv[0] = resolve_executable(argv[0])
+    argv[program:] = [str(Path(__file__).resolve()), "--rank", str(run_dir)]
+    out = subprocess.run(argv, env=rank_environment(prepared.rendered, {}), capture_output=True, text=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        sys.exit(f"overhead benchmark failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    result = json.loads(lines[-1])
+    verdict = "ok" if result["ratio"] <= 1.01 else "ABOVE TARGET"
+    print(f"instrumentation overhead: instrumented {result['instrumented_s']:.3f} s / bare {result['bare_s']:.3f} s"
+          f" = {result['ratio']:.4f} (target <= 1.01: {verdict}; {BLOCKS}x{STEPS_PER_BLOCK} steps each)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--rank":
+        rank_main(Path(sys.argv[2]))
+    else:
+        main()

@@ -1,0 +1,97 @@
+"""Every ds_config.json the renderer can write passes DeepSpeed's own validator (DeepSpeedConfig)."""
+
+import itertools
+import json
+from dataclasses import replace
+
+import pytest
+
+from harness.config.compose import compose_run_config
+from harness.engines import deepspeed as ds_engine
+
+deepspeed = pytest.importorskip("deepspeed")
+
+
+class _DataParallel:
+    """The `mpu` DeepSpeedConfig asks for the data-parallel size (no process group needed)."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.size
+
+
+def validate_with_deepspeed(config: dict, dp_size: int, monkeypatch):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda *a, **k: 0)
+    return DeepSpeedConfig(json.loads(json.dumps(config)), mpu=_DataParallel(dp_size))
+
+
+# Composed once; each grid point replaces layout fields (composition is the slow part).
+BASE = compose_run_config(["recipes=cpu_zero2", "cluster.accelerators_per_node=4", "cluster=h100_8x8"])
+
+GRID = [
+    dict(zero=z, precision=p, offload_optimizer=oo, offload_params=op, tp=tp, accum=ga)
+    for z, p, oo, op, tp, ga in itertools.product(
+        (0, 1, 2, 3), ("bf16", "fp16", "fp32"), ("none", "cpu", "nvme"), ("none", "cpu", "nvme"), (1, 2), (1, 4)
+    )
+    # Only what the planner lets through: offload needs ZeRO >= 1, params offload ZeRO-3.
+    if not (oo != "none" and z == 0) and not (op != "none" and z != 3)
+]
+
+
+@pytest.mark.parametrize("point", GRID, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+def test_rendered_config_passes_deepspeeds_validator(point, monkeypatch):
+    dp = 4 // point["tp"]
+    layout = replace(
+        BASE.layout, dp_shard=dp, tp=point["tp"], zero_stage=point["zero"], precision=point["precision"],
+        offload_optimizer=point["offload_optimizer"], offload_params=point["offload_params"],
+        nvme_path="/local_nvme", grad_accum=point["accum"], micro_batch=2,
+    )  # fmt: skip
+    run = replace(BASE, layout=layout)
+    config = ds_engine.ds_config(run)
+    # deepspeed.initialize validates with the whole world (AutoTP ranks included) when no mpu is given.
+    parsed = validate_with_deepspeed(config, 4, monkeypatch)
+    assert parsed.zero_optimization_stage == point["zero"]
+    assert parsed.train_batch_size == 2 * point["accum"] * 4
+    assert parsed.gradient_accumulation_steps == point["accum"]
+    assert parsed.bfloat16_config.enabled == (point["precision"] == "bf16")
+    assert parsed.float16_config.enabled == (point["precision"] == "fp16")
+    zero = parsed.zero_config
+    if point["offload_optimizer"] != "none":
+        assert zero.offload_optimizer.device == point["offload_optimizer"]
+        if point["offload_optimizer"] == "nvme":
+            assert str(zero.offload_optimizer.nvme_path) == "/local_nvme"
+    else:
+        assert zero.offload_optimizer is None or zero.offload_optimizer.device == "none"
+    if point["offload_params"] != "none":
+        assert zero.offload_param.device == point["offload_params"]
+    if point["tp"] > 1:
+        assert parsed.tensor_parallel_config.autotp_size == point["tp"]
+
+
+def test_renderer_writes_only_known_top_level_keys():
+    # DeepSpeed silently accepts a misspelled top-level key, so the renderer guards its own output.
+    run = compose_run_config(["recipes=cpu_zero2", "layout.tp=2", "layout.dp_shard=1"])
+    assert set(ds_engine.ds_config(run)) <= ds_engine.KNOWN_TOP_LEVEL_KEYS
+
+
+def test_validator_would_catch_a_bad_nested_key(monkeypatch):
+    run = compose_run_config(["recipes=cpu_zero2"])
+    config = ds_engine.ds_config(run)
+    config["zero_optimization"]["stagee"] = 2
+    with pytest.raises(Exception, match="stagee"):
+        validate_with_deepspeed(config, 2, monkeypatch)
+
+
+def test_cpu_render_skips_jit_ops_and_names_cpu_accelerator(tmp_path):
+    run = compose_run_config(["recipes=cpu_zero2"])
+    rendered = ds_engine.render(run, tmp_path)
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    assert config["optimizer"]["params"]["torch_adam"] is True
+    assert config["zero_optimization"] == {"stage": 2, "contiguous_gradients": True, "overlap_comm": False}
+    assert rendered.env["DS_ACCELERATOR"] == "cpu"
+    assert rendered.argv[:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2"]
+    assert rendered.argv[-3:] == ["-m", "harness.runtime.bench", str(tmp_path)]
