@@ -56,7 +56,7 @@ def run_command(args: List[str]) -> int:
     from harness.config.compose import CONFIG_DIR, PRIMARY_CONFIG, SEARCHPATH_OVERRIDE, register_schemas
 
     register_schemas()
-    sys.argv = ["harness run", *args, SEARCHPATH_OVERRIDE]
+    sys.argv = ["harness run", SEARCHPATH_OVERRIDE, *args]
     hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
     if _failed_runs:
         print(f"[harness] not completed: {', '.join(_failed_runs)}", file=sys.stderr)
@@ -79,6 +79,12 @@ def plan_command(args: List[str]) -> int:
     return 0 if all(not plan.errors for plan in plans) else 1
 
 
+def sweep_command(args: List[str]) -> int:
+    from harness.launch.sweep import main as sweep_main
+
+    return sweep_main(args)
+
+
 def report_command(args: List[str]) -> int:
     from harness.report.table import print_table, write_summary
 
@@ -96,7 +102,7 @@ def _newest_sweep(results: Path) -> Path:
     return candidates[-1]
 
 
-COMMANDS = {"run": run_command, "plan": plan_command, "report": report_command}
+COMMANDS = {"run": run_command, "plan": plan_command, "sweep": sweep_command, "report": report_command}
 
 
 def main() -> int:

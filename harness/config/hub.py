@@ -11,7 +11,7 @@ class HubUnreachable(ValueError):
     pass
 
 
-def fetch_hub_config(hub_id: str, timeout_s: float = 10.0) -> Dict[str, Any]:
+def fetch_hub_config(hub_id: str, timeout_s: int = 10) -> Dict[str, Any]:
     """Download only `config.json` of `hub_id`; a clear error where the hub cannot be reached."""
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(timeout_s))
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(timeout_s))

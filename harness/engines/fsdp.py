@@ -436,14 +436,24 @@ def fsdp_state_bytes(model, optimizer) -> Dict[str, int]:
     Optimizer: Adam's two moments, shaped like the shards. The fp32 parameters are the master weights:
     there is no separate master copy. With CPU offload, all three live in host memory.
     """
-    from harness.runtime.meter import optimizer_state_bytes, sum_tensor_bytes
+    import torch
+
+    from harness.runtime.meter import sum_tensor_bytes
 
     params = list(model.parameters())
+    moments = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
+    # Local shards, not the DTensors: a DTensor's data_ptr() is 0, so the meter's de-duplication by
+    # address would merge distinct DTensors of equal shape.
     return {
-        "param_bytes": sum_tensor_bytes(params),
-        "grad_bytes": sum_tensor_bytes(p.grad for p in params),
-        "optimizer_bytes": optimizer_state_bytes(optimizer),
+        "param_bytes": sum_tensor_bytes(map(local_shard, params)),
+        "grad_bytes": sum_tensor_bytes(local_shard(p.grad) for p in params),
+        "optimizer_bytes": sum_tensor_bytes(map(local_shard, moments)),
     }
+
+
+def local_shard(tensor):
+    """The tensor this rank stores: a DTensor's local shard, any other tensor itself."""
+    return getattr(tensor, "_local_tensor", tensor)
 
 
 def init_process_group(kind, offload: bool) -> None:

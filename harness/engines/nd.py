@@ -325,6 +325,51 @@ def _set_head_counts(attention, tp: int) -> None:
             setattr(attention, name, getattr(attention, name) // tp)
 
 
+def _wait_collective():
+    torch = _torch()
+
+    class WaitCollective(torch.autograd.Function):
+        """The finished result of an async collective as a plain tensor (zero-copy; gradient passes through)."""
+
+        @staticmethod
+        def forward(ctx, tensor):
+            return tensor.trigger_wait()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    return WaitCollective
+
+
+def _waited(value):
+    """Replace AsyncCollectiveTensor results (also inside a DTensor) by plain tensors.
+
+    The TP styles redistribute with async_op=True; the op right after a TP module boundary waits anyway,
+    so waiting at the boundary costs no overlap, and what autograd saves is then a tensor with real
+    storage (the runtime's activation meter reads storages).
+    """
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, AsyncCollectiveTensor):
+        return _wait_collective().apply(value)
+    if isinstance(value, DTensor) and isinstance(value._local_tensor, AsyncCollectiveTensor):
+        local = _wait_collective().apply(value.to_local())
+        return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,
+                                  shape=value.shape, stride=value.stride())  # fmt: skip
+    if isinstance(value, tuple):
+        return tuple(_waited(v) for v in value)
+    return value
+
+
+def _wait_at_boundaries(module) -> None:
+    module.register_forward_pre_hook(
+        lambda _, args, kwargs: (_waited(args), {k: _waited(v) for k, v in kwargs.items()}), with_kwargs=True
+    )
+    module.register_forward_hook(lambda _, args, output: _waited(output))
+
+
 def _apply_tensor_parallel(stage, tp_mesh, tp_plan: Dict[str, Any]) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -332,8 +377,12 @@ def _apply_tensor_parallel(stage, tp_mesh, tp_plan: Dict[str, Any]) -> None:
     for layer in stage.layers.values():
         _set_head_counts(layer.self_attn, tp_mesh.size())
         parallelize_module(layer, tp_mesh, layer_plan)
+        for path in layer_plan:
+            _wait_at_boundaries(layer.get_submodule(path))
     top = {path: build_style(spec) for path, spec in tp_plan["top_plan"].items() if getattr(stage, path) is not None}
     parallelize_module(stage, tp_mesh, top)
+    for path in top:
+        _wait_at_boundaries(stage.get_submodule(path))
 
 
 def _selective_policy():

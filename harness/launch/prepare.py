@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from harness.config.compose import run_config_to_dict
-from harness.config.hub import fetch_hub_config
+from harness.config.hub import HubUnreachable, fetch_hub_config
 from harness.config.schema import RunConfig
 from harness.engines import engine_module
 from harness.engines.rendered import RenderedRun
@@ -86,7 +86,10 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
     """Validate and predict, then render. Invalid input raises, or (prune=True) leaves a PRUNED run dir."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = resolve_model(cfg)
+    try:
+        cfg = resolve_model(cfg)
+    except HubUnreachable as error:
+        raise RunRejected(str(error)) from error
     write_json_atomic(run_dir / CONFIG_FILE, run_config_to_dict(cfg))
     plan = make_plan(cfg)
     write_json_atomic(run_dir / PLAN_FILE, plan_record(plan))

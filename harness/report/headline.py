@@ -1,4 +1,4 @@
-"""Which layout to use: the completed layout that fits with the most tokens/s per device, said in one sentence."""
+"""Which layout to use: the fastest completed layout that fits (most tokens/s), said in one sentence."""
 
 from __future__ import annotations
 
@@ -38,12 +38,16 @@ def format_bytes(value: Optional[float], gib: bool = False) -> str:
 
 
 def candidates(frame: pd.DataFrame) -> pd.DataFrame:
-    """Completed runs that fit their device memory, fastest per device first."""
+    """Completed runs that fit their device memory, fastest first (global tokens/s, then per device).
+
+    Global tokens/s answers "which layout finishes training soonest on this cluster"; when the runs use
+    different numbers of devices the headline also names the best per device.
+    """
     if frame.empty or "status" not in frame:
         return frame
     done = frame[(frame["status"] == COMPLETED) & (frame["fits"] != False)]  # noqa: E712 (None = unknown fit)
-    done = done[done["tokens_per_s_per_device"].notna()]
-    return done.sort_values(["tokens_per_s_per_device", "tokens_per_s"], ascending=False)
+    done = done[done["tokens_per_s"].notna()]
+    return done.sort_values(["tokens_per_s", "tokens_per_s_per_device"], ascending=False)
 
 
 def _status_counts(frame: pd.DataFrame) -> str:
@@ -62,8 +66,10 @@ def headline(frame: pd.DataFrame, sweep: str = "") -> Headline:
         return Headline(sweep, None, None, text, detail + partial)
     best = ranked.iloc[0].to_dict()
     runner = ranked.iloc[1].to_dict() if len(ranked) > 1 else None
-    text = (f"Use {best['label']}: {best['tokens_per_s_per_device']:,.0f} tokens/s per device "
-            f"({best['tokens_per_s']:,.0f} tokens/s on {best['world_size']:.0f} devices)")
+    world = _num(best.get("world_size"))
+    text = (f"Use {best['label']}: {best['tokens_per_s']:,.0f} tokens/s"
+            + (f" on {world:.0f} devices" if world else "")
+            + f" ({best['tokens_per_s_per_device']:,.0f} per device)")
     if _num(best.get("mfu")) is not None:
         text += f", MFU {best['mfu']:.1%}"
     if _num(best.get("step_time_s")) is not None:
@@ -75,8 +81,12 @@ def headline(frame: pd.DataFrame, sweep: str = "") -> Headline:
     text += "."
     detail = f"Fastest of {len(ranked)} completed layouts that fit ({len(frame)} runs: {_status_counts(frame)})."
     if runner is not None:
-        lead = best["tokens_per_s_per_device"] / runner["tokens_per_s_per_device"] - 1
+        lead = best["tokens_per_s"] / runner["tokens_per_s"] - 1
         detail += f" {lead:.0%} ahead of the runner-up, {runner['label']}."
+    per_device = ranked.sort_values("tokens_per_s_per_device", ascending=False).iloc[0].to_dict()
+    if per_device["run_dir"] != best["run_dir"] and ranked["world_size"].nunique() > 1:
+        detail += (f" Per device, {per_device['label']} is best "
+                   f"({per_device['tokens_per_s_per_device']:,.0f} tokens/s per device).")
     return Headline(sweep, best, runner, text, detail + partial)
 
 

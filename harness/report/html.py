@@ -24,7 +24,7 @@ TITLES = {
     "status": "Run status and failure reasons",
     "results": "Results table",
 }
-MEMORY_UNITS = (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10), ("B", 1.0))
+MEMORY_UNITS = ((" GiB", 2.0**30), (" MiB", 2.0**20), (" KiB", 2.0**10), (" B", 1.0))
 RATE_UNITS = (("M", 1e6), ("k", 1e3), ("", 1.0))
 TIME_UNITS = ((" s", 1.0), (" ms", 1e-3), (" µs", 1e-6))
 STATUS_COLORS = {"COMPLETED": "#2e7d32", "RUNNING": "#1565c0", "PENDING": "#6d6d6d", "OOM": "#c62828",

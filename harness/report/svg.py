@@ -19,6 +19,21 @@ AXIS_HEIGHT = 34
 Formatter = Callable[[float], str]
 
 
+class Scale:
+    """Formats values in one unit (`size` of the base unit, `suffix`); ticks are placed in that unit."""
+
+    def __init__(self, size: float = 1.0, suffix: str = "", digits: int = 3):
+        self.size, self.suffix, self.digits = size, suffix, digits
+
+    def __call__(self, value: float) -> str:
+        return f"{value / self.size:.{self.digits}g}{self.suffix}"
+
+
+def _ticks(maximum: float, fmt: Formatter) -> List[float]:
+    size = getattr(fmt, "size", 1.0)
+    return [tick * size for tick in nice_ticks(maximum / size)]
+
+
 @dataclass(frozen=True)
 class Series:
     """A named colour: a bar segment or a marker kind."""
@@ -64,17 +79,21 @@ def _label_width(labels: Sequence[str]) -> float:
     return min(340.0, max(80.0, longest * CHAR_WIDTH + 12))
 
 
-def _legend(series: Sequence[Series], x0: float) -> str:
-    parts, x = [], x0
+def _legend(series: Sequence[Series], x0: float) -> Tuple[str, float]:
+    """Legend entries left to right, wrapping at the chart's width; returns (svg, height)."""
+    parts, x, y = [], x0, 0.0
     for s in series:
+        width = 28 + len(s.name) * 6.2
+        if x + width > WIDTH and x > x0:
+            x, y = x0, y + LEGEND_HEIGHT - 4
         if s.dashed:
-            parts.append(f'<line x1="{x:.1f}" y1="5" x2="{x:.1f}" y2="17" stroke="{s.color}" stroke-width="2" '
-                         f'stroke-dasharray="3,2"/>')
+            parts.append(f'<line x1="{x + 6:.1f}" y1="{y + 4:.1f}" x2="{x + 6:.1f}" y2="{y + 18:.1f}" '
+                         f'stroke="{s.color}" stroke-width="2" stroke-dasharray="3,2"/>')
         else:
-            parts.append(f'<rect x="{x:.1f}" y="5" width="12" height="12" fill="{s.color}"/>')
-        parts.append(_text(x + 16, 15, s.name, size=11))
-        x += 28 + len(s.name) * 6.2
-    return f'<g class="legend">{"".join(parts)}</g>'
+            parts.append(f'<rect x="{x:.1f}" y="{y + 5:.1f}" width="12" height="12" fill="{s.color}"/>')
+        parts.append(_text(x + 16, y + 15, s.name, size=11))
+        x += width
+    return f'<g class="legend">{"".join(parts)}</g>', y + LEGEND_HEIGHT
 
 
 def _axis(x0: float, plot_width: float, top: float, bottom: float, ticks: List[float], scale: float,
@@ -106,18 +125,20 @@ def bar_chart(title: str, rows: Sequence[Row], series: Sequence[Series], fmt: Fo
     if not rows:
         return _empty(title, empty_message, chart_id)
     colors: Dict[str, Series] = {s.name: s for s in series}
+    used = {name for row in rows for bar in row.bars for name, _ in bar} | {name for row in rows for name, _ in row.markers}
     per_row = max(1, max(len(row.bars) for row in rows))
     row_height = per_row * BAR_HEIGHT + ROW_GAP * 2
     label_w = _label_width([row.label for row in rows])
     value_w = 90.0
     x0, plot_w = label_w, WIDTH - label_w - value_w
-    top = LEGEND_HEIGHT + 6
+    legend, legend_h = _legend([s for s in series if s.name in used], x0)
+    top = legend_h + 6
     bottom = top + row_height * len(rows)
     maximum = max([sum(v for _, v in bar) for row in rows for bar in row.bars]
                   + [v for row in rows for _, v in row.markers] + [0.0])
-    ticks = nice_ticks(maximum)
+    ticks = _ticks(maximum, fmt)
     scale = plot_w / ticks[-1]
-    parts = [_legend(series, x0), _axis(x0, plot_w, top, bottom, ticks, scale, fmt, x_label)]
+    parts = [legend, _axis(x0, plot_w, top, bottom, ticks, scale, fmt, x_label)]
     for i, row in enumerate(rows):
         y = top + i * row_height + ROW_GAP
         if row.highlight:
@@ -157,12 +178,12 @@ def distribution_chart(title: str, rows: Sequence[Tuple[str, Sequence[float]]], 
     row_height = BAR_HEIGHT + ROW_GAP * 2
     label_w = _label_width([label for label, _ in rows])
     x0, plot_w = label_w, WIDTH - label_w - 90.0
-    top = LEGEND_HEIGHT + 6
+    legend, legend_h = _legend([Series("each timed step", color), Series("median", "#222", dashed=True)], x0)
+    top = legend_h + 6
     bottom = top + row_height * len(rows)
-    ticks = nice_ticks(max(max(values) for _, values in rows))
+    ticks = _ticks(max(max(values) for _, values in rows), fmt)
     scale = plot_w / ticks[-1]
-    legend = [Series("each timed step", color), Series("median", "#222", dashed=True)]
-    parts = [_legend(legend, x0), _axis(x0, plot_w, top, bottom, ticks, scale, fmt, x_label)]
+    parts = [legend, _axis(x0, plot_w, top, bottom, ticks, scale, fmt, x_label)]
     for i, (label, values) in enumerate(rows):
         y = top + i * row_height + ROW_GAP + BAR_HEIGHT / 2
         ordered = sorted(values)
@@ -189,11 +210,11 @@ def _quartiles(ordered: List[float]) -> Tuple[float, float, float]:
     return q1, median, q3
 
 
-def scaled_formatter(maximum: Optional[float], units: Sequence[Tuple[str, float]], digits: int = 3) -> Formatter:
+def scaled_formatter(maximum: Optional[float], units: Sequence[Tuple[str, float]], digits: int = 3) -> Scale:
     """A formatter in the largest unit of `units` ((suffix, size), largest first) that `maximum` reaches."""
     suffix, size = units[-1]
     for candidate, candidate_size in units:
         if maximum is not None and maximum >= candidate_size:
             suffix, size = candidate, candidate_size
             break
-    return lambda value: f"{value / size:.{digits}g}{suffix}"
+    return Scale(size, suffix, digits)

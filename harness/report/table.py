@@ -98,10 +98,12 @@ def measured_memory(measured: Mapping[str, Any]) -> Dict[str, Optional[float]]:
 
 
 def _device_memory_gib(cluster: Mapping[str, Any], predicted: Mapping[str, Any]) -> Optional[float]:
-    if cluster.get("memory_per_accelerator_gib"):
-        return float(cluster["memory_per_accelerator_gib"])
+    """The plan's figure (config, datasheet or host share, as the planner resolved it), else the config's,
+    else the datasheet's."""
     if predicted.get("device_memory_bytes"):
         return predicted["device_memory_bytes"] / GIB
+    if cluster.get("memory_per_accelerator_gib"):
+        return float(cluster["memory_per_accelerator_gib"])
     return device_memory_gib(cluster.get("accelerator", "")) if cluster.get("accelerator") else None
 
 

@@ -170,7 +170,7 @@ def publish(path: Path, entity: Optional[str] = None, project: Optional[str] = N
 def publish_with_timeout(path: Path, timeout_s: float = PUBLISH_TIMEOUT_S, entity: Optional[str] = None,
                          project: Optional[str] = None) -> Optional[str]:
     """`publish` in a child process killed (with its whole group) after `timeout_s`; the URL, or None."""
-    argv = [sys.executable, "-m", "harness.report.wandb_report", "publish", str(path)]
+    argv = [sys.executable, "-m", "harness.report.wandb_report", "publish-now", str(path)]
     argv += [f"--entity={entity}"] if entity else []
     argv += [f"--project={project}"] if project else []
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -202,12 +202,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report.wandb_report",
                                      description="Publish a saved W&B report spec (wandb_report.json).")
     commands = parser.add_subparsers(dest="command", required=True)
-    command = commands.add_parser("publish", help="save the spec to the W&B server and print its URL")
-    command.add_argument("spec", type=Path)
-    command.add_argument("--entity")
-    command.add_argument("--project")
+    for name, help_text in (("publish", "save the spec to the W&B server and print its URL (with a time limit)"),
+                            ("publish-now", "the same with no time limit (what `publish` runs in a child)")):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("spec", type=Path)
+        command.add_argument("--entity")
+        command.add_argument("--project")
+        if name == "publish":
+            command.add_argument("--timeout", type=float, default=PUBLISH_TIMEOUT_S, help="seconds (default %(default)s)")
     args = parser.parse_args(argv)
-    print(publish(args.spec, args.entity, args.project))
+    if args.command == "publish-now":
+        print(publish(args.spec, args.entity, args.project))
+        return 0
+    url = publish_with_timeout(args.spec, args.timeout, args.entity, args.project)
+    if url is None:
+        return 1
+    print(url)
     return 0
 
 

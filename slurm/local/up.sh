@@ -39,7 +39,7 @@ BINARIES=(slurmctld slurmd slurmstepd sinfo munged mungekey)
 
 t0=$(date +%s.%N)
 log() { printf '[slurm-up] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit "${2:-1}"; }
+die() { log "ERROR: $1"; exit "${2:-1}"; }  # die MESSAGE [EXIT_CODE]
 
 if [[ "$(id -u)" != 0 ]]; then
     die "must run as root (slurmd/slurmstepd need it; this cluster runs jobs as root)" 3

@@ -1,0 +1,72 @@
+"""`harness report`: sweep dirs -> summary.csv, summary.parquet, report.html and the W&B report spec."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import pandas as pd
+
+from harness.report.html import REPORT_HTML, write_html
+from harness.report.table import print_table, summary_frame, write_frame
+from harness.report.wandb_report import (
+    PUBLISH_TIMEOUT_S,
+    WANDB_REPORT_JSON,
+    WANDB_REPORT_URL,
+    online,
+    publish_with_timeout,
+    report_spec,
+    write_spec,
+)
+
+
+def build_report(roots: List[Path], out_dir: Path, publish_timeout_s: float = PUBLISH_TIMEOUT_S,
+                 frame: Optional[pd.DataFrame] = None) -> Dict[str, Path]:
+    """Aggregate every run directory below `roots` and write the reports into `out_dir`.
+
+    Returns {"csv", "parquet", "html", "wandb_report"} -> path, plus "wandb_report_url" (a file holding
+    the URL) when the spec was published: only with WANDB_API_KEY set and runs tracked online, within
+    `publish_timeout_s`. Offline, or when publishing fails, the spec is still written.
+    """
+    roots = [Path(root) for root in roots]
+    out_dir = Path(out_dir)
+    frame = summary_frame(roots) if frame is None else frame
+    paths = write_frame(frame, out_dir)
+    paths["html"] = write_html(frame, roots, out_dir / REPORT_HTML)
+    paths["wandb_report"] = write_spec(report_spec(frame), out_dir / WANDB_REPORT_JSON)
+    if online(frame, os.environ):
+        url = publish_with_timeout(paths["wandb_report"], publish_timeout_s)
+        if url:
+            (out_dir / WANDB_REPORT_URL).write_text(url + "\n")
+            paths["wandb_report_url"] = out_dir / WANDB_REPORT_URL
+    return paths
+
+
+def default_out_dir(roots: Sequence[Path]) -> Path:
+    """One sweep: its own folder. Several: `compare/` beside them (under their common folder)."""
+    if len(roots) == 1:
+        return Path(roots[0])
+    common = Path(os.path.commonpath([str(Path(r).resolve()) for r in roots]))
+    return common / "compare"
+
+
+def report_main(roots: List[Path], out_dir: Optional[Path] = None) -> int:
+    """What `harness report DIR [DIR ...]` does: build, print the table and where everything went."""
+    missing = [str(root) for root in roots if not Path(root).is_dir()]
+    if missing:
+        print(f"[harness] not a directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    out_dir = Path(out_dir) if out_dir else default_out_dir(roots)
+    frame = summary_frame(roots)
+    paths = build_report(roots, out_dir, frame=frame)
+    print_table(frame, title=", ".join(str(r) for r in roots))
+    for name, path in paths.items():
+        print(f"[harness] {name}: {path}")
+    if "wandb_report_url" in paths:
+        print(f"[harness] W&B report: {paths['wandb_report_url'].read_text().strip()}")
+    else:
+        print(f"[harness] W&B report spec (offline); publish it with: "
+              f"python -m harness.report.wandb_report publish {paths['wandb_report']}")
+    return 0 if not frame.empty else 1
