@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 USAGE = """usage: harness COMMAND [hydra overrides...]
 
@@ -50,13 +50,36 @@ def _run_task(cfg) -> None:
     print(f"[harness] summary: {sweep_dir / 'summary.csv'}")
 
 
+# Hydra flags that take a value; argparse wants all flags before the overrides.
+_VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                 "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
+
+
+def split_hydra_flags(args: List[str]) -> Tuple[List[str], List[str]]:
+    """Hydra's flags (in order, with their values) apart from overrides, wherever the user put them."""
+    flags, overrides, index = [], [], 0
+    while index < len(args):
+        token = args[index]
+        if token.startswith("-") and "=" not in token:
+            flags.append(token)
+            takes_value = token in _VALUED_FLAGS and index + 1 < len(args) and "=" not in args[index + 1]
+            if takes_value:
+                flags.append(args[index + 1])
+                index += 1
+        else:
+            overrides.append(token)
+        index += 1
+    return flags, overrides
+
+
 def run_command(args: List[str]) -> int:
     import hydra
 
     from harness.config.compose import CONFIG_DIR, PRIMARY_CONFIG, SEARCHPATH_OVERRIDE, register_schemas
 
     register_schemas()
-    sys.argv = ["harness run", SEARCHPATH_OVERRIDE, *args]
+    flags, overrides = split_hydra_flags(args)
+    sys.argv = ["harness run", *flags, SEARCHPATH_OVERRIDE, *overrides]
     hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
     if _failed_runs:
         print(f"[harness] not completed: {', '.join(_failed_runs)}", file=sys.stderr)

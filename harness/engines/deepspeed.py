@@ -15,7 +15,7 @@ KNOWN_TOP_LEVEL_KEYS = frozenset(
     {
         "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
         "gradient_clipping", "bf16", "fp16", "zero_optimization", "optimizer", "tensor_parallel",
-        "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
+        "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
     }
 )  # fmt: skip
 
@@ -43,8 +43,8 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
         "eps": 1e-8,
         "weight_decay": bench.weight_decay,
     }
-    if not engine.compiled_ops and layout.offload_optimizer == "none":
-        optimizer_params["torch_adam"] = True  # plain torch AdamW: no JIT-compiled FusedAdam
+    if not engine.compiled_ops:
+        optimizer_params["torch_adam"] = True  # plain torch AdamW: no JIT-compiled FusedAdam / CPUAdam
     # Without an mpu, DeepSpeed's batch check counts every rank, AutoTP ranks included, although
     # the ranks of one TP group share their batch (deepspeed.initialize builds its config that way).
     ranks_in_batch_check = data_parallel_size(cfg) * layout.tp
@@ -60,6 +60,9 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
     }
+    if layout.offload_optimizer != "none" and not engine.compiled_ops:
+        # Offloaded states stepped by torch's AdamW on the host instead of the JIT-built DeepSpeedCPUAdam.
+        config["zero_force_ds_cpu_optimizer"] = False
     if layout.tp > 1:
         config["tensor_parallel"] = {"autotp_size": layout.tp}
     unknown = set(config) - KNOWN_TOP_LEVEL_KEYS
@@ -140,6 +143,9 @@ def deepspeed_state_bytes(engine) -> Dict[str, int]:
         param_bytes = sum_tensor_bytes(params)
         if stage == 0:
             grad_bytes = sum_tensor_bytes(p.grad for p in params)
+        elif getattr(optimizer, "cpu_offload", False):
+            # Offloaded: reduced gradients land straight in the fp32 host partition's .grad.
+            grad_bytes = sum_tensor_bytes(p.grad for p in optimizer.single_partition_of_fp32_groups)
         else:
             grad_bytes = sum_tensor_bytes(g for group in optimizer.averaged_gradients.values() for g in group)
         own = {p.data_ptr() for p in params}

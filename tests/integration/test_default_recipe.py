@@ -6,7 +6,7 @@ import math
 import pytest
 
 from harness.report.wandb_offline import read_offline_run
-from tests.integration.conftest import metrics, run_harness
+from tests.integration.runs import metrics, run_harness
 
 pytestmark = pytest.mark.integration
 

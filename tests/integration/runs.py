@@ -1,0 +1,30 @@
+"""Run the real CLI into a temporary results folder, as a user would."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from harness import REPO_ROOT
+
+HARNESS = [sys.executable, "-m", "harness.cli"]
+
+
+def run_harness(args: List[str], results: Path, timeout: int = 900, env: Dict[str, str] = None):
+    """`harness run ...` as a user runs it; returns (completed process, run dirs, seconds)."""
+    full_env = {**os.environ, **(env or {})}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [*HARNESS, "run", *args, f"results_dir={results}"],
+        cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    run_dirs = sorted(p.parent for p in results.rglob("status.json"))
+    return proc, run_dirs, elapsed
+
+
+def metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
