@@ -1,6 +1,8 @@
 """Local launch: final states come from structured files and the exit code, never from log text."""
 
 import sys
+import time
+from pathlib import Path
 
 from harness.cli import split_hydra_flags
 from harness.engines.rendered import RenderedRun
@@ -29,15 +31,32 @@ def test_classify_plain_failure_and_timeout(tmp_path):
     assert classify(tmp_path, None)[0] == "TIMEOUT"
 
 
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "State:\tZ" not in status.read_text()  # a zombie is not running
+
+
 def test_timeout_kills_every_process_of_the_launch(tmp_path):
+    child_pid = tmp_path / "child.pid"
+    program = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
     rendered = RenderedRun(
         run_dir=str(tmp_path), engine="test", launcher="python", nnodes=1, nproc_per_node=1,
-        argv=[sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-              "'import time; time.sleep(60)']); time.sleep(60)"],
+        argv=[sys.executable, "-c", program],
     )  # fmt: skip
-    state, _ = launch_local(rendered, timeout_s=2, extra_env={})
+    state, _ = launch_local(rendered, timeout_s=3, extra_env={})
     assert state == "TIMEOUT"
     assert '"TIMEOUT"' in (tmp_path / "status.json").read_text()
+    pid = int(child_pid.read_text())
+    for _ in range(50):
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(pid), "the launcher's child outlived the timeout"
 
 
 def test_hydra_flags_are_moved_before_overrides():
