@@ -36,7 +36,7 @@ plan: setup ## predict memory / FLOPs / validity without launching: make plan R=
 sweep: setup ## run a grid preset: make sweep S=<sweep preset> [ARGS=...]
 	$(HARNESS) sweep sweep=$(S) $(ARGS)
 
-report: setup ## aggregate the newest sweep (or D=<dir>) into summary.csv and report.html
+report: setup ## the newest sweep (or D='<dir> [<dir>...]') -> summary.csv/.parquet, report.html, wandb_report.json
 	$(HARNESS) report $(D)
 
 test: setup ## run every test (unit, integration on CPU, local Slurm)
@@ -48,6 +48,7 @@ test-unit: setup ## fast pure tests only
 bench: setup ## overhead and planning benchmarks
 	$(PY) tests/bench/bench_plan.py
 	$(PY) tests/bench/bench_overhead.py
+	$(PY) tests/unit/report/bench_build_report.py 100
 
 slurm-up: ## start a local two-node Slurm cluster
 	bash slurm/local/up.sh

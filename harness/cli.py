@@ -11,7 +11,7 @@ USAGE = """usage: harness COMMAND [hydra overrides...]
   run     compose one config (or a Hydra -m grid), plan, render, launch, measure; prints the summary
   plan    predict memory / FLOPs / validity for one layout or a grid (no launch)
   sweep   run a grid preset: sweep=<hydra_configs/sweep/NAME> [overrides]
-  report  aggregate a results directory into summary.csv and report.html
+  report  sweep dir(s) -> summary.csv/.parquet, report.html, W&B report spec (several dirs: compare)
 
 examples:
   harness run recipes=cpu_zero2
@@ -109,13 +109,10 @@ def sweep_command(args: List[str]) -> int:
 
 
 def report_command(args: List[str]) -> int:
-    from harness.report.table import print_table, write_summary
+    from harness.report.build import report_main
 
-    root = Path(args[0]) if args else _newest_sweep(Path("results"))
-    frame = write_summary(root)
-    print_table(frame, title=str(root))
-    print(f"[harness] summary: {root / 'summary.csv'}")
-    return 0
+    roots = [Path(arg) for arg in args] or [_newest_sweep(Path("results"))]
+    return report_main(roots)
 
 
 def _newest_sweep(results: Path) -> Path:

@@ -10,6 +10,10 @@ import pandas as pd
 from harness.runtime.result import COMPLETED, FINAL_STATES
 
 
+# Throughputs closer than this are called level: step times of one run vary by more than that.
+TIE = 0.01
+
+
 @dataclass(frozen=True)
 class Headline:
     sweep: str
@@ -50,9 +54,61 @@ def candidates(frame: pd.DataFrame) -> pd.DataFrame:
     return done.sort_values(["tokens_per_s", "tokens_per_s_per_device"], ascending=False)
 
 
+# (column, how it reads); a degree of 1 is left out.
+_LAYOUT_WORDS = (("engine", "{}"), ("dp_replicate", "dp_replicate={}"), ("dp_shard", "dp_shard={}"), ("tp", "tp={}"),
+                 ("pp", "pp={}"), ("cp", "cp={}"), ("ep", "ep={}"), ("zero_stage", "ZeRO-{}"),
+                 ("offload_optimizer", "optimizer offload {}"), ("offload_params", "param offload {}"),
+                 ("micro_batch", "micro-batch {}"), ("grad_accum", "accumulation {}"), ("seq_len", "sequence {}"),
+                 ("activation_checkpointing", "checkpointing {}"), ("precision", "{}"))
+
+
+def layout_summary(row: Dict[str, Any]) -> str:
+    """The whole layout of a run in words (the label names only what differs between runs)."""
+    words = []
+    for column, pattern in _LAYOUT_WORDS:
+        value = row.get(column)
+        if value is None or (isinstance(value, float) and pd.isna(value)) or value == "none":
+            continue
+        if column in ("dp_replicate", "tp", "pp", "cp", "ep", "grad_accum") and value == 1:
+            continue
+        words.append(pattern.format(value))
+    return ", ".join(words)
+
+
 def _status_counts(frame: pd.DataFrame) -> str:
     counts = frame["status"].value_counts()
     return ", ".join(f"{n} {state.lower()}" for state, n in counts.items())
+
+
+def _answer(best: Dict[str, Any]) -> str:
+    world = _num(best.get("world_size"))
+    text = (f"Use {best['label']}: {best['tokens_per_s']:,.0f} tokens/s"
+            + (f" on {world:.0f} device{'s' if world != 1 else ''}" if world else "")
+            + f" ({best['tokens_per_s_per_device']:,.0f} per device)")
+    if _num(best.get("mfu")) is not None:
+        text += f", MFU {best['mfu']:.1%}"
+    if _num(best.get("step_time_s")) is not None:
+        text += f", step {best['step_time_s'] * 1e3:.3g} ms"
+    if _num(best.get("mem_measured_gib")) is not None:
+        text += f", memory {format_bytes(best['mem_measured_gib'], gib=True)} per device"
+        if _num(best.get("device_memory_gib")):
+            text += f" of {format_bytes(best['device_memory_gib'], gib=True)}"
+    return text + "."
+
+
+def _comparison(ranked: pd.DataFrame, best: Dict[str, Any]) -> str:
+    """How the choice stands against the runner-up, and against the best per device if that differs."""
+    text = ""
+    if len(ranked) > 1:
+        runner = ranked.iloc[1]
+        lead = best["tokens_per_s"] / runner["tokens_per_s"] - 1
+        text = (f" Level with the runner-up, {runner['label']} (within {TIE:.0%}): either will do." if lead < TIE
+                else f" {lead:.0%} ahead of the runner-up, {runner['label']}.")
+    per_device = ranked.sort_values("tokens_per_s_per_device", ascending=False).iloc[0]
+    if per_device["run_dir"] != best["run_dir"] and ranked["world_size"].nunique() > 1:
+        text += (f" Per device, {per_device['label']} is best "
+                 f"({per_device['tokens_per_s_per_device']:,.0f} tokens/s per device).")
+    return text
 
 
 def headline(frame: pd.DataFrame, sweep: str = "") -> Headline:
@@ -61,37 +117,17 @@ def headline(frame: pd.DataFrame, sweep: str = "") -> Headline:
     unfinished = int((~frame["status"].isin(FINAL_STATES)).sum()) if not frame.empty else 0
     partial = f" {unfinished} of {len(frame)} runs have not finished: the answer may change." if unfinished else ""
     if ranked.empty:
-        text = "No layout has completed and fit yet."
         detail = f"{len(frame)} runs: {_status_counts(frame)}." if not frame.empty else "No runs found."
-        return Headline(sweep, None, None, text, detail + partial)
+        return Headline(sweep, None, None, "No layout has completed and fit yet.", detail + partial)
     best = ranked.iloc[0].to_dict()
     runner = ranked.iloc[1].to_dict() if len(ranked) > 1 else None
-    world = _num(best.get("world_size"))
-    text = (f"Use {best['label']}: {best['tokens_per_s']:,.0f} tokens/s"
-            + (f" on {world:.0f} devices" if world else "")
-            + f" ({best['tokens_per_s_per_device']:,.0f} per device)")
-    if _num(best.get("mfu")) is not None:
-        text += f", MFU {best['mfu']:.1%}"
-    if _num(best.get("step_time_s")) is not None:
-        text += f", step {best['step_time_s'] * 1e3:.3g} ms"
-    if _num(best.get("mem_measured_gib")) is not None:
-        text += f", peak memory {format_bytes(best['mem_measured_gib'], gib=True)} per device"
-        if _num(best.get("device_memory_gib")):
-            text += f" of {format_bytes(best['device_memory_gib'], gib=True)}"
-    text += "."
-    detail = f"Fastest of {len(ranked)} completed layouts that fit ({len(frame)} runs: {_status_counts(frame)})."
-    if runner is not None:
-        lead = best["tokens_per_s"] / runner["tokens_per_s"] - 1
-        detail += f" {lead:.0%} ahead of the runner-up, {runner['label']}."
-    per_device = ranked.sort_values("tokens_per_s_per_device", ascending=False).iloc[0].to_dict()
-    if per_device["run_dir"] != best["run_dir"] and ranked["world_size"].nunique() > 1:
-        detail += (f" Per device, {per_device['label']} is best "
-                   f"({per_device['tokens_per_s_per_device']:,.0f} tokens/s per device).")
-    return Headline(sweep, best, runner, text, detail + partial)
+    detail = (f"Layout: {layout_summary(best)}. Fastest of {len(ranked)} completed layouts that fit "
+              f"({len(frame)} runs: {_status_counts(frame)}).")
+    return Headline(sweep, best, runner, _answer(best), detail + _comparison(ranked, best) + partial)
 
 
 def headlines(frame: pd.DataFrame) -> List[Headline]:
-    """One headline per sweep in the frame."""
+    """One headline per sweep (per `series`: a sweep name found in several folders counts once per folder)."""
     if frame.empty:
         return [headline(frame)]
-    return [headline(group, str(sweep)) for sweep, group in frame.groupby("sweep", sort=True, dropna=False)]
+    return [headline(group, str(series)) for series, group in frame.groupby("series", sort=True, dropna=False)]

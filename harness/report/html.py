@@ -32,7 +32,7 @@ STATUS_COLORS = {"COMPLETED": "#2e7d32", "RUNNING": "#1565c0", "PENDING": "#6d6d
 MAX_LABEL = 56
 # Results table: (column, header, kind) where kind picks the cell format.
 RESULT_COLUMNS: Sequence[Tuple[str, str, str]] = (
-    ("sweep", "sweep", "text"), ("run", "run", "text"), ("label", "layout", "text"), ("status", "status", "status"),
+    ("series", "sweep", "text"), ("run", "run", "text"), ("label", "layout", "text"), ("status", "status", "status"),
     ("engine", "engine", "text"), ("model", "model", "text"), ("cluster", "cluster", "text"),
     ("world_size", "devices", "int"), ("dp_replicate", "dp_rep", "int"), ("dp_shard", "dp_shard", "int"),
     ("tp", "tp", "int"), ("pp", "pp", "int"), ("cp", "cp", "int"), ("ep", "ep", "int"),
@@ -82,8 +82,8 @@ def _short(label: str) -> str:
 
 def chart_labels(frame: pd.DataFrame) -> Dict[int, str]:
     """Row index -> the name a chart shows: layout label, with the sweep when several, and the run if repeated."""
-    several = frame["sweep"].nunique(dropna=False) > 1
-    names = {i: (f"{row.sweep} · {row.label}" if several else str(row.label)) for i, row in frame.iterrows()}
+    several = frame["series"].nunique(dropna=False) > 1
+    names = {i: (f"{row.series} · {row.label}" if several else str(row.label)) for i, row in frame.iterrows()}
     counts = pd.Series(list(names.values())).value_counts()
     return {i: _short(f"{name} ({frame.at[i, 'run']})" if counts[name] > 1 else name) for i, name in names.items()}
 
@@ -130,14 +130,18 @@ def mfu_chart(frame: pd.DataFrame, labels: Dict[int, str]) -> str:
         if with_hfu:
             bars.append([("HFU measured", hfu)] if hfu is not None else [])
         markers = [("MFU predicted", predicted)] if predicted is not None else []
-        rows.append(svg.Row(labels[i], bars, markers, note=_note(row) if mfu is None else ""))
+        note = "" if mfu is not None else _note(row) or f"MFU unknown (peak FLOP/s: {row.get('peak_flops_source')})"
+        rows.append(svg.Row(labels[i], bars, markers, note=note))
     return svg.bar_chart(TITLES["mfu"], rows, series, lambda v: f"{v:.3g}" if v == 0 else f"{v:.2%}",
                          "model FLOPs utilization (higher is better)", "chart-mfu")
 
 
 MEMORY_PARTS = (("param_bytes", "parameters", "#4e79a7"), ("grad_bytes", "gradients", "#f28e2b"),
                 ("optimizer_bytes", "optimizer states", "#e15759"), ("activation_bytes", "activations", "#76b7b2"))
-PREDICTED_COLOR = "#bab0ac"
+OTHER = "predicted other (gathered, recompute, allowance)"
+PREDICTED_SHADES = {"predicted parameters": "#8f8f8f", "predicted gradients": "#a8a8a8",
+                    "predicted optimizer states": "#c0c0c0", "predicted activations": "#d6d6d6",
+                    OTHER: "#e9e9e9", "predicted total": "#a8a8a8"}
 
 
 def _memory_bars(row: pd.Series) -> Tuple[List[Tuple[str, float]], List[Tuple[str, float]]]:
@@ -147,7 +151,7 @@ def _memory_bars(row: pd.Series) -> Tuple[List[Tuple[str, float]], List[Tuple[st
     predicted = [(f"predicted {name}", _num(row.get(f"pred_{col}"))) for col, name, _ in MEMORY_PARTS]
     if all(v is not None for _, v in predicted):
         rest = (predicted_total or 0) * 2**30 - sum(v for _, v in predicted)
-        predicted = predicted + ([("predicted other (allowance, buffers)", rest)] if rest > 0 else [])
+        predicted = predicted + ([(OTHER, rest)] if rest > 0 else [])
     elif predicted_total is not None:
         predicted = [("predicted total", predicted_total * 2**30)]
     else:
@@ -176,20 +180,12 @@ def memory_chart(frame: pd.DataFrame, labels: Dict[int, str]) -> Tuple[str, str]
         caption = (f"Device memory ({format_bytes(max(device))} per device) is off this scale: the largest bar is "
                    f"{format_bytes(biggest)} ({biggest / max(device):.2%} of it).")
     series = [svg.Series(f"measured {name}", color) for _, name, color in MEMORY_PARTS]
-    shades = ("#9c9c9c", "#b5b5b5", "#cdcdcd", "#dedede", "#ececec")
-    names = sorted({n for _, row in rows for n, _ in row.bars[1]}, key=_predicted_order)
-    series += [svg.Series(name, shades[k % len(shades)]) for k, name in enumerate(names)]
+    series += [svg.Series(name, color) for name, color in PREDICTED_SHADES.items()]
     series += [svg.Series("allocator peak (measured)", "#222"), svg.Series("device memory", "#d62728", dashed=True)]
     fmt = svg.scaled_formatter(max(biggest, max(device) if on_scale else 0.0), MEMORY_UNITS)
     chart = svg.bar_chart(TITLES["memory"], [row for _, row in rows], series, fmt,
                           "bytes per device (upper bar measured, lower bar predicted)", "chart-memory")
     return chart, caption
-
-
-def _predicted_order(name: str) -> int:
-    order = ["predicted parameters", "predicted gradients", "predicted optimizer states", "predicted activations",
-             "predicted other (allowance, buffers)", "predicted total"]
-    return order.index(name) if name in order else len(order)
 
 
 def _is_sequence(value: Any) -> bool:
@@ -236,9 +232,9 @@ def status_table(frame: pd.DataFrame) -> str:
         return _dt.datetime.fromtimestamp(number, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
     view = frame.assign(updated=frame["status_time"].map(when))
-    columns = [("sweep", "sweep", "text"), ("run", "run", "text"), ("label", "layout", "text"),
+    columns = [("series", "sweep", "text"), ("run", "run", "text"), ("label", "layout", "text"),
                ("status", "status", "status"), ("reason", "reason", "text"), ("updated", "status updated", "text")]
-    if frame["sweep"].nunique(dropna=False) <= 1:
+    if frame["series"].nunique(dropna=False) <= 1:
         columns = columns[1:]
     return _table(view, columns, "status-table")
 
@@ -248,9 +244,9 @@ def compare_table(frame: pd.DataFrame) -> str:
     done = frame[frame["status"] == COMPLETED]
     if done.empty:
         return "<p>No completed runs to compare.</p>"
-    pivot = done.pivot_table(index="label", columns="sweep", values=["tokens_per_s_per_device", "mfu"],
+    pivot = done.pivot_table(index="label", columns="series", values=["tokens_per_s_per_device", "mfu"],
                              aggfunc="max")
-    sweeps = sorted(done["sweep"].astype(str).unique())
+    sweeps = sorted(done["series"].astype(str).unique())
     head = "<th>layout</th>" + "".join(f"<th>{escape(s)} tokens/s/device</th><th>{escape(s)} MFU</th>" for s in sweeps)
     rows = []
     for label in pivot.index:
@@ -262,6 +258,22 @@ def compare_table(frame: pd.DataFrame) -> str:
         rows.append(f"<tr>{''.join(cells)}</tr>")
     return (f'<table id="compare-table" class="sortable"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def _caption(text: str) -> str:
+    return f'<p class="caption">{escape(text)}</p>' if text else ""
+
+
+def peak_caption(frame: pd.DataFrame) -> str:
+    """Warn when MFU divides by peaks measured run by run (CPU), which makes runs' MFU hard to compare."""
+    done = frame[frame["status"] == COMPLETED]
+    measured = done[done["peak_flops_source"].astype(str).str.startswith("measured")]
+    peaks = [p for p in (_num(v) for v in measured["peak_flops_per_device"]) if p]
+    if len(peaks) < 2 or max(peaks) < 1.1 * min(peaks):
+        return ""
+    return (f"MFU here divides by a peak FLOP/s measured in each run (a matmul micro-benchmark run beside that "
+            f"run's ranks): {min(peaks) / 1e9:.3g} to {max(peaks) / 1e9:.3g} GFLOP/s per device across these runs, "
+            f"so compare layouts by tokens/s; MFU ranks them only within one measured peak.")
 
 
 def headline_block(item: Headline, several: bool) -> str:
@@ -285,7 +297,8 @@ def _footer(frame: pd.DataFrame, roots: Sequence[Path]) -> str:
 
 
 STYLE = """
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 16px}
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1200px;color:#222;
+padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .meta{color:#666;font-size:13px;margin:0 0 16px}
 .headline{background:#eef7ee;border-left:5px solid #59a14f;padding:10px 16px;margin:10px 0}
@@ -325,7 +338,7 @@ document.querySelectorAll('table.sortable').forEach(function (table) {
 def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[_dt.datetime] = None) -> str:
     """The whole report as one HTML string."""
     generated = generated or _dt.datetime.now(tz=_dt.timezone.utc)
-    sweeps = sorted(frame["sweep"].astype(str).unique()) if not frame.empty else []
+    sweeps = sorted(frame["series"].astype(str).unique()) if not frame.empty else []
     several = len(sweeps) > 1
     title = "Benchmark report: " + (", ".join(sweeps) if sweeps else "no runs")
     items = headlines(frame)
@@ -340,13 +353,13 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
         best_runs = {item.best["run_dir"] for item in items if item.best is not None}
         memory, caption = memory_chart(view, labels)
         parts += [f"<h2>{TITLES['throughput']}</h2>", throughput_chart(view, labels, best_runs),
-                  f"<h2>{TITLES['mfu']}</h2>", mfu_chart(view, labels),
-                  f"<h2>{TITLES['memory']}</h2>", (f'<p class="caption">{escape(caption)}</p>' if caption else ""),
+                  f"<h2>{TITLES['mfu']}</h2>", _caption(peak_caption(view)), mfu_chart(view, labels),
+                  f"<h2>{TITLES['memory']}</h2>", _caption(caption),
                   memory,
                   f"<h2>{TITLES['step_times']}</h2>", step_time_chart(view[view["status"] == COMPLETED], labels)]
         if several:
             parts += [f"<h2>{TITLES['compare']}</h2>", f'<div class="scroll">{compare_table(view)}</div>']
-        columns = [c for c in RESULT_COLUMNS if c[0] in view and (c[0] != "sweep" or several)]
+        columns = [c for c in RESULT_COLUMNS if c[0] in view and (c[0] != "series" or several)]
         parts += [f"<h2>{TITLES['status']}</h2>", f'<div class="scroll">{status_table(view)}</div>',
                   f"<h2>{TITLES['results']}</h2>",
                   '<p class="caption">Click a column header to sort. All columns: summary.csv / summary.parquet.</p>',

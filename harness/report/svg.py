@@ -12,7 +12,7 @@ WIDTH = 900
 ROW_GAP = 6
 BAR_HEIGHT = 14
 FONT = 12
-CHAR_WIDTH = 6.6  # average width of one 12 px sans-serif character, for the label column
+CHAR_WIDTH = 7.0  # average width of one 12 px sans-serif character (bold included), for the label column
 LEGEND_HEIGHT = 22
 AXIS_HEIGHT = 34
 
@@ -76,7 +76,7 @@ def _text(x: float, y: float, content: str, anchor: str = "start", size: int = F
 
 def _label_width(labels: Sequence[str]) -> float:
     longest = max((len(label) for label in labels), default=4)
-    return min(340.0, max(80.0, longest * CHAR_WIDTH + 12))
+    return min(380.0, max(80.0, longest * CHAR_WIDTH + 12))
 
 
 def _legend(series: Sequence[Series], x0: float) -> Tuple[str, float]:
@@ -125,7 +125,8 @@ def bar_chart(title: str, rows: Sequence[Row], series: Sequence[Series], fmt: Fo
     if not rows:
         return _empty(title, empty_message, chart_id)
     colors: Dict[str, Series] = {s.name: s for s in series}
-    used = {name for row in rows for bar in row.bars for name, _ in bar} | {name for row in rows for name, _ in row.markers}
+    used = {name for row in rows for bar in row.bars for name, _ in bar}
+    used |= {name for row in rows for name, _ in row.markers}
     per_row = max(1, max(len(row.bars) for row in rows))
     row_height = per_row * BAR_HEIGHT + ROW_GAP * 2
     label_w = _label_width([row.label for row in rows])
@@ -150,9 +151,9 @@ def bar_chart(title: str, rows: Sequence[Row], series: Sequence[Series], fmt: Fo
             x, by = x0, y + j * BAR_HEIGHT
             for name, value in bar:
                 w = max(0.0, value * scale)
-                parts.append(f'<rect class="bar" x="{x:.1f}" y="{by + 1:.1f}" width="{w:.1f}" height="{BAR_HEIGHT - 2}" '
-                             f'fill="{colors[name].color}"><title>{escape(f"{row.label}: {name} {fmt(value)}")}'
-                             f'</title></rect>')
+                tip = escape(f"{row.label}: {name} {fmt(value)}")
+                parts.append(f'<rect class="bar" x="{x:.1f}" y="{by + 1:.1f}" width="{w:.1f}" '
+                             f'height="{BAR_HEIGHT - 2}" fill="{colors[name].color}"><title>{tip}</title></rect>')
                 x += w
             if bar:
                 parts.append(_text(x + 4, by + BAR_HEIGHT - 3, fmt(sum(v for _, v in bar)), size=11, color="#333"))
@@ -191,14 +192,15 @@ def distribution_chart(title: str, rows: Sequence[Tuple[str, Sequence[float]]], 
         parts.append(_text(x0 - 6, y + 4, label, anchor="end"))
         parts.append(f'<line x1="{x0 + ordered[0] * scale:.1f}" y1="{y:.1f}" x2="{x0 + ordered[-1] * scale:.1f}" '
                      f'y2="{y:.1f}" stroke="#999"/>')
-        parts.append(f'<rect class="box" x="{x0 + q1 * scale:.1f}" y="{y - 6:.1f}" width="{max(1.0, (q3 - q1) * scale):.1f}" '
-                     f'height="12" fill="{color}" fill-opacity="0.25" stroke="{color}"/>')
+        box_w = max(1.0, (q3 - q1) * scale)
+        parts.append(f'<rect class="box" x="{x0 + q1 * scale:.1f}" y="{y - 6:.1f}" width="{box_w:.1f}" height="12" '
+                     f'fill="{color}" fill-opacity="0.25" stroke="{color}"/>')
         for value in values:
             parts.append(f'<circle class="dot" cx="{x0 + value * scale:.1f}" cy="{y:.1f}" r="2.5" fill="{color}" '
                          f'fill-opacity="0.8"/>')
         parts.append(f'<line x1="{x0 + median * scale:.1f}" y1="{y - 8:.1f}" x2="{x0 + median * scale:.1f}" '
-                     f'y2="{y + 8:.1f}" stroke="#222" stroke-width="2"><title>{escape(f"{label}: median {fmt(median)}")}'
-                     f'</title></line>')
+                     f'y2="{y + 8:.1f}" stroke="#222" stroke-width="2">'
+                     f'<title>{escape(f"{label}: median {fmt(median)}")}</title></line>')
         parts.append(_text(x0 + ordered[-1] * scale + 6, y + 4, f"median {fmt(median)}", size=11, color="#333"))
     return _frame(title, WIDTH, bottom + AXIS_HEIGHT, "".join(parts), chart_id)
 

@@ -218,13 +218,28 @@ def layout_labels(frame: pd.DataFrame) -> pd.Series:
     return frame.apply(label, axis=1)
 
 
+def series_names(frame: pd.DataFrame) -> pd.Series:
+    """What runs are compared by: the sweep name, plus the folder given when one sweep name comes from
+    several of them (two invocations of one sweep; W&B groups them together)."""
+    sweep = frame["sweep"].fillna("(no sweep)").astype(str)
+    names = sweep.copy()
+    for _, group in frame.groupby(sweep):
+        sources = group["source"].unique()
+        if len(sources) > 1:
+            common = os.path.commonpath([str(Path(source).resolve()) for source in sources])
+            for index, source in group["source"].items():
+                names[index] = f"{sweep[index]} ({Path(source).resolve().relative_to(common)})"
+    return names
+
+
 def summary_frame(roots: Iterable[Path]) -> pd.DataFrame:
-    """Every run below every root, one row each, with a `label` column naming its layout."""
-    rows = [run_row(run_dir) for root in roots for run_dir in run_dirs(root)]
+    """Every run below every root, one row each, with `label` naming its layout and `series` its sweep."""
+    rows = [{**run_row(run_dir), "source": str(root)} for root in roots for run_dir in run_dirs(root)]
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
-    frame.insert(2, "label", layout_labels(frame))
+    frame.insert(1, "series", series_names(frame))
+    frame.insert(3, "label", layout_labels(frame))
     return frame
 
 
@@ -258,7 +273,7 @@ def write_summary(sweep_dir: Path) -> pd.DataFrame:
 
 # Terminal columns: (column, header, format).
 TERMINAL_COLUMNS: Sequence[tuple] = (
-    ("sweep", "sweep", "{}"), ("run", "run", "{}"), ("label", "layout", "{}"), ("status", "status", "{}"),
+    ("series", "sweep", "{}"), ("run", "run", "{}"), ("label", "layout", "{}"), ("status", "status", "{}"),
     ("world_size", "devs", "{:.0f}"), ("tokens_per_s", "tok/s", "{:,.0f}"),
     ("tokens_per_s_per_device", "tok/s/dev", "{:,.0f}"), ("step_time_s", "step s", "{:.4g}"),
     ("tflops_per_device", "TFLOP/s/dev", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
@@ -272,7 +287,7 @@ def print_table(frame: pd.DataFrame, title: str = "") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    columns = [c for c in TERMINAL_COLUMNS if c[0] in frame and (c[0] != "sweep" or frame["sweep"].nunique() > 1)]
+    columns = [c for c in TERMINAL_COLUMNS if c[0] in frame and (c[0] != "series" or frame["series"].nunique() > 1)]
     table = Table(title=title or None)
     for _, header, _ in columns:
         table.add_column(header, overflow="fold", max_width=60 if header == "reason" else None)

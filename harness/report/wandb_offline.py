@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import zlib
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
@@ -145,3 +146,20 @@ def read_offline_run_info(path: Path) -> Dict[str, Any]:
             return {"run_id": run.run_id, "project": run.project, "entity": run.entity, "group": run.run_group,
                     "job_type": run.job_type, "name": run.display_name}
     return {}
+
+
+def run_finished(path: Path) -> bool:
+    """Whether the file holds the run's exit record (written by `run.finish()`; a crashed run has none)."""
+    return any(record.WhichOneof("record_type") == "exit" for record in records(path))
+
+
+def wait_until_finished(path: Path, timeout_s: float = 30.0) -> bool:
+    """Poll until the exit record is on disk: wandb's core process may still be writing the file for a
+    moment after `run.finish()` has returned (seen on a loaded machine)."""
+    deadline = time.monotonic() + timeout_s
+    while not run_finished(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+

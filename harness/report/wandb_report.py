@@ -118,9 +118,13 @@ def report_spec(frame: pd.DataFrame, entity: Optional[str] = None, project: Opti
         answer = headline(frame[frame["sweep"] == sweep], sweep)
         texts.append(f"{sweep}: {answer.text} {answer.detail}")
     description = " ".join(texts) or "No runs yet."
+    untracked = int((frame["wandb_mode"] == "disabled").sum()) if "wandb_mode" in frame else 0
     blocks = [
         wr.H1("Which layout should I use?"),
         *(wr.P(text) for text in texts or [description]),
+        *([wr.P(f"{untracked} of {len(frame)} runs had tracking disabled (tracking=disabled): they have no W&B "
+                "run and are missing from the panels below; the local report.html has them all.")]
+          if untracked else []),
         wr.H2("Throughput, utilization and memory by layout"),
         wr.P(f"Runs of W&B group {', '.join(sweeps) or '-'} (one group per sweep), grouped by "
              f"{', '.join(varying_axes(frame)) if not frame.empty else '-'}. Built by `harness report` from "
@@ -209,7 +213,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         command.add_argument("--entity")
         command.add_argument("--project")
         if name == "publish":
-            command.add_argument("--timeout", type=float, default=PUBLISH_TIMEOUT_S, help="seconds (default %(default)s)")
+            command.add_argument("--timeout", type=float, default=PUBLISH_TIMEOUT_S,
+                                 help="seconds (default %(default)s)")
     args = parser.parse_args(argv)
     if args.command == "publish-now":
         print(publish(args.spec, args.entity, args.project))

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from harness.config.compose import run_config_from_dict
+from harness.config.naming import run_label
 from harness.config.schema import RunConfig
 from harness.engines import engine_module
 from harness.plan.peak import peak_flops as peak_flops_of
@@ -178,7 +179,7 @@ def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: 
     # Local results first: a tracking failure or hang must never cost the measurement.
     write_json_atomic(run_dir / METRICS_FILE, payload)
     write_status(run_dir, COMPLETED)
-    tracker = WandbRun(run_dir, cfg.tracking, name=run_dir.name, group=cfg.sweep_name, job_type=cfg.engine.name,
+    tracker = WandbRun(run_dir, cfg.tracking, name=f"{run_dir.name}: {run_label(cfg)}", group=cfg.sweep_name, job_type=cfg.engine.name,
                        config=json.loads((run_dir / CONFIG_FILE).read_text()))
     timed = [None] * cfg.bench.warmup_steps + measured.step_times_s
     tracker.log_steps([{"loss": loss, **({"step_time_s": t} if t else {})} for loss, t in zip(measured.losses, timed)])
@@ -188,8 +189,20 @@ def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: 
 
 
 def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
-    summary = {k: v for k, v in payload["measured"].items() if not isinstance(v, (list, dict))}
-    summary.update(flop_convention=payload["flop_convention"], flops_per_token=payload["flops_per_token"])
+    """Run summary for W&B: scalar measurements, the FLOP convention, and the prediction beside them."""
+    measured = payload["measured"]
+    summary = {k: v for k, v in measured.items() if not isinstance(v, (list, dict))}
+    summary["memory_per_rank_bytes"] = max(
+        r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] + r["activation_bytes"] for r in measured["per_rank"]
+    )
+    summary.update(
+        flop_convention=payload["flop_convention"],
+        flops_per_token=payload["flops_per_token"],
+        world_size=payload["world_size"],
+        tokens_per_step=payload["tokens_per_step"],
+        predicted_total_bytes=payload["predicted"].get("total_bytes"),
+        predicted_mfu=payload["predicted"].get("mfu"),
+    )
     return summary
 
 

@@ -72,7 +72,7 @@ class WandbRun:
             return
         try:
             for step, row in enumerate(rows):
-                self.run.log(row, step=step)
+                self.run.log(row, step=step, commit=True)
         except Exception as error:
             self.error = f"wandb log failed: {type(error).__name__}: {error}"
 

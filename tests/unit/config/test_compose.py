@@ -88,3 +88,10 @@ def test_typo_inside_a_preset_file_fails(tmp_path, monkeypatch):
 def test_resolved_config_round_trips_through_json():
     run = compose_run_config(["recipes=cpu_zero2", "layout.pp_stage_layers=[1,1]"])
     assert run_config_from_dict(run_config_to_dict(run)) == run
+
+
+def test_run_label_names_the_layout_values():
+    from harness.config.naming import run_label
+
+    run = compose_run_config(["recipes=cpu_zero2", "layout.zero_stage=3", "layout.offload_params=cpu"])
+    assert run_label(run) == "deepspeed dp2 z3 param->cpu mb2x1 s64 bf16"
