@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Dict, NamedTuple, Tuple
 
+from harness.plan.conventions import COMPUTE_BYTES
 from harness.plan.model_spec import ModelSpec
+from harness.plan.support import ENGINE_SUPPORT
 
 # "hf": transformers' modules as they run under deepspeed / fsdp / nd (RMSNorm upcasts to fp32, eager
 # softmax in fp32, the loss upcasts logits); "megatron": Megatron-LM's fused kernels, the setting of
@@ -23,6 +25,16 @@ class LayerActivations(NamedTuple):
     checkpoint: float  # what full recomputation keeps: the layer input
 
 
+def norm_bytes(spec: ModelSpec, profile: str, dtype_bytes: int) -> int:
+    """Bytes one norm saves per token."""
+    h = spec.hidden_size
+    if profile == "megatron":
+        return dtype_bytes * h  # fused LayerNorm / RMSNorm kernel: its input only (Korthikanti: 2sbh)
+    if spec.norm_kind == "rmsnorm":
+        return (4 + dtype_bytes) * h + 4  # transformers' RMSNorm: fp32 input, fp32 rsqrt, normalised copy
+    return dtype_bytes * h + 8  # torch.layer_norm: input, fp32 mean and rstd
+
+
 def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_bytes: int) -> LayerActivations:
     """Saved bytes of one layer per token, term by term (Korthikanti et al. 2022, sec. 4.1).
 
@@ -35,13 +47,7 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     e, m, h, a = dtype_bytes, mask_bytes, spec.hidden_size, spec.num_heads
     q, kv, f = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.ffn_size
     hf = profile == "hf"
-    if hf and spec.norm_kind == "rmsnorm":
-        norm = (4 + e) * h + 4  # transformers' RMSNorm: fp32 input, fp32 rsqrt, normalised copy
-    elif hf:
-        norm = e * h + 8  # torch.layer_norm: input, fp32 mean and rstd
-    else:
-        norm = e * h  # fused LayerNorm/RMSNorm kernel: input only
-    boundary = 2 * norm + 2 * e * h + (2 * m * h if spec.hidden_dropout else 0)
+    boundary = 2 * norm_bytes(spec, profile, e) + 2 * e * h + (2 * m * h if spec.hidden_dropout else 0)
 
     attn_dropout = (m + e) * a if spec.attention_dropout else 0
     if spec.attn_implementation == "eager":
@@ -74,31 +80,34 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     return LayerActivations(boundary, attention + expert, quadratic, e * h)
 
 
-def outside_layer_bytes(spec: ModelSpec, profile: str, dtype_bytes: int, mask_bytes: int, seq_len: int,
-                        micro_batch: int, tp_divisor_first: int, tp_divisor_last: int, loss_divisor: int,
-                        first: bool, last: bool, layers_checkpointed: bool) -> float:
-    """Saved bytes of one micro-batch outside the decoder layers on a stage (Korthikanti et al. 2022,
-    sec. 4.3: embedding dropout mask; final norm, lm_head input and fp32 logits 4·s·b·V)."""
+class OutsideActivations(NamedTuple):
+    """Bytes saved outside the decoder layers, for one micro-batch."""
+
+    first_per_token: float  # on the stage holding the embedding
+    last_per_token: float  # on the stage holding the final norm, lm_head and loss
+    per_stage: float  # per micro-batch on every stage, whatever the batch size (rotary tables)
+    last_constant: float  # the loss scalar
+
+
+def outside_layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_bytes: int, seq_len: int,
+                              sequence_parallel: int, loss_divisor: int,
+                              layers_checkpointed: bool) -> OutsideActivations:
+    """Korthikanti et al. 2022, sec. 4.3: the embedding's dropout mask on the first stage; the final
+    norm, the lm_head input and the fp32 logits (4·s·b·V, vocab-parallel: / tp) on the last. transformers
+    also keeps the int64 input ids and labels, and each stage's rotary cos/sin (s x head_dim each)."""
     e, m, h = dtype_bytes, mask_bytes, spec.hidden_size
-    tokens = micro_batch * seq_len
     hf = profile == "hf"
-    total = 0.0
+    first = (8 if hf else 0) + (m * h / sequence_parallel if spec.embedding_dropout else 0)
+    # final norm and lm_head input (sequence-parallel), fp32 logits (vocab-parallel), int64 labels
+    last = ((norm_bytes(spec, profile, e) + e * h) / sequence_parallel + 4 * spec.vocab_size / loss_divisor
+            + (8 if hf else 0))
     if hf and spec.learned_positions:
-        total += 8 * seq_len  # GPT-2's position ids (int64)
+        per_stage = 8 * seq_len  # GPT-2's position ids (int64)
     elif hf and not layers_checkpointed:
-        total += 2 * seq_len * spec.head_dim * e  # each stage's rotary cos/sin, saved by the layers
-    if first:
-        total += tokens * ((8 if hf else 0) + (m * h if spec.embedding_dropout else 0) / tp_divisor_first)
-    if last:
-        if hf and spec.norm_kind == "rmsnorm":
-            norm = (4 + e) * h + 4
-        elif hf:
-            norm = e * h + 8
-        else:
-            norm = e * h
-        total += tokens * ((norm + e * h) / tp_divisor_last + 4 * spec.vocab_size / loss_divisor
-                           + (8 if hf else 0)) + (4 if hf else 0)
-    return total
+        per_stage = 2 * seq_len * spec.head_dim * e  # rotary cos/sin, saved by the layers that use them
+    else:
+        per_stage = 0
+    return OutsideActivations(first, last, per_stage, 4 if hf else 0)
 
 
 def inflight_microbatches(schedule: str, pp: int, virtual_stages: int, microbatches: int, rank: int) -> float:
@@ -129,3 +138,68 @@ def rank_stages(schedule: str, pp: int, virtual_stages: int, rank: int) -> tuple
     if schedule in V_SHAPED:
         return (rank, 2 * pp - 1 - rank)
     return tuple(rank + k * pp for k in range(virtual_stages))
+
+
+class TokenActivations(NamedTuple):
+    """Activation bytes per local token for one layout's kernels and TP / SP / CP split."""
+
+    layer: float  # one decoder layer as kept for backward (after checkpointing)
+    recompute: float  # one decoder layer rebuilt in backward (full checkpointing), else 0
+    outside: Any  # harness.plan.activations.OutsideActivations
+
+
+_TOKEN_ACTIVATIONS: Dict[tuple, Tuple[ModelSpec, TokenActivations]] = {}
+
+
+def token_activations(spec: ModelSpec, profile: str, precision: str, on_cpu: bool, tp: int,
+                      sequence_parallel: bool, loss_parallel: bool, checkpointing: str, seq_len: int,
+                      cp: int) -> TokenActivations:
+    """Per token: boundary / (tp if sequence parallel) + (sharded + quadratic x seq) / tp per layer
+    (Korthikanti et al. 2022, sec. 4.2.2, TP + SP); selective recomputation drops the quadratic term
+    (sec. 4.2.1); full recomputation keeps only each layer's input (sec. 5) and rebuilds one layer."""
+    key = (id(spec), profile, precision, on_cpu, tp, sequence_parallel, loss_parallel, checkpointing, seq_len, cp)
+    hit = _TOKEN_ACTIVATIONS.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    e = COMPUTE_BYTES[precision]
+    act = layer_activations(spec, profile, e, e if on_cpu else 1)  # CPU dropout keeps its mask in dtype
+    sp = tp if sequence_parallel else 1
+    # Keys per query: the whole sequence (ring attention visits every key block; with CP the s^2 term
+    # only exists for non-flash kernels, which validation rejects with cp > 1).
+    full = act.boundary / sp + (act.sharded + act.quadratic * seq_len) / tp
+    if checkpointing == "full":
+        layer, recompute = act.checkpoint / sp, full
+    elif checkpointing == "selective":
+        layer, recompute = act.boundary / sp + act.sharded / tp, 0.0
+    else:
+        layer, recompute = full, 0.0
+    loss_divisor = tp if (profile == "megatron" or loss_parallel) else 1
+    outside = outside_layer_activations(spec, profile, e, e if on_cpu else 1, seq_len // cp, sp, loss_divisor,
+                                        checkpointing == "full")
+    result = TokenActivations(layer, recompute, outside)
+    if len(_TOKEN_ACTIVATIONS) > 1_000_000:
+        _TOKEN_ACTIVATIONS.clear()
+    _TOKEN_ACTIVATIONS[key] = (spec, result)
+    return result
+
+
+def layout_token_activations(spec: ModelSpec, layout: Any, engine: Any, accelerator: str) -> TokenActivations:
+    """token_activations for a layout on an engine (its kernels, sequence and loss parallelism)."""
+    support = ENGINE_SUPPORT[engine.name]
+    return token_activations(spec, support.activation_profile, layout.precision, accelerator == "cpu", layout.tp,
+                             engine.sequence_parallel, engine.loss_parallel and support.tp_shards_vocab[1],
+                             layout.activation_checkpointing, layout.seq_len, layout.cp)
+
+
+def rank_activation_bytes(tok: TokenActivations, layout: Any, rank: int, layers: int, first: bool,
+                          last: bool) -> Tuple[int, int]:
+    """(activations a pipeline rank keeps at its peak, one layer rebuilt by full recomputation): the
+    micro-batches in flight (sec. 4.2.3) x the rank's layers and outside-layer tensors."""
+    tokens = layout.micro_batch * (layout.seq_len // layout.cp)
+    out = tok.outside
+    one_microbatch = (tokens * (layers * tok.layer + (out.first_per_token if first else 0)
+                                + (out.last_per_token if last else 0))
+                      + out.per_stage + (out.last_constant if last else 0))
+    inflight = 1.0 if layout.pp == 1 else inflight_microbatches(layout.pp_schedule, layout.pp,
+                                                                layout.pp_virtual_stages, layout.grad_accum, rank)
+    return int(inflight * one_microbatch), int(tokens * tok.recompute)

@@ -63,12 +63,12 @@ def state_convention(engine: str, precision: str, zero_stage: int) -> Optional[S
     return STATE_CONVENTIONS.get((engine, precision, zero_stage)) or STATE_CONVENTIONS.get((engine, precision))
 
 
-def partition_numel(rule: str, tensors: Sequence[Tuple[int, int]], total: int, group: int, sharded: bool,
+def partition_numel(rule: str, tensors: Sequence[Tuple[int, int, int]], total: int, group: int, sharded: bool,
                     zero_stage: int) -> int:
     """Elements one rank stores of a state over a data-parallel shard group of `group` ranks.
 
-    `tensors` are the (numel, dim0) of the rank's tensors, `total` their numel sum. The largest
-    partition is returned: padding is allocated on every rank, so it is what a rank holds.
+    `tensors` are the rank's tensors as (numel, dim0, count) groups, `total` their numel sum. The
+    largest partition is returned: padding is allocated on every rank, so it is what a rank holds.
     """
     if rule == "deepspeed" and zero_stage in (1, 2):
         # stage_1_and_2: one flat group padded to nccl_start_alignment_factor (2) x N elements; the
@@ -81,8 +81,8 @@ def partition_numel(rule: str, tensors: Sequence[Tuple[int, int]], total: int, g
         return -(-total // group)
     if rule == "dim0":
         # FSDP2 (fully_shard) chunks dim 0 and pads every shard to ceil(d0 / N) rows.
-        return sum(-(-d0 // group) * (n // d0) for n, d0 in tensors if d0)
+        return sum(count * -(-d0 // group) * (n // d0) for n, d0, count in tensors if d0)
     if rule == "deepspeed":
         # stage3 partition_parameters: each tensor padded to a multiple of N, then split evenly.
-        return sum(-(-n // group) for n, _ in tensors)
+        return sum(count * -(-n // group) for n, _, count in tensors)
     raise ValueError(f"unknown partition rule {rule!r}")

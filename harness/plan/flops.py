@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from harness.plan.model_spec import ModelSpec
@@ -22,16 +22,15 @@ class FlopConvention:
 
     attention: str = "causal"
     include_lm_head: bool = True
+    # e.g. "6N+6LHQT:attn=causal:lm_head"; derived from the two fields above, never set by hand.
+    name: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_CONVENTIONS:
             raise ValueError(f"attention={self.attention!r} must be one of {ATTENTION_CONVENTIONS}")
-
-    @property
-    def name(self) -> str:
         factor = "12" if self.attention == "full" else "6"
         head = "lm_head" if self.include_lm_head else "no_lm_head"
-        return f"6N+{factor}LHQT:attn={self.attention}:{head}"
+        object.__setattr__(self, "name", f"6N+{factor}LHQT:attn={self.attention}:{head}")
 
 
 class ForwardFlops(NamedTuple):

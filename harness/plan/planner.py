@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from harness.plan.flops import FlopConvention, flops_per_token, recompute_flops_per_token
 from harness.plan.memory import Allowance, MemoryBreakdown, memory_per_rank
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.peak import device_memory_gib, peak_flops
+from harness.plan.records import build
 from harness.plan.utilization import hfu, mfu, tokens_per_step
 from harness.plan.validate import validate
 
@@ -51,9 +52,17 @@ class Plan:
         return self.tokens_per_step // self.layout.seq_len if self.layout.seq_len > 0 else 0
 
     def mfu(self, tokens_per_s: float) -> Optional[float]:
+        """MFU at a measured global throughput (None: invalid plan or unknown peak)."""
         if self.flops_per_token is None:
             return None
         return mfu(tokens_per_s, self.flops_per_token, self.peak_flops_per_device, self.world_size)
+
+    def hfu(self, tokens_per_s: float) -> Optional[float]:
+        """HFU at a measured global throughput: MFU plus the recomputed FLOPs."""
+        if self.flops_per_token is None or self.hfu_flops_per_token is None:
+            return None
+        return hfu(tokens_per_s, self.flops_per_token, self.hfu_flops_per_token - self.flops_per_token,
+                   self.peak_flops_per_device, self.world_size)
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-serialisable: plain dicts, lists, numbers, strings, booleans and None."""
@@ -62,9 +71,9 @@ class Plan:
             "errors": list(self.errors),
             "warnings": list(self.warnings),
             "model": self.model.to_dict() if self.model else None,
-            "layout": asdict(self.layout),
-            "cluster": asdict(self.cluster),
-            "engine": asdict(self.engine),
+            "layout": _as_dict(self.layout),
+            "cluster": _as_dict(self.cluster),
+            "engine": _as_dict(self.engine),
             "world_size": self.world_size,
             "global_batch": self.global_batch,
             "tokens_per_step": self.tokens_per_step,
@@ -84,8 +93,16 @@ class Plan:
         }
 
 
+def _as_dict(config: Any) -> Dict[str, Any]:
+    return asdict(config) if is_dataclass(config) else dict(config)
+
+
 _SPECS: Dict[str, List[Tuple[Dict[str, Any], ModelSpec]]] = {}
 _CONVENTIONS: Dict[Tuple[str, bool], FlopConvention] = {}
+_FLOPS: Dict[tuple, Tuple[ModelSpec, float, float]] = {}
+_PEAKS: Dict[Tuple[str, str], Any] = {}
+_ALLOWANCES: Dict[str, Allowance] = {}
+_DEVICE_MEMORY: Dict[tuple, Tuple[Optional[int], str]] = {}
 
 
 def spec_for(model_cfg: Any) -> ModelSpec:
@@ -100,12 +117,43 @@ def spec_for(model_cfg: Any) -> ModelSpec:
     return spec
 
 
+def _flops(spec: ModelSpec, seq_len: int, convention: FlopConvention, checkpointing: str) -> Tuple[float, float]:
+    # (model FLOPs, + recomputation) per token, memoised per (model, seq_len, convention, checkpointing)
+    key = (id(spec), seq_len, convention, checkpointing)
+    hit = _FLOPS.get(key)
+    if hit is None or hit[0] is not spec:
+        model = flops_per_token(spec, seq_len, convention)
+        hit = _FLOPS[key] = (spec, model, model + recompute_flops_per_token(spec, seq_len, convention, checkpointing))
+    return hit[1], hit[2]
+
+
+def clear_caches() -> None:
+    """Forget every memoised spec, rule result and state breakdown (after editing a table at run time)."""
+    from harness.plan import activations, states, validate as rules
+
+    for cache in (_SPECS, _CONVENTIONS, _FLOPS, _PEAKS, _ALLOWANCES, _DEVICE_MEMORY, states._RANK_PARAMS,
+                  states._RANK_STATES, activations._TOKEN_ACTIVATIONS):
+        cache.clear()
+    for rule in (rules.check_enums, rules.check_world, rules.check_tensor_parallel, rules.check_pipeline,
+                 rules.check_sequence, rules.check_experts, rules.check_engine, rules.check_offload):
+        rule.cache_clear()
+
+
 def default_allowance(accelerator: str) -> Allowance:
     """10% for fragmentation and buckets; on GPUs 1 GiB more for the CUDA context and NCCL buffers."""
     return Allowance(0.10, 0 if accelerator == "cpu" else GIB)
 
 
 def _device_memory(cluster: Any) -> Tuple[Optional[int], str]:
+    key = (cluster.accelerator, cluster.memory_per_accelerator_gib, cluster.host_memory_gib,
+           cluster.accelerators_per_node)
+    hit = _DEVICE_MEMORY.get(key)
+    if hit is None:
+        hit = _DEVICE_MEMORY[key] = _device_memory_uncached(cluster)
+    return hit
+
+
+def _device_memory_uncached(cluster: Any) -> Tuple[Optional[int], str]:
     if cluster.memory_per_accelerator_gib is not None:
         return int(cluster.memory_per_accelerator_gib * GIB), "config"
     gib = device_memory_gib(cluster.accelerator)
@@ -137,16 +185,21 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
     except (ValueError, KeyError, TypeError) as exc:
         return _invalid(cfg, None, world, tokens, [f"model {cfg.model.name!r}: {exc}"], [], convention)
     errors, warnings = validate(cfg, spec)
-    peak = peak_flops(cluster.accelerator, layout.precision, peak_flops_per_device)
+    peak = _PEAKS.get((cluster.accelerator, layout.precision)) if peak_flops_per_device is None else None
+    if peak is None:
+        peak = peak_flops(cluster.accelerator, layout.precision, peak_flops_per_device)
+        if peak_flops_per_device is None:
+            _PEAKS[(cluster.accelerator, layout.precision)] = peak
     if peak.warning:
         warnings.append(peak.warning)
     if errors or convention is None:
         return _invalid(cfg, spec, world, tokens, errors, warnings, convention, peak)
-    model_flops = flops_per_token(spec, layout.seq_len, convention)
-    hardware_flops = model_flops + recompute_flops_per_token(spec, layout.seq_len, convention,
-                                                             layout.activation_checkpointing)
-    memory = memory_per_rank(spec, layout, engine, cluster.accelerator,
-                             allowance or default_allowance(cluster.accelerator))
+    model_flops, hardware_flops = _flops(spec, layout.seq_len, convention, layout.activation_checkpointing)
+    if allowance is None:
+        allowance = _ALLOWANCES.get(cluster.accelerator)
+        if allowance is None:
+            allowance = _ALLOWANCES[cluster.accelerator] = default_allowance(cluster.accelerator)
+    memory = memory_per_rank(spec, layout, engine, cluster.accelerator, allowance)
     device_bytes, device_source = _device_memory(cluster)
     fits = margin = None
     if device_bytes is None:
@@ -160,8 +213,8 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
         if node_host > cluster.host_memory_gib * GIB:
             warnings.append(f"offloaded states need {node_host / GIB:.1f} GiB of host memory per node > "
                             f"cluster.host_memory_gib={cluster.host_memory_gib}")
-    return Plan(
-        model=spec, layout=layout, cluster=cluster, engine=engine, world_size=world, errors=(),
+    return build(
+        Plan, model=spec, layout=layout, cluster=cluster, engine=engine, world_size=world, errors=(),
         warnings=tuple(warnings), memory=memory, device_memory_bytes=device_bytes,
         device_memory_source=device_source, fits=fits, margin_bytes=margin, flop_convention=convention.name,
         flops_per_token=model_flops, hfu_flops_per_token=hardware_flops, tokens_per_step=tokens,
@@ -174,13 +227,14 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
 
 def _invalid(cfg: Any, spec: Optional[ModelSpec], world: int, tokens: int, errors: List[str],
              warnings: List[str], convention: Optional[FlopConvention], peak: Any = None) -> Plan:
-    return Plan(
-        model=spec, layout=cfg.layout, cluster=cfg.cluster, engine=cfg.engine, world_size=world,
+    return build(
+        Plan, model=spec, layout=cfg.layout, cluster=cfg.cluster, engine=cfg.engine, world_size=world,
         errors=tuple(errors) or ("invalid FLOP convention",), warnings=tuple(warnings), memory=None,
         device_memory_bytes=None, device_memory_source="unknown", fits=None, margin_bytes=None,
         flop_convention=convention.name if convention else "invalid", flops_per_token=None,
         hfu_flops_per_token=None, tokens_per_step=tokens,
         peak_flops_per_device=peak.flops if peak else None, peak_flops_source=peak.source if peak else "unknown",
+        tokens_per_s=None, predicted_mfu=None, predicted_hfu=None,
     )
 
 

@@ -34,21 +34,24 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
     # DeepSpeed 0.19: ZeRO 0-3; PipelineEngine asserts stage < 2 and runs its own 1F1B; no context
     # parallelism or MoE in this harness; hybrid sharding only as ZeRO-3 MiCS/hpZ; ZeRO-Offload moves the
     # optimizer to cpu at stage >= 1, ZeRO-Infinity moves parameters (stage 3) and NVMe (stage 3).
-    # AutoTP shards the linear layers and the lm_head, not the embedding.
+    # AutoTP (training mode, module_inject/auto_tp.py) makes the lm_head a column-parallel layer with
+    # gathered output and slices embeddings along the hidden dim: both split by tp, logits gathered.
     "deepspeed": EngineSupport(
         zero_stages=(0, 1, 2, 3), zero_reason="", tp=True, cp=False, ep=False,
         pp_schedules=("1F1B",), pp_zero_stages=(0, 1), hybrid_zero_stages=(0, 3),
         offload_optimizer={"cpu": (1, 2, 3), "nvme": (3,)}, offload_params={"cpu": (3,), "nvme": (3,)},
-        offload_together=False, tp_shards_vocab=(False, True), activation_profile="hf"),
+        offload_together=False, tp_shards_vocab=(True, True), activation_profile="hf"),
     # FSDP through Accelerate: 3 FULL_SHARD, 2 SHARD_GRAD_OP, 0 NO_SHARD (no optimizer-only level);
     # no pipeline; CPUOffload moves parameters, gradients and optimizer together, at FULL_SHARD.
+    # TP follows transformers' tp_plan: decoder linears and a column-parallel lm_head, embedding whole.
     "fsdp": EngineSupport(
         zero_stages=(0, 2, 3), zero_reason="FSDP has no optimizer-only sharding level",
         tp=True, cp=True, ep=False, pp_schedules=(), pp_zero_stages=(), hybrid_zero_stages=(0, 2, 3),
         offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)}, offload_together=True,
         tp_shards_vocab=(False, True), activation_profile="hf"),
-    # Torch-native: DTensor TP (+ sequence parallel), torch.distributed.pipelining schedules, FSDP2 on
-    # the data axis (3 reshard after forward, 2 keep, 0 replicate).
+    # Torch-native: DTensor TP (+ sequence parallel, vocab-parallel embedding and lm_head as torchtitan
+    # does), torch.distributed.pipelining schedules, FSDP2 on the data axis (3 reshard after forward,
+    # 2 keep, 0 replicate).
     "nd": EngineSupport(
         zero_stages=(0, 2, 3), zero_reason="FSDP2 has no optimizer-only sharding level",
         tp=True, cp=True, ep=False, pp_schedules=ALL_SCHEDULES, pp_zero_stages=(0, 2, 3),

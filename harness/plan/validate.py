@@ -2,216 +2,259 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from functools import lru_cache
+from typing import Any, List, Optional, Tuple
 
 from harness.config import schema
 from harness.plan.conventions import state_convention
 from harness.plan.model_spec import ModelSpec
 from harness.plan.support import ENGINE_SUPPORT
 
+# Each rule is a pure function of the few primitive fields it reads, returning (errors, warnings);
+# memoised, since a sweep repeats the same sub-combinations many times.
+Found = Tuple[Tuple[str, ...], Tuple[str, ...]]
+OK: Found = ((), ())
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 TWO_STAGE_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
-_ENUMS = (
-    ("engine.name", "engine", "name", schema.ENGINES),
-    ("engine.launcher", "engine", "launcher", schema.LAUNCHERS),
-    ("layout.precision", "layout", "precision", schema.PRECISIONS),
-    ("layout.offload_optimizer", "layout", "offload_optimizer", schema.OFFLOAD_TARGETS),
-    ("layout.offload_params", "layout", "offload_params", schema.OFFLOAD_TARGETS),
-    ("layout.activation_checkpointing", "layout", "activation_checkpointing", schema.CHECKPOINTING),
-    ("layout.pp_schedule", "layout", "pp_schedule", schema.PP_SCHEDULES),
-    ("bench.flop_attention", "bench", "flop_attention", schema.FLOP_ATTENTION),
-)
 _DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "pp_virtual_stages", "micro_batch",
             "grad_accum", "seq_len")
 
 
 def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
     """(errors, warnings) of a RunConfig against its model; an empty error list means plannable."""
+    layout, engine, cluster = cfg.layout, cfg.engine, cfg.cluster
+    found = [check_enums(engine.name, engine.launcher, layout.precision, layout.offload_optimizer,
+                         layout.offload_params, layout.activation_checkpointing, layout.pp_schedule,
+                         cfg.bench.flop_attention)]
+    degrees = (layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.cp, layout.ep,
+               layout.pp_virtual_stages, layout.micro_batch, layout.grad_accum, layout.seq_len)
+    if min(degrees) < 1:
+        bad = ", ".join(f"layout.{n}={d}" for n, d in zip(_DEGREES, degrees) if d < 1)
+        found.append(((f"{bad}: degrees and batch fields must be >= 1",), ()))
+        return _merge(found)  # the divisibility rules below would divide by them
+    stage_layers = tuple(layout.pp_stage_layers)
+    found += [
+        check_world(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.cp, cluster.nodes,
+                    cluster.accelerators_per_node),
+        check_tensor_parallel(layout.tp, engine.sequence_parallel, engine.loss_parallel, spec.num_heads,
+                              spec.num_kv_heads, spec.ffn_size, spec.vocab_size),
+        check_pipeline(layout.pp, layout.pp_virtual_stages, layout.grad_accum, layout.pp_schedule,
+                       stage_layers, spec.num_layers),
+        check_sequence(layout.seq_len, layout.cp, layout.tp, engine.sequence_parallel, spec.attn_implementation,
+                       spec.learned_positions, spec.max_positions),
+        check_experts(layout.ep, layout.dp_shard, layout.cp, spec.num_experts, spec.name),
+        check_engine(engine.name, engine.fsdp_version, layout.zero_stage, layout.dp_replicate, layout.tp,
+                     layout.pp, layout.cp, layout.ep, layout.pp_schedule, layout.precision, cluster.accelerator),
+        check_offload(engine.name, layout.zero_stage, layout.offload_optimizer, layout.offload_params,
+                      bool(layout.nvme_path)),
+    ]
+    return _merge(found)
+
+
+def _merge(found: List[Found]) -> Tuple[List[str], List[str]]:
     errors: List[str] = []
     warnings: List[str] = []
-    _check_enums(cfg, errors)
-    layout = cfg.layout
-    bad = [f"layout.{name}={getattr(layout, name)}" for name in _DEGREES if getattr(layout, name) < 1]
-    if bad:
-        errors.append(f"{', '.join(bad)}: degrees and batch fields must be >= 1")
-        return errors, warnings  # the divisibility rules below would divide by them
-    if layout.zero_stage not in (0, 1, 2, 3):
-        errors.append(f"layout.zero_stage={layout.zero_stage} must be one of 0, 1, 2, 3")
-    _check_world(layout, cfg.cluster, errors, warnings)
-    _check_tensor_parallel(layout, cfg.engine, spec, errors, warnings)
-    _check_pipeline(layout, spec, errors, warnings)
-    _check_sequence(layout, cfg.engine, spec, cfg.cluster, errors, warnings)
-    _check_experts(layout, spec, errors)
-    _check_engine(layout, cfg.engine, cfg.cluster, errors, warnings)
+    for errs, warns in found:
+        if errs:
+            errors += errs
+        if warns:
+            warnings += warns
     return errors, warnings
 
 
-def _check_enums(cfg: Any, errors: List[str]) -> None:
-    for label, group, name, allowed in _ENUMS:
-        value = getattr(getattr(cfg, group), name)
-        if value not in allowed:
-            errors.append(f"{label}={value!r} must be one of {', '.join(allowed)}")
+@lru_cache(maxsize=None)
+def check_enums(engine: str, launcher: str, precision: str, offload_optimizer: str, offload_params: str,
+                checkpointing: str, schedule: str, flop_attention: str) -> Found:
+    """String fields against the tuples of harness.config.schema."""
+    errors = [f"{label}={value!r} must be one of {', '.join(allowed)}" for label, value, allowed in (
+        ("engine.name", engine, schema.ENGINES),
+        ("engine.launcher", launcher, schema.LAUNCHERS),
+        ("layout.precision", precision, schema.PRECISIONS),
+        ("layout.offload_optimizer", offload_optimizer, schema.OFFLOAD_TARGETS),
+        ("layout.offload_params", offload_params, schema.OFFLOAD_TARGETS),
+        ("layout.activation_checkpointing", checkpointing, schema.CHECKPOINTING),
+        ("layout.pp_schedule", schedule, schema.PP_SCHEDULES),
+        ("bench.flop_attention", flop_attention, schema.FLOP_ATTENTION),
+    ) if value not in allowed]
+    return tuple(errors), ()
 
 
-def _check_world(layout: Any, cluster: Any, errors: List[str], warnings: List[str]) -> None:
-    # Every rank sits at one coordinate of the dp_replicate x dp_shard x cp x pp x tp mesh; experts
-    # borrow their degree from inside dp_shard x cp (torchtitan ParallelDims), so ep does not multiply.
-    world = layout.dp_replicate * layout.dp_shard * layout.tp * layout.pp * layout.cp
-    devices = cluster.nodes * cluster.accelerators_per_node
-    if cluster.nodes < 1 or cluster.accelerators_per_node < 1:
-        errors.append(f"cluster.nodes={cluster.nodes}, cluster.accelerators_per_node="
-                      f"{cluster.accelerators_per_node} must be >= 1")
-    elif world != devices:
-        errors.append(
-            f"dp_replicate={layout.dp_replicate} x dp_shard={layout.dp_shard} x tp={layout.tp} x pp={layout.pp}"
-            f" x cp={layout.cp} = {world} must equal cluster.nodes={cluster.nodes} x "
-            f"cluster.accelerators_per_node={cluster.accelerators_per_node} = {devices}")
-    if layout.tp > cluster.accelerators_per_node >= 1:
-        warnings.append(f"tp={layout.tp} > cluster.accelerators_per_node={cluster.accelerators_per_node}: "
-                        "tensor-parallel collectives cross the inter-node network")
+@lru_cache(maxsize=None)
+def check_world(dp_replicate: int, dp_shard: int, tp: int, pp: int, cp: int, nodes: int,
+                accelerators_per_node: int) -> Found:
+    """Every rank sits at one coordinate of the dp_replicate x dp_shard x cp x pp x tp mesh; experts
+    borrow their degree from inside dp_shard x cp (torchtitan ParallelDims), so ep does not multiply."""
+    errors, warnings = [], []
+    world = dp_replicate * dp_shard * tp * pp * cp
+    if nodes < 1 or accelerators_per_node < 1:
+        errors.append(f"cluster.nodes={nodes}, cluster.accelerators_per_node={accelerators_per_node} "
+                      "must be >= 1")
+    elif world != nodes * accelerators_per_node:
+        errors.append(f"dp_replicate={dp_replicate} x dp_shard={dp_shard} x tp={tp} x pp={pp} x cp={cp} = "
+                      f"{world} must equal cluster.nodes={nodes} x cluster.accelerators_per_node="
+                      f"{accelerators_per_node} = {nodes * accelerators_per_node}")
+    if tp > accelerators_per_node >= 1:
+        warnings.append(f"tp={tp} > cluster.accelerators_per_node={accelerators_per_node}: tensor-parallel "
+                        "collectives cross the inter-node network")
+    return tuple(errors), tuple(warnings)
 
 
-def _check_tensor_parallel(layout: Any, engine: Any, spec: ModelSpec, errors: List[str],
-                           warnings: List[str]) -> None:
-    tp = layout.tp
+@lru_cache(maxsize=None)
+def check_tensor_parallel(tp: int, sequence_parallel: bool, loss_parallel: bool, heads: int, kv_heads: int,
+                          ffn: int, vocab: int) -> Found:
+    """Megatron-style TP splits heads, kv heads and ffn columns evenly across the tp ranks."""
     if tp == 1:
-        if engine.sequence_parallel or engine.loss_parallel:
-            warnings.append("engine.sequence_parallel / engine.loss_parallel have no effect with tp=1")
-        return
-    # Megatron-style TP splits heads, kv heads and ffn columns evenly across the tp ranks.
-    for field, value in (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads),
-                         ("intermediate_size", spec.ffn_size)):
-        if value % tp:
-            errors.append(f"tp={tp} must divide {field}={value}")
-    if spec.vocab_size % tp:
-        warnings.append(f"tp={tp} does not divide vocab_size={spec.vocab_size}: vocabulary shards are "
-                        "padded or uneven")
+        if sequence_parallel or loss_parallel:
+            return (), ("engine.sequence_parallel / engine.loss_parallel have no effect with tp=1",)
+        return OK
+    errors = [f"tp={tp} must divide {field}={value}" for field, value in (
+        ("num_attention_heads", heads), ("num_key_value_heads", kv_heads), ("intermediate_size", ffn))
+        if value % tp]
+    warnings = [f"tp={tp} does not divide vocab_size={vocab}: vocabulary shards are padded or uneven"] \
+        if vocab % tp else []
+    return tuple(errors), tuple(warnings)
 
 
-def _check_pipeline(layout: Any, spec: ModelSpec, errors: List[str], warnings: List[str]) -> None:
-    pp, v, m, schedule = layout.pp, layout.pp_virtual_stages, layout.grad_accum, layout.pp_schedule
-    explicit = list(layout.pp_stage_layers)
+@lru_cache(maxsize=None)
+def check_pipeline(pp: int, virtual: int, microbatches: int, schedule: str, stage_layers: Tuple[int, ...],
+                   num_layers: int) -> Found:
+    """Stages vs layers and schedule; micro-batch counts torch.distributed.pipelining accepts."""
+    errors, warnings = [], []
+    explicit = list(stage_layers)
     if pp == 1:
-        if explicit and (len(explicit) != 1 or explicit[0] != spec.num_layers):
+        if explicit and explicit != [num_layers]:
             errors.append(f"pp_stage_layers={explicit} given with pp=1")
-        if v > 1:
-            errors.append(f"pp_virtual_stages={v} needs pp > 1")
-        return
-    stages = pp * v
-    if schedule in SINGLE_STAGE_SCHEDULES and v != 1:
-        errors.append(f"pp_schedule={schedule} runs one stage per rank: pp_virtual_stages={v} must be 1")
-    if schedule in TWO_STAGE_SCHEDULES and v != 2:
-        errors.append(f"pp_schedule={schedule} runs exactly two stages per rank: pp_virtual_stages={v} must be 2")
+        if virtual > 1:
+            errors.append(f"pp_virtual_stages={virtual} needs pp > 1")
+        return tuple(errors), ()
+    stages, m = pp * virtual, microbatches
+    if schedule in SINGLE_STAGE_SCHEDULES and virtual != 1:
+        errors.append(f"pp_schedule={schedule} runs one stage per rank: pp_virtual_stages={virtual} must be 1")
+    if schedule in TWO_STAGE_SCHEDULES and virtual != 2:
+        errors.append(f"pp_schedule={schedule} runs exactly two stages per rank: pp_virtual_stages={virtual} "
+                      "must be 2")
     if explicit:
         if len(explicit) != stages:
-            errors.append(f"pp_stage_layers has {len(explicit)} entries; pp={pp} x pp_virtual_stages={v} "
+            errors.append(f"pp_stage_layers has {len(explicit)} entries; pp={pp} x pp_virtual_stages={virtual} "
                           f"= {stages} stages need one each")
-        elif sum(explicit) != spec.num_layers or min(explicit) < 0:
-            errors.append(f"pp_stage_layers={explicit} must be >= 0 and sum to num_hidden_layers="
-                          f"{spec.num_layers} (sum {sum(explicit)})")
+        elif sum(explicit) != num_layers or min(explicit) < 0:
+            errors.append(f"pp_stage_layers={explicit} must be >= 0 and sum to num_hidden_layers={num_layers} "
+                          f"(sum {sum(explicit)})")
         else:
             warnings.append(f"pp_stage_layers={explicit}: uneven split, the largest stage sets the pace")
-    elif spec.num_layers % stages:
-        errors.append(f"pp={pp} x pp_virtual_stages={v} = {stages} must divide num_hidden_layers="
-                      f"{spec.num_layers} (or give pp_stage_layers)")
-    # torch.distributed.pipelining: 1F1B and DualPipeV need as many micro-batches as stages; the
-    # interleaved schedules need a whole number of rounds (n_microbatches % (n // pp) == 0).
+    elif num_layers % stages:
+        errors.append(f"pp={pp} x pp_virtual_stages={virtual} = {stages} must divide num_hidden_layers="
+                      f"{num_layers} (or give pp_stage_layers)")
+    # torch.distributed.pipelining: 1F1B and DualPipeV refuse fewer micro-batches than stages; the
+    # interleaved schedules need whole rounds (n_microbatches % max(1, n // pp) == 0).
     if schedule == "1F1B" and m < pp:
         errors.append(f"pp_schedule=1F1B needs grad_accum (micro-batches)={m} >= pp={pp}")
     if schedule == "DualPipeV" and m < stages:
         errors.append(f"pp_schedule=DualPipeV needs grad_accum (micro-batches)={m} >= pp x 2 = {stages}")
-    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
-        rounds = max(1, m // pp)
-        if m % rounds:
-            errors.append(f"pp_schedule={schedule} needs grad_accum={m} to be a multiple of its "
-                          f"{rounds} rounds (grad_accum // pp)")
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and m % max(1, m // pp):
+        errors.append(f"pp_schedule={schedule} needs grad_accum={m} to be a multiple of its "
+                      f"{max(1, m // pp)} rounds (grad_accum // pp)")
     if m < pp and schedule not in ("1F1B", "DualPipeV"):
         warnings.append(f"grad_accum={m} < pp={pp}: the pipeline never fills (bubble > 50%)")
+    return tuple(errors), tuple(warnings)
 
 
-def _check_sequence(layout: Any, engine: Any, spec: ModelSpec, cluster: Any, errors: List[str],
-                    warnings: List[str]) -> None:
-    seq, cp = layout.seq_len, layout.cp
-    # Load-balanced causal context parallelism cuts the sequence into 2 x cp chunks (rank i takes
-    # chunks i and 2cp-1-i), so each rank does the same share of the causal triangle.
+@lru_cache(maxsize=None)
+def check_sequence(seq: int, cp: int, tp: int, sequence_parallel: bool, attn_implementation: str,
+                   learned_positions: int, max_positions: int) -> Found:
+    """Sequence length vs context parallelism, sequence parallelism and the position table."""
+    errors, warnings = [], []
+    # Load-balanced causal CP cuts the sequence into 2 x cp chunks (rank i takes chunks i and 2cp-1-i)
+    # so every rank does the same share of the causal triangle.
     if cp > 1 and seq % (2 * cp):
         errors.append(f"cp={cp}: seq_len={seq} must be divisible by 2 x cp = {2 * cp} (load-balanced causal)")
-    if cp > 1 and spec.attn_implementation == "eager":
+    if cp > 1 and attn_implementation == "eager":
         errors.append(f"cp={cp} needs an SDPA/flash attention kernel, not attn_implementation='eager'")
-    if engine.sequence_parallel and layout.tp > 1 and (seq // cp) % layout.tp:
-        errors.append(f"sequence_parallel: seq_len / cp = {seq // cp} must be divisible by tp={layout.tp}")
-    if spec.learned_positions and seq > spec.learned_positions:
-        errors.append(f"seq_len={seq} exceeds the learned position table n_positions={spec.learned_positions}")
-    elif seq > spec.max_positions:
-        warnings.append(f"seq_len={seq} > max_position_embeddings={spec.max_positions}")
+    if sequence_parallel and tp > 1 and (seq // cp) % tp:
+        errors.append(f"sequence_parallel: seq_len / cp = {seq // cp} must be divisible by tp={tp}")
+    if learned_positions and seq > learned_positions:
+        errors.append(f"seq_len={seq} exceeds the learned position table n_positions={learned_positions}")
+    elif seq > max_positions:
+        warnings.append(f"seq_len={seq} > max_position_embeddings={max_positions}")
+    return tuple(errors), tuple(warnings)
 
 
-def _check_experts(layout: Any, spec: ModelSpec, errors: List[str]) -> None:
-    ep = layout.ep
+@lru_cache(maxsize=None)
+def check_experts(ep: int, dp_shard: int, cp: int, num_experts: int, model: str) -> Found:
+    """Expert parallelism needs experts, divides them, and lives inside dp_shard x cp."""
     if ep == 1:
-        return
-    if not spec.is_moe:
-        errors.append(f"ep={ep} needs a mixture-of-experts model; {spec.name} is dense")
-        return
-    if spec.num_experts % ep:
-        errors.append(f"ep={ep} must divide num_experts={spec.num_experts}")
-    if (layout.dp_shard * layout.cp) % ep:
-        errors.append(f"ep={ep} must divide dp_shard={layout.dp_shard} x cp={layout.cp} = "
-                      f"{layout.dp_shard * layout.cp} (experts are sharded inside the data axis)")
+        return OK
+    if not num_experts:
+        return (f"ep={ep} needs a mixture-of-experts model; {model} is dense",), ()
+    errors = []
+    if num_experts % ep:
+        errors.append(f"ep={ep} must divide num_experts={num_experts}")
+    if (dp_shard * cp) % ep:
+        errors.append(f"ep={ep} must divide dp_shard={dp_shard} x cp={cp} = {dp_shard * cp} (experts are "
+                      "sharded inside the data axis)")
+    return tuple(errors), ()
 
 
-def _check_engine(layout: Any, engine: Any, cluster: Any, errors: List[str], warnings: List[str]) -> None:
-    name = engine.name
-    support = ENGINE_SUPPORT.get(name)
+@lru_cache(maxsize=None)
+def check_engine(engine: str, fsdp_version: int, zero: int, dp_replicate: int, tp: int, pp: int, cp: int,
+                 ep: int, schedule: str, precision: str, accelerator: str) -> Found:
+    """The engine support matrix (harness.plan.support) and device limits."""
+    errors = []
+    if zero not in (0, 1, 2, 3):
+        errors.append(f"layout.zero_stage={zero} must be one of 0, 1, 2, 3")
+    if cp > 1 and accelerator == "cpu":
+        errors.append(f"cp={cp} on accelerator=cpu: context parallelism does not run on CPU")
+    if precision == "fp16" and accelerator == "cpu":
+        errors.append("precision=fp16 on accelerator=cpu: fp16 training is not supported on CPU")
+    support = ENGINE_SUPPORT.get(engine)
     if support is None:
-        return
-    zero = layout.zero_stage
+        return tuple(errors), ()
     if zero not in support.zero_stages:
         reason = f" ({support.zero_reason})" if support.zero_reason else ""
-        errors.append(f"engine={name} does not support zero_stage={zero}{reason}")
-    for degree, ok in (("tp", support.tp), ("cp", support.cp), ("ep", support.ep)):
-        if getattr(layout, degree) > 1 and not ok:
-            errors.append(f"engine={name} does not support {degree}={getattr(layout, degree)}")
-    if layout.pp > 1:
-        if not support.pp_schedules:
-            errors.append(f"engine={name} does not support pp={layout.pp}")
-        else:
-            if layout.pp_schedule not in support.pp_schedules:
-                errors.append(f"engine={name} supports pp_schedule in {', '.join(support.pp_schedules)}, "
-                              f"not {layout.pp_schedule}")
-            if zero not in support.pp_zero_stages:
-                errors.append(f"engine={name} rejects zero_stage={zero} with pp={layout.pp} (allowed: "
-                              f"{', '.join(map(str, support.pp_zero_stages))})")
-    if layout.dp_replicate > 1 and zero not in support.hybrid_zero_stages:
-        errors.append(f"engine={name} cannot shard over dp_shard only (dp_replicate={layout.dp_replicate}) "
-                      f"at zero_stage={zero} (hybrid sharding: "
+        errors.append(f"engine={engine} does not support zero_stage={zero}{reason}")
+    for degree, value, ok in (("tp", tp, support.tp), ("cp", cp, support.cp), ("ep", ep, support.ep)):
+        if value > 1 and not ok:
+            errors.append(f"engine={engine} does not support {degree}={value}")
+    if pp > 1 and not support.pp_schedules:
+        errors.append(f"engine={engine} does not support pp={pp}")
+    elif pp > 1:
+        if schedule not in support.pp_schedules:
+            errors.append(f"engine={engine} supports pp_schedule in {', '.join(support.pp_schedules)}, "
+                          f"not {schedule}")
+        if zero not in support.pp_zero_stages:
+            errors.append(f"engine={engine} rejects zero_stage={zero} with pp={pp} (allowed: "
+                          f"{', '.join(map(str, support.pp_zero_stages))})")
+    if dp_replicate > 1 and zero not in support.hybrid_zero_stages:
+        errors.append(f"engine={engine} cannot shard over dp_shard only (dp_replicate={dp_replicate}) at "
+                      f"zero_stage={zero} (hybrid sharding: "
                       f"{', '.join(map(str, support.hybrid_zero_stages)) or 'none'})")
-    if name == "fsdp" and engine.fsdp_version not in (1, 2):
-        errors.append(f"engine.fsdp_version={engine.fsdp_version} must be 1 or 2")
-    if name == "fsdp" and engine.fsdp_version == 1 and (layout.tp > 1 or layout.cp > 1):
-        errors.append(f"engine=fsdp fsdp_version=1 cannot compose tp={layout.tp} / cp={layout.cp} (needs FSDP2)")
-    if layout.cp > 1 and cluster.accelerator == "cpu":
-        errors.append(f"cp={layout.cp} on accelerator=cpu: context parallelism does not run on CPU")
-    if layout.precision == "fp16" and cluster.accelerator == "cpu":
-        errors.append("precision=fp16 on accelerator=cpu: fp16 training is not supported on CPU")
-    if state_convention(name, layout.precision, zero) is None and layout.precision in schema.PRECISIONS:
-        errors.append(f"no memory convention for engine={name} precision={layout.precision}")
-    _check_offload(layout, name, support, errors)
+    if engine == "fsdp" and fsdp_version not in (1, 2):
+        errors.append(f"engine.fsdp_version={fsdp_version} must be 1 or 2")
+    if engine == "fsdp" and fsdp_version == 1 and (tp > 1 or cp > 1):
+        errors.append(f"engine=fsdp fsdp_version=1 cannot compose tp={tp} / cp={cp} (needs FSDP2)")
+    if precision in schema.PRECISIONS and zero in (0, 1, 2, 3) and state_convention(engine, precision, zero) is None:
+        errors.append(f"no memory convention for engine={engine} precision={precision}")
+    return tuple(errors), ()
 
 
-def _check_offload(layout: Any, name: str, support: Any, errors: List[str]) -> None:
-    zero = layout.zero_stage
-    for state, target, table in (("offload_optimizer", layout.offload_optimizer, support.offload_optimizer),
-                                 ("offload_params", layout.offload_params, support.offload_params)):
-        if target == "none" or target not in schema.OFFLOAD_TARGETS:
-            continue
-        stages = table.get(target, ())
-        if zero not in stages:
-            allowed = f"zero_stage in {', '.join(map(str, stages))}" if stages else "never"
-            errors.append(f"engine={name}: {state}={target} at zero_stage={zero} is not supported ({allowed})")
-    if support.offload_together and layout.offload_optimizer != layout.offload_params:
-        errors.append(f"engine={name} offloads parameters, gradients and optimizer together: "
-                      f"offload_optimizer={layout.offload_optimizer} must equal "
-                      f"offload_params={layout.offload_params}")
-    if "nvme" in (layout.offload_optimizer, layout.offload_params) and not layout.nvme_path:
+@lru_cache(maxsize=None)
+def check_offload(engine: str, zero: int, offload_optimizer: str, offload_params: str, has_nvme_path: bool) -> Found:
+    """Offload only where the engine's sharding supports it, and NVMe only with a path."""
+    support = ENGINE_SUPPORT.get(engine)
+    errors = []
+    if support is not None:
+        for state, target, table in (("offload_optimizer", offload_optimizer, support.offload_optimizer),
+                                     ("offload_params", offload_params, support.offload_params)):
+            if target == "none" or target not in schema.OFFLOAD_TARGETS:
+                continue
+            stages: Optional[Tuple[int, ...]] = table.get(target, ())
+            if zero not in stages:
+                allowed = f"zero_stage in {', '.join(map(str, stages))}" if stages else "never"
+                errors.append(f"engine={engine}: {state}={target} at zero_stage={zero} is not supported "
+                              f"({allowed})")
+        if support.offload_together and offload_optimizer != offload_params:
+            errors.append(f"engine={engine} offloads parameters, gradients and optimizer together: "
+                          f"offload_optimizer={offload_optimizer} must equal offload_params={offload_params}")
+    if "nvme" in (offload_optimizer, offload_params) and not has_nvme_path:
         errors.append("offload to nvme needs layout.nvme_path")
+    return tuple(errors), ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import sys
 import time
@@ -13,15 +14,18 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from harness.config.schema import BenchConfig, ClusterConfig, EngineConfig, LayoutConfig, ModelConfig, RunConfig  # noqa: E402
-from harness.plan.planner import make_plan, plan_rows  # noqa: E402
+from harness.config.schema import (  # noqa: E402
+    BenchConfig, ClusterConfig, EngineConfig, LayoutConfig, ModelConfig, RunConfig,
+)
+from harness.plan.planner import clear_caches, make_plan, plan_rows  # noqa: E402
 
 N_LAYOUTS = 100_000
 
 
 def model_configs():
     paths = sorted((ROOT / "hydra_configs" / "model").glob("*.yaml"))
-    return [ModelConfig(name=d["name"], hf_config=d["hf_config"]) for d in (yaml.safe_load(p.read_text()) for p in paths)]
+    presets = [yaml.safe_load(path.read_text()) for path in paths]
+    return [ModelConfig(name=p["name"], hf_config=p["hf_config"]) for p in presets]
 
 
 def grid(n: int):
@@ -40,7 +44,8 @@ def grid(n: int):
         world = dp * tp * pp * cp
         key = (max(1, world // 8), min(world, 8))
         if key not in clusters:
-            clusters[key] = ClusterConfig(name="h100", nodes=key[0], accelerators_per_node=key[1], accelerator="h100_sxm")
+            clusters[key] = ClusterConfig(name="h100", nodes=key[0], accelerators_per_node=key[1],
+                                          accelerator="h100_sxm")
         layout = LayoutConfig(dp_shard=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, micro_batch=mb, grad_accum=2 * pp,
                               seq_len=seq, activation_checkpointing=ckpt, pp_schedule=schedule,
                               pp_virtual_stages=2 if schedule == "Interleaved1F1B" and pp > 1 else 1)
@@ -50,24 +55,34 @@ def grid(n: int):
     return configs
 
 
-def main() -> None:
+def timed(fn):
+    """(wall seconds, CPU seconds of this process): on a shared machine the CPU time is the honest one."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return time.perf_counter() - wall, time.process_time() - cpu, result
+
+
+def main(repeats: int = 3) -> None:
     configs = grid(N_LAYOUTS)
-    make_plan(configs[0])  # warm the spec cache the way a sweep would after its first layout
-    start = time.perf_counter()
-    plans = [make_plan(cfg) for cfg in configs]
-    elapsed = time.perf_counter() - start
-    start = time.perf_counter()
-    plan_rows(plans)
-    rows_elapsed = time.perf_counter() - start
+    runs, plans = [], None
+    for _ in range(repeats):  # cold every time: no spec, rule or state cached from the previous run
+        clear_caches()
+        plans = None  # let the previous run's plans go before timing the next one
+        wall, cpu, plans = timed(lambda: [make_plan(cfg) for cfg in configs])
+        runs.append((wall, cpu))
+    wall, cpu = min(runs, key=lambda run: run[1])
     valid = sum(plan.valid for plan in plans)
-    print(f"planned {len(plans):,} layouts ({valid:,} valid) in {elapsed:.2f} s "
-          f"({elapsed / len(plans) * 1e6:.1f} us per layout); plan_rows {rows_elapsed:.2f} s")
+    print(f"make_plan, {len(plans):,} layouts ({valid:,} valid), caches cold: best of {repeats}: "
+          f"{wall:.2f} s wall, {cpu:.2f} s CPU ({cpu / len(plans) * 1e6:.1f} us per layout)")
+    print(f"  all runs (wall / CPU s): {', '.join(f'{w:.2f} / {c:.2f}' for w, c in runs)}")
     valid_configs = [cfg for cfg, plan in zip(configs, plans) if plan.valid]
-    start = time.perf_counter()
-    for cfg in valid_configs:
-        make_plan(cfg)
-    per_valid = (time.perf_counter() - start) / max(1, len(valid_configs))
-    print(f"valid layouts only: {per_valid * 1e6:.1f} us per layout = {per_valid * N_LAYOUTS:.2f} s per 100k")
+    _, cpu_valid, _ = timed(lambda: [make_plan(cfg) for cfg in valid_configs])
+    print(f"valid layouts again (caches warm): {cpu_valid / len(valid_configs) * 1e6:.1f} us CPU per layout")
+    wall, cpu, _ = timed(lambda: plan_rows(plans))
+    print(f"plan_rows: {wall:.2f} s wall, {cpu:.2f} s CPU for {len(plans):,} rows")
+    _, reference, _ = timed(lambda: [sum(range(100)) for _ in range(100_000)])
+    print(f"load gauge: 100k x sum(range(100)) took {reference:.3f} s CPU in this process; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,199 @@
+"""Training-state bytes per rank: TP / PP / EP division, ZeRO partitioning, offload placement."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+
+from harness.plan.activations import V_SHAPED, rank_stages
+from harness.plan.conventions import StateConvention, partition_numel, state_convention
+from harness.plan.model_spec import ModelSpec, ParamTensor, param_tensors
+from harness.plan.support import ENGINE_SUPPORT
+
+
+class RankParams(NamedTuple):
+    """Parameter tensors one rank holds after TP / PP / EP division: (numel, dim0, count) groups."""
+
+    dense: Tuple[Tuple[int, int, int], ...]
+    dense_total: int
+    expert: Tuple[Tuple[int, int, int], ...]
+    expert_total: int
+    largest_unit: int  # numel of the largest module gathered at once (a layer, the embedding, the head)
+    layers: int
+    first: bool  # holds the embedding
+    last: bool  # holds the final norm and lm_head
+
+
+_RANK_PARAMS: Dict[tuple, Tuple[ModelSpec, RankParams]] = {}
+
+
+def _local(t: ParamTensor, tp: int, ep: int, split_tp: bool = True) -> Tuple[int, int]:
+    shape = list(t.shape)
+    if split_tp and t.tp_dim is not None and tp > 1:
+        shape[t.tp_dim] = -(-shape[t.tp_dim] // tp)
+    if t.expert and ep > 1:
+        shape[0] //= ep
+    numel = 1
+    for size in shape:
+        numel *= size
+    return numel, shape[0]
+
+
+def rank_params(spec: ModelSpec, tp: int, ep: int, layers: int, first: bool, last: bool, pp: int,
+                tp_shards_vocab: Tuple[bool, bool]) -> RankParams:
+    """What one rank holds: `layers` decoder layers, plus the embedding on the first stage and the final
+    norm + lm_head on the last (Narayanan et al. 2021, sec. 2.2). A tied lm_head on a different stage
+    than the embedding is a second copy there (Megatron keeps one and all-reduces its gradient)."""
+    key = (id(spec), tp, ep, layers, first, last, pp, tp_shards_vocab)
+    hit = _RANK_PARAMS.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    layer, first_t, last_t = param_tensors(spec)
+    dense: List[Tuple[int, int, int]] = []
+    expert: List[Tuple[int, int, int]] = []
+    layer_numel = 0
+    for t in layer:
+        numel, dim0 = _local(t, tp, ep)
+        (expert if t.expert else dense).append((numel, dim0, layers))
+        layer_numel += numel
+    largest = layer_numel if layers else 0
+    if first:
+        for i, t in enumerate(first_t):
+            numel, dim0 = _local(t, tp, ep, split_tp=tp_shards_vocab[0] or i > 0)
+            dense.append((numel, dim0, 1))
+            largest = max(largest, numel)
+    if last:
+        head = list(last_t)
+        if spec.tied_embeddings and (pp > 1 and not first):
+            head.append(first_t[0])
+        for t in head:
+            numel, dim0 = _local(t, tp, ep, split_tp=tp_shards_vocab[1])
+            dense.append((numel, dim0, 1))
+            largest = max(largest, numel)
+    dense_total = sum(n * c for n, _, c in dense)
+    expert_total = sum(n * c for n, _, c in expert)
+    result = RankParams(tuple(dense), dense_total, tuple(expert), expert_total, largest, layers, first, last)
+    _RANK_PARAMS[key] = (spec, result)
+    return result
+
+
+def stage_layer_counts(num_layers: int, pp: int, virtual_stages: int, explicit: Sequence[int]) -> Tuple[int, ...]:
+    """Layers of each pipeline stage: the explicit split, or an even one."""
+    stages = pp * virtual_stages
+    if explicit:
+        return tuple(explicit)
+    return (num_layers // stages,) * stages
+
+
+def state_bytes(conv: StateConvention, params: RankParams, zero_stage: int, dense_shards: int,
+                expert_shards: int) -> Dict[str, int]:
+    """Bytes of each training state on one rank: each state is partitioned over the data-parallel
+    shard group once zero_stage reaches its shard stage (Rajbhandari et al. 2020, sec. 5: P_os, P_os+g,
+    P_os+g+p), experts over the group divided by ep."""
+    rule = conv.partition
+    numel: Dict[bool, int] = {}
+    for sharded in {zero_stage >= conv.param_shard_stage, zero_stage >= conv.grad_shard_stage,
+                    zero_stage >= conv.optimizer_shard_stage}:
+        numel[sharded] = (
+            partition_numel(rule, params.dense, params.dense_total, dense_shards, sharded, zero_stage)
+            + (partition_numel(rule, params.expert, params.expert_total, expert_shards, sharded, zero_stage)
+               if params.expert else 0))
+    p_numel = numel[zero_stage >= conv.param_shard_stage]
+    g_numel = numel[zero_stage >= conv.grad_shard_stage]
+    o_numel = numel[zero_stage >= conv.optimizer_shard_stage]
+    return {
+        "param": p_numel * conv.param,
+        "grad": g_numel * conv.grad,
+        "master": o_numel * conv.master,
+        "moments": o_numel * conv.moments,
+        "optimizer_grad": o_numel * conv.optimizer_grad,
+        "grad_numel": g_numel,
+    }
+
+
+def gathered_bytes(conv: StateConvention, params: RankParams, zero_stage: int) -> int:
+    """Unsharded compute copies of sharded parameters: at stage 3 a few modules at a time (the
+    largest one, `gathered_layers` deep); when parameters are sharded at rest below stage 3 (FSDP
+    SHARD_GRAD_OP) every module stays gathered from its forward until its backward."""
+    if zero_stage < conv.param_shard_stage:
+        return 0
+    if zero_stage >= 3:
+        return conv.gathered_layers * params.largest_unit * conv.working
+    return (params.dense_total + params.expert_total) * conv.working
+
+
+class RankStates(NamedTuple):
+    """Training-state bytes of one pipeline rank: what stays on the device, what moves off it."""
+
+    rank: int
+    layers: int
+    first: bool
+    last: bool
+    param: int
+    grad: int
+    master: int
+    moments: int
+    optimizer_grad: int
+    gathered: int
+    host: int
+    nvme: int
+
+
+_RANK_STATES: Dict[tuple, Tuple[ModelSpec, Tuple[RankStates, ...]]] = {}
+
+
+def rank_states(spec: ModelSpec, layout: Any, engine_name: str) -> Tuple[RankStates, ...]:
+    """States of pipeline rank 0 and of the last rank (one rank without pipelining); memoised, since a
+    sweep repeats the same sharding under many batch shapes."""
+    pp = layout.pp
+    v = layout.pp_virtual_stages if pp > 1 else 1
+    key = (id(spec), engine_name, layout.precision, layout.zero_stage, layout.tp, layout.ep, pp, v,
+           layout.pp_schedule, tuple(layout.pp_stage_layers), layout.dp_shard, layout.cp,
+           layout.offload_optimizer, layout.offload_params)
+    hit = _RANK_STATES.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    conv = state_convention(engine_name, layout.precision, layout.zero_stage)
+    if conv is None:
+        raise ValueError(f"no state convention for engine={engine_name!r} precision={layout.precision!r}")
+    counts = stage_layer_counts(spec.num_layers, pp, v, layout.pp_stage_layers)
+    ranks = (0,) if pp == 1 or layout.pp_schedule in V_SHAPED else (0, pp - 1)
+    result = []
+    for rank in ranks:
+        stages = rank_stages(layout.pp_schedule, pp, v, rank) if pp > 1 else (0,)
+        params = rank_params(spec, layout.tp, layout.ep, sum(counts[s] for s in stages), 0 in stages,
+                             len(counts) - 1 in stages, pp, ENGINE_SUPPORT[engine_name].tp_shards_vocab)
+        result.append(place_states(conv, params, layout, rank))
+    if len(_RANK_STATES) > 1_000_000:
+        _RANK_STATES.clear()
+    _RANK_STATES[key] = (spec, tuple(result))
+    return tuple(result)
+
+
+def place_states(conv: StateConvention, params: RankParams, layout: Any, rank: int) -> RankStates:
+    """Offload moves whole states off the device (Ren et al. 2021, ZeRO-Offload; Rajbhandari et al.
+    2021, ZeRO-Infinity): the optimizer side (master, moments, fp32 grads, and the gradient partition
+    once gradients are sharded) and / or the parameter partition."""
+    zero = layout.zero_stage
+    dense_shards = layout.dp_shard * layout.cp
+    states = state_bytes(conv, params, zero, dense_shards, max(1, dense_shards // layout.ep))
+    param, grad = states["param"], states["grad"]
+    master, moments, optimizer_grad = states["master"], states["moments"], states["optimizer_grad"]
+    host = nvme = 0
+    if layout.offload_optimizer != "none":
+        moved = master + moments + optimizer_grad
+        master = moments = optimizer_grad = 0
+        if zero >= conv.grad_shard_stage:
+            moved += states["grad_numel"] * conv.offload_grad
+            grad = 0
+        if layout.offload_optimizer == "cpu":
+            host += moved
+        else:
+            nvme += moved
+    if layout.offload_params != "none":
+        if layout.offload_params == "cpu":
+            host += param
+        else:
+            nvme += param
+        param = 0
+    return RankStates(rank, params.layers, params.first, params.last, param, grad, master, moments,
+                      optimizer_grad, gathered_bytes(conv, params, zero), host, nvme)

@@ -1,0 +1,6 @@
+"""Plan tests: make `plan_helpers` importable under pytest's importlib import mode."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))

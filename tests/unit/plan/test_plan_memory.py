@@ -1,0 +1,282 @@
+"""Per-rank memory: the ZeRO paper, DeepSpeed's own estimators, Korthikanti et al., measured tensors."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config.schema import EngineConfig, LayoutConfig
+from harness.plan.activations import inflight_microbatches, layer_activations, token_activations
+from harness.plan.conventions import STATE_CONVENTIONS, StateConvention, partition_numel
+from harness.plan.memory import memory_per_rank
+from harness.plan.states import RankParams, place_states, rank_params, state_bytes
+from harness.plan.model_spec import model_spec_from_hf
+from harness.plan.planner import make_plan
+from plan_helpers import REAL_SHAPES, run_config
+
+DEEPSPEED_BF16 = STATE_CONVENTIONS[("deepspeed", "bf16")]
+
+
+def one_tensor(total: int, largest_layer: int = 0) -> RankParams:
+    return RankParams(((total, total, 1),), total, (), 0, largest_layer, 0, True, True)
+
+
+def placed(total: int, shards: int, zero: int, largest_layer: int = 0, conv: StateConvention = DEEPSPEED_BF16,
+           offload_optimizer: str = "none", offload_params: str = "none"):
+    layout = LayoutConfig(dp_shard=shards, zero_stage=zero, offload_optimizer=offload_optimizer,
+                          offload_params=offload_params)
+    st = place_states(conv, one_tensor(total, largest_layer), layout, 0)
+    device = st.param + st.grad + st.master + st.moments + st.optimizer_grad + st.gathered
+    return device, st
+
+
+@pytest.mark.parametrize("zero, printed_gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_7_5b_on_64_gpus(zero, printed_gb):
+    # Rajbhandari et al. 2020, figure 1: Psi = 7.5B, N_d = 64, K = 12 (2 + 2 + 12 bytes per parameter).
+    paper = StateConvention(2, 2, 4, 8, partition="even")
+    states = state_bytes(paper, one_tensor(7_500_000_000), zero, 64, 64)
+    total = states["param"] + states["grad"] + states["master"] + states["moments"]
+    assert round(total / 1e9, 1) == printed_gb
+
+
+SHAPES = [  # (parameters, GPUs per node, nodes, largest layer); parameters divisible by 2 x GPUs
+    (7_500_000_000, 8, 8, 200_000_000),
+    (1_000_000_000, 4, 1, 50_000_000),
+    (70_553_706_496, 8, 8, 1_050_673_152),
+    (8_030_261_248, 2, 1, 525_336_576),
+]
+
+
+@pytest.mark.parametrize("total, per_node, nodes, largest", SHAPES)
+def test_deepspeed_zero2_estimator(total, per_node, nodes, largest):
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    n = per_node * nodes
+    _, gpu = estimate_zero2_model_states_mem_needs(total, per_node, nodes, cpu_offload=False)
+    device, _ = placed(total, n, 2)
+    # DeepSpeed's comment: 2 params_16bit + (2 grads_16bit + 4 grads_32bit + 4 params_32bit + 8 optimizer) / N.
+    # The 4-byte fp32 gradient partition is the copy stage_1_and_2 makes for the optimizer step, freed right
+    # after it; this table keeps the 2 + 2 + 12 of the ZeRO paper and leaves that transient to the
+    # allowance. So DeepSpeed = ours + 4 bytes x partitioned parameters, exactly.
+    assert gpu == device + 4 * total // n
+    cpu, gpu = estimate_zero2_model_states_mem_needs(total, per_node, nodes, cpu_offload=True)
+    device, st = placed(total, n, 2, offload_optimizer="cpu")
+    assert gpu == device == 2 * total  # only the 16-bit weights stay on the GPU
+    if n <= 4:  # beyond 4 GPUs DeepSpeed sizes host memory for a full fp32 copy per process at load time
+        # master 4 + moments 8 + fp32 gradients 4 per partitioned parameter, x its additional_buffer_factor
+        assert cpu == int(1.5 * st.host * per_node)
+
+
+@pytest.mark.parametrize("total, per_node, nodes, largest", SHAPES)
+def test_deepspeed_zero3_estimator(total, per_node, nodes, largest):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    n = per_node * nodes
+    _, gpu, largest_bytes = estimate_zero3_model_states_mem_needs(total, largest, per_node, nodes,
+                                                                  cpu_offload=False)
+    device, st = placed(total, n, 3, largest)
+    assert st.gathered == largest_bytes == 4 * largest  # 16-bit params + grads of the gathered layer
+    # DeepSpeed counts 18 bytes per partitioned parameter: 2 grads_16bit + 4 grads_32bit + 4 params_32bit +
+    # 8 optimizer, i.e. the transient fp32 gradient (+4) and not the 16-bit parameter partition (-2) the
+    # model keeps (ds_tensor): ours (2 + 2 + 4 + 8 = 16) + 2 bytes per partitioned parameter.
+    assert gpu == device + 2 * total // n
+    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(total, largest, per_node, nodes, cpu_offload=True,
+                                                        cpu_offload_params=False)
+    device, st = placed(total, n, 3, largest, offload_optimizer="cpu")
+    assert gpu == device  # the 16-bit partition and the gathered layer
+    assert cpu == int(1.5 * st.host * per_node)  # 16 bytes per partitioned parameter per node, x 1.5
+    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(total, largest, per_node, nodes, cpu_offload=True,
+                                                        cpu_offload_params=True)
+    device, st = placed(total, n, 3, largest, offload_optimizer="cpu", offload_params="cpu")
+    assert gpu == device == 4 * largest
+    assert cpu == int(1.5 * st.host * per_node)  # 18 bytes per partitioned parameter per node, x 1.5
+
+
+def test_deepspeed_figures_recorded_in_measured_md():
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    _, zero2 = estimate_zero2_model_states_mem_needs(7_500_000_000, 8, 8, cpu_offload=False)
+    _, zero3, _ = estimate_zero3_model_states_mem_needs(7_500_000_000, 0, 8, 8, cpu_offload=False)
+    assert (round(zero2 / 2**30, 2), round(zero3 / 2**30, 2)) == (15.93, 1.96)
+
+
+def test_deepspeed_tiny_llama_probe():
+    # DeepSpeed 0.19.8 on 2 CPU ranks, tiny_llama (106,816 parameters), bytes of each state on a rank:
+    # bit16_groups_flat, single_partition_of_fp32_groups / fp32_partitioned_groups_flat, optimizer.state.
+    def states(zero, precision):
+        memory = make_plan(run_config(zero_stage=zero, precision=precision)).memory
+        return memory.param_bytes, memory.master_bytes, memory.moment_bytes
+
+    assert states(1, "bf16") == states(2, "bf16") == (213_632, 213_632, 427_264)
+    assert states(1, "fp32") == (427_264, 213_632, 427_264)
+    assert states(3, "bf16") == (106_816, 213_632, 427_264)
+    assert make_plan(run_config(zero_stage=3)).memory.grad_bytes == 106_816  # grad_partitions_flat_buffer
+    assert states(0, "fp32") == (427_264, 0, 854_528)  # plain torch AdamW
+
+
+def test_partition_rules():
+    assert partition_numel("even", (), 15, 2, True, 3) == 8
+    assert partition_numel("dim0", ((15, 5, 1),), 15, 2, True, 3) == 9  # ceil(5 / 2) rows of 3
+    assert partition_numel("dim0", ((15, 5, 4),), 60, 2, True, 3) == 36  # four such tensors
+    assert partition_numel("deepspeed", ((5, 5, 1), (3, 3, 1)), 8, 2, True, 3) == 3 + 2  # each padded to N
+    assert partition_numel("deepspeed", (), 5, 2, True, 2) == 4  # flat group padded to 2 x N = 4 -> 8
+    assert partition_numel("deepspeed", (), 5, 2, False, 1) == 8  # the 16-bit flat buffer, padded too
+    assert partition_numel("deepspeed", (), 5, 2, False, 0) == 5  # no flattening without ZeRO
+
+
+def test_offload_moves_states_to_host_or_nvme():
+    cfg = run_config(zero_stage=3, offload_optimizer="cpu", offload_params="cpu")
+    on_device = make_plan(run_config(zero_stage=3)).memory
+    moved = make_plan(cfg).memory
+    assert moved.param_bytes == moved.master_bytes == moved.moment_bytes == moved.grad_bytes == 0
+    # parameters (2) + master (4) + moments (8) + fp32 gradients (4) per partitioned parameter
+    assert moved.host_bytes == (on_device.param_bytes + on_device.master_bytes + on_device.moment_bytes
+                                + 2 * on_device.grad_bytes)
+    nvme = make_plan(run_config(zero_stage=3, offload_optimizer="nvme", offload_params="nvme",
+                                nvme_path="/local")).memory
+    assert nvme.nvme_bytes == moved.host_bytes and nvme.host_bytes == 0
+
+
+def test_tensor_pipeline_and_expert_division():
+    spec = model_spec_from_hf("tiny", REAL_SHAPES["tiny_llama"])
+    h, vocab, norms = 64, 256, spec.norm_params
+    whole = rank_params(spec, 1, 1, 2, True, True, 1, (True, True))
+    assert whole.dense_total == spec.total_params
+    split = rank_params(spec, 2, 1, 2, True, True, 1, (True, True))  # Megatron: vocab-parallel too
+    assert split.dense_total == 2 * ((spec.layer_params - norms) // 2 + norms) + vocab * h + h
+    first = rank_params(spec, 1, 1, 1, True, False, 2, (True, True))
+    last = rank_params(spec, 1, 1, 1, False, True, 2, (True, True))
+    assert first.dense_total == spec.layer_params + vocab * h  # embedding on the first stage
+    assert last.dense_total == spec.layer_params + h + vocab * h  # final norm + lm_head on the last
+    tied = model_spec_from_hf("tied", dict(REAL_SHAPES["tiny_llama"], tie_word_embeddings=True))
+    assert rank_params(tied, 1, 1, 1, False, True, 2, (True, True)).dense_total == tied.layer_params + h + vocab * h
+    moe = model_spec_from_hf("moe", dict(model_type="mixtral", hidden_size=64, intermediate_size=96,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         vocab_size=256, num_local_experts=4, num_experts_per_tok=2))
+    assert rank_params(moe, 1, 2, 2, True, True, 1, (True, True)).expert_total == 2 * 2 * moe.expert_params
+
+
+# Korthikanti et al. 2022 on GPT-3 175B shapes (h = 12288, a = 96, s = 2048), 16-bit, dropout on.
+H, A, S, T = 12288, 96, 2048, 8
+
+
+def korthikanti(**kw):
+    spec = model_spec_from_hf("gpt3", dict(model_type="gpt2", n_embd=H, n_layer=96, n_head=A, vocab_size=51200,
+                                           n_positions=S, attn_implementation="eager"))
+    args = dict(tp=1, sequence_parallel=False, loss_parallel=False, checkpointing="none", seq_len=S, cp=1)
+    args.update(kw)
+    return token_activations(spec, "megatron", "bf16", False, **args).layer
+
+
+def test_korthikanti_per_layer_activations():
+    assert korthikanti() == 34 * H + 5 * A * S  # eq. (1): sbh(34 + 5as/h)
+    assert korthikanti(tp=T) == pytest.approx(10 * H + 24 * H / T + 5 * A * S / T)  # eq. (2), TP
+    assert korthikanti(tp=T, sequence_parallel=True) == pytest.approx((34 * H + 5 * A * S) / T)  # eq. (4), TP+SP
+    assert korthikanti(tp=T, sequence_parallel=True, checkpointing="selective") == pytest.approx(34 * H / T)
+    assert korthikanti(tp=T, sequence_parallel=True, checkpointing="full") == pytest.approx(2 * H / T)
+
+
+def test_flash_variant_has_no_quadratic_term():
+    spec = model_spec_from_hf("llama", REAL_SHAPES["llama3_1_8b"])  # sdpa by default
+    assert layer_activations(spec, "hf", 2, 1).quadratic == 0
+    eager = model_spec_from_hf("llama", dict(REAL_SHAPES["llama3_1_8b"], attn_implementation="eager"))
+    assert layer_activations(eager, "hf", 2, 1).quadratic == 4 * 32 + 2 * 32  # fp32 softmax + bf16 copy
+
+
+def test_pipeline_microbatches_in_flight():
+    assert inflight_microbatches("1F1B", 1, 1, 8, 0) == 1
+    assert inflight_microbatches("GPipe", 4, 1, 8, 0) == 8
+    assert [inflight_microbatches("1F1B", 4, 1, 8, r) for r in range(4)] == [4, 3, 2, 1]
+    # Korthikanti et al. 2022, sec. 4.2.3: interleaving multiplies rank 0's memory by 1 + (p - 1) / (p·v)
+    p, v = 4, 2
+    assert inflight_microbatches("Interleaved1F1B", p, v, 8, 0) / p == 1 + (p - 1) / (p * v)
+    assert inflight_microbatches("DualPipeV", 4, 2, 16, 0) == 5
+
+
+def test_first_1f1b_stage_holds_the_whole_model_activations():
+    # p micro-batches of L/p layers on rank 0 = one micro-batch of all L layers (Korthikanti sec. 4.2.3).
+    fields = dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=8)
+    one = make_plan(run_config(hf_config=fields, engine=dict(name="nd"), zero_stage=0, dp_shard=1, pp=1,
+                               cluster=dict(accelerators_per_node=1))).memory
+    piped = make_plan(run_config(hf_config=fields, engine=dict(name="nd"), zero_stage=0, dp_shard=1, pp=4,
+                                 grad_accum=8, cluster=dict(accelerators_per_node=4))).memory
+    spec = model_spec_from_hf("t", fields)
+    tok = token_activations(spec, "hf", "bf16", True, 1, False, False, "none", 64, 1)
+    tokens, out = 2 * 64, tok.outside
+    # rank 0 (4 in flight) lacks the loss-side tensors but holds the embedding-side ones 4 times
+    difference = (tokens * out.last_per_token + out.last_constant) - 3 * (tokens * out.first_per_token + out.per_stage)
+    assert piped.pp_rank == 0
+    assert one.activation_bytes - piped.activation_bytes == pytest.approx(difference, abs=4)
+    assert piped.activation_bytes > tokens * 8 * tok.layer
+
+
+def _saved_tensor_bytes(fields, micro_batch, seq_len, dtype, checkpoint):
+    """What the runtime's meter counts: storages saved for backward, de-duplicated, parameters excluded."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(**fields)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=fields.get("attn_implementation", "sdpa"))
+    model = model.to(dtype).train()
+    if checkpoint:
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(0, config.vocab_size, (micro_batch, seq_len))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=ids, labels=ids)
+    return sum(nbytes for ptr, nbytes in saved.items() if ptr not in params)
+
+
+MIXTRAL_TINY = dict(model_type="mixtral", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=256, num_local_experts=4,
+                    num_experts_per_tok=2)
+QWEN3_TINY = dict(model_type="qwen3", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=300)
+GPT2_TINY = dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128)
+MEASURED_CASES = [
+    (dict(REAL_SHAPES["tiny_llama"], attn_implementation=attn), 2, 64, precision, ckpt)
+    for attn in ("sdpa", "eager") for precision in ("fp32", "bf16") for ckpt in ("none", "full")
+] + [
+    (MIXTRAL_TINY, 2, 64, "bf16", "none"),
+    (dict(QWEN3_TINY, attn_implementation="eager"), 1, 32, "fp32", "none"),
+    (dict(GPT2_TINY, attn_implementation="eager"), 3, 32, "bf16", "none"),  # dropout masks on CPU
+]
+
+
+@pytest.mark.parametrize("fields, micro_batch, seq_len, precision, ckpt", MEASURED_CASES)
+def test_activations_equal_saved_tensors_of_transformers(fields, micro_batch, seq_len, precision, ckpt):
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    measured = _saved_tensor_bytes(fields, micro_batch, seq_len, dtype, ckpt == "full")
+    cfg = run_config(hf_config=fields, dp_shard=1, zero_stage=0, micro_batch=micro_batch, seq_len=seq_len,
+                     precision=precision, activation_checkpointing=ckpt, cluster=dict(accelerators_per_node=1))
+    predicted = make_plan(cfg).memory.activation_bytes
+    assert predicted == pytest.approx(measured, rel=0.005)
+
+
+def test_memory_breakdown_adds_up():
+    memory = make_plan(run_config(model="llama3_1_8b", engine=dict(name="fsdp"), zero_stage=3, dp_shard=8,
+                                  seq_len=4096, activation_checkpointing="full",
+                                  cluster=dict(accelerator="h100_sxm", accelerators_per_node=8,
+                                               memory_per_accelerator_gib=None))).memory
+    parts = (memory.param_bytes + memory.grad_bytes + memory.master_bytes + memory.moment_bytes
+             + memory.optimizer_grad_bytes + memory.gathered_bytes + memory.activation_bytes + memory.recompute_bytes)
+    assert memory.total_bytes == parts + memory.allowance_bytes
+    assert memory.allowance_bytes == int(0.10 * parts) + 2**30  # GPU default: 10% + 1 GiB
+    assert memory.recompute_bytes > 0 and memory.gathered_bytes > 0
+
+
+def test_memory_per_rank_takes_the_worse_pipeline_rank():
+    spec = model_spec_from_hf("tiny", dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=4))
+    layout = LayoutConfig(dp_shard=1, pp=2, zero_stage=0, grad_accum=2, seq_len=64, micro_batch=1)
+    memory = memory_per_rank(spec, layout, EngineConfig(name="nd"), "cpu")
+    assert memory.pp_rank in (0, 1) and memory.total_bytes > 0

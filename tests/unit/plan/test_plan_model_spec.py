@@ -1,0 +1,110 @@
+"""ModelSpec parameter counts equal transformers' own models built on the meta device."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.plan.model_spec import SUPPORTED_MODEL_TYPES, model_spec_from_hf, param_tensors
+from plan_helpers import MODEL_PRESETS, REAL_SHAPES, hf_counts, meta_model, preset
+
+# Shapes that exercise every branch: biases, tied heads, q/k norms, explicit head_dim, MoE, GELU.
+VARIANTS = {
+    "llama_biases_tied": dict(model_type="llama", vocab_size=1000, hidden_size=96, intermediate_size=200,
+                              num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                              attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
+    "qwen2_tied_small": dict(model_type="qwen2", vocab_size=1200, hidden_size=128, intermediate_size=320,
+                             num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                             tie_word_embeddings=True),
+    "qwen3_head_dim": dict(model_type="qwen3", vocab_size=500, hidden_size=64, intermediate_size=96,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                           attention_bias=True),
+    "qwen3_moe": dict(model_type="qwen3_moe", vocab_size=500, hidden_size=64, intermediate_size=96,
+                      moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2),
+    "mistral_head_dim": dict(model_type="mistral", vocab_size=700, hidden_size=80, intermediate_size=160,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    "gpt2_n_inner": dict(model_type="gpt2", vocab_size=300, n_embd=48, n_layer=2, n_head=4, n_inner=100,
+                         n_positions=64),
+}
+CASES = {**{f"real:{k}": v for k, v in REAL_SHAPES.items()}, **{f"variant:{k}": v for k, v in VARIANTS.items()},
+         **{f"preset:{p.stem}": preset(p)["hf_config"] for p in MODEL_PRESETS},
+         **{f"defaults:{t}": {"model_type": t} for t in SUPPORTED_MODEL_TYPES}}
+
+
+@pytest.mark.parametrize("fields", CASES.values(), ids=list(CASES))
+def test_counts_equal_transformers(fields):
+    spec = model_spec_from_hf("m", fields)
+    counts = hf_counts(meta_model(fields), spec.experts_per_token, spec.num_experts)
+    assert spec.total_params == counts["total"]
+    assert spec.embedding_params == counts["embedding"]
+    assert spec.non_embedding_params == counts["non_embedding"]
+    assert spec.active_params == counts["active"]
+
+
+@pytest.mark.parametrize("fields", CASES.values(), ids=list(CASES))
+def test_param_tensors_sum_to_the_counts(fields):
+    spec = model_spec_from_hf("m", fields)
+    layer, first, last = param_tensors(spec)
+
+    def numel(tensors):
+        total = 0
+        for t in tensors:
+            n = 1
+            for size in t.shape:
+                n *= size
+            total += n
+        return total
+
+    assert numel(layer) == spec.layer_params
+    assert spec.num_layers * numel(layer) + numel(first) + numel(last) == spec.total_params
+
+
+# Totals published with the checkpoints (model cards / safetensors metadata), reproduced by transformers.
+PUBLISHED_TOTALS = {
+    "llama3_1_8b": 8_030_261_248,
+    "llama3_1_70b": 70_553_706_496,
+    "llama3_1_405b": 405_853_388_800,
+    "mistral_7b": 7_241_732_096,
+    "qwen2_5_7b": 7_615_616_512,
+    "mixtral_8x7b": 46_702_792_704,
+    "gpt2": 124_439_808,
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED_TOTALS)
+def test_published_totals(name):
+    assert model_spec_from_hf(name, REAL_SHAPES[name]).total_params == PUBLISHED_TOTALS[name]
+
+
+def test_mixtral_active_parameters_are_12_9b():
+    spec = model_spec_from_hf("mixtral_8x7b", REAL_SHAPES["mixtral_8x7b"])
+    assert spec.active_params == 12_879_925_248  # "12.9B active parameters" (Mistral AI, Mixtral of Experts)
+    assert spec.is_moe and spec.num_experts == 8 and spec.experts_per_token == 2
+
+
+def test_shape_fields():
+    llama = model_spec_from_hf("llama3_1_8b", REAL_SHAPES["llama3_1_8b"])
+    assert (llama.num_layers, llama.hidden_size, llama.num_heads, llama.num_kv_heads, llama.head_dim,
+            llama.ffn_size, llama.vocab_size) == (32, 4096, 32, 8, 128, 14336, 128256)
+    assert llama.mlp_kind == "swiglu" and not llama.tied_embeddings and llama.lm_head_params == 128256 * 4096
+    qwen = model_spec_from_hf("qwen2_5_7b", REAL_SHAPES["qwen2_5_7b"])
+    assert qwen.qkv_bias and not qwen.out_bias
+    gpt2 = model_spec_from_hf("gpt2", REAL_SHAPES["gpt2"])
+    assert gpt2.mlp_kind == "gelu" and gpt2.norm_kind == "layernorm" and gpt2.tied_embeddings
+    assert gpt2.learned_positions == 1024 and gpt2.embedding_params == (50257 + 1024) * 768
+    assert gpt2.lm_head_params == 0 and gpt2.ffn_size == 4 * 768
+
+
+def test_unknown_model_type_names_the_supported_ones():
+    with pytest.raises(ValueError, match="model_type='bert' is not supported; supported: llama"):
+        model_spec_from_hf("b", {"model_type": "bert"})
+
+
+def test_spec_is_frozen_and_serialisable():
+    import dataclasses
+    import json
+
+    spec = model_spec_from_hf("gpt2", REAL_SHAPES["gpt2"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.num_layers = 3
+    assert json.loads(json.dumps(spec.to_dict()))["total_params"] == 124_439_808
