@@ -93,6 +93,10 @@ class ClusterConfig:
     # Device memory per accelerator; None takes the table's figure.
     memory_per_accelerator_gib: Optional[float] = None
     host_memory_gib: float = 24.0
+    # Head-room the planner adds to predicted bytes: a fraction (fragmentation, buckets, workspace)
+    # and a fixed amount per rank (CUDA context, NCCL); None takes the planner's default.
+    memory_allowance_fraction: Optional[float] = None
+    memory_allowance_fixed_gib: Optional[float] = None
     intra_node_gbps: float = 0.0
     inter_node_gbps: float = 0.0
 

@@ -45,6 +45,12 @@ STATE_CONVENTIONS: Dict[Union[Tuple[str, str], Tuple[str, str, int]], StateConve
     ("deepspeed", "bf16"): StateConvention(2, 2, 4, 8, partition="deepspeed"),
     ("deepspeed", "fp16"): StateConvention(2, 2, 4, 8, partition="deepspeed"),
     ("deepspeed", "fp32"): StateConvention(4, 4, 4, 8, working=4, partition="deepspeed"),
+    # DeepSpeed's ZeRO-1 reduce-scatters gradients into the rank's partition when backward returns
+    # (measured with 0.19.8), so at the optimizer step it holds what ZeRO-2 holds; the full-size
+    # gradients exist only during backward (and across accumulation steps).
+    ("deepspeed", "bf16", 1): StateConvention(2, 2, 4, 8, grad_shard_stage=1, partition="deepspeed"),
+    ("deepspeed", "fp16", 1): StateConvention(2, 2, 4, 8, grad_shard_stage=1, partition="deepspeed"),
+    ("deepspeed", "fp32", 1): StateConvention(4, 4, 4, 8, working=4, grad_shard_stage=1, partition="deepspeed"),
     ("deepspeed", "fp32", 0): StateConvention(4, 4, 0, 8, working=4),
     ("fsdp", "bf16"): StateConvention(4, 4, 0, 8, param_shard_stage=2, partition="dim0"),
     ("fsdp", "fp16"): StateConvention(4, 4, 0, 8, param_shard_stage=2, partition="dim0"),

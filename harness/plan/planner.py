@@ -101,7 +101,7 @@ _SPECS: Dict[str, List[Tuple[Dict[str, Any], ModelSpec]]] = {}
 _CONVENTIONS: Dict[Tuple[str, bool], FlopConvention] = {}
 _FLOPS: Dict[tuple, Tuple[ModelSpec, float, float]] = {}
 _PEAKS: Dict[Tuple[str, str], Any] = {}
-_ALLOWANCES: Dict[str, Allowance] = {}
+_ALLOWANCES: Dict[Tuple[Any, ...], Allowance] = {}
 _DEVICE_MEMORY: Dict[tuple, Tuple[Optional[int], str]] = {}
 
 
@@ -164,6 +164,15 @@ def _device_memory_uncached(cluster: Any) -> Tuple[Optional[int], str]:
     return None, "unknown"
 
 
+def cluster_allowance(cluster: Any) -> Allowance:
+    """The cluster's configured head-room, each part falling back to the default."""
+    default = default_allowance(cluster.accelerator)
+    fraction = cluster.memory_allowance_fraction
+    fixed = cluster.memory_allowance_fixed_gib
+    return Allowance(default.fraction if fraction is None else fraction,
+                     default.fixed_bytes if fixed is None else int(fixed * GIB))
+
+
 def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_per_s: Optional[float] = None,
               allowance: Optional[Allowance] = None) -> Plan:
     """Plan one RunConfig. `peak_flops_per_device` is a measured peak (the CPU matmul benchmark);
@@ -196,9 +205,10 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
         return _invalid(cfg, spec, world, tokens, errors, warnings, convention, peak)
     model_flops, hardware_flops = _flops(spec, layout.seq_len, convention, layout.activation_checkpointing)
     if allowance is None:
-        allowance = _ALLOWANCES.get(cluster.accelerator)
+        key = (cluster.accelerator, cluster.memory_allowance_fraction, cluster.memory_allowance_fixed_gib)
+        allowance = _ALLOWANCES.get(key)
         if allowance is None:
-            allowance = _ALLOWANCES[cluster.accelerator] = default_allowance(cluster.accelerator)
+            allowance = _ALLOWANCES[key] = cluster_allowance(cluster)
     memory = memory_per_rank(spec, layout, engine, cluster.accelerator, allowance)
     device_bytes, device_source = _device_memory(cluster)
     fits = margin = None

@@ -12,8 +12,10 @@ def hf_config_object(fields: Dict[str, Any]):
 
     fields = dict(fields)
     model_type = fields.pop("model_type")
-    # SDPA keeps attention causal without a mask in every layout (eager without a mask is not).
-    return AutoConfig.for_model(model_type, attn_implementation="sdpa", **fields)
+    # SDPA by default: it keeps attention causal without a mask in every layout (eager without a
+    # mask is not). The planner reads the same field for its activation model.
+    attn_implementation = fields.pop("attn_implementation", "sdpa")
+    return AutoConfig.for_model(model_type, attn_implementation=attn_implementation, **fields)
 
 
 def build_model(fields: Dict[str, Any], seed: int) -> torch.nn.Module:

@@ -136,3 +136,19 @@ def test_clear_caches_rebuilds_specs():
     clear_caches()
     after = make_plan(cfg).model
     assert after is not before and after == before
+
+
+def test_cluster_allowance_overrides_the_default():
+    from dataclasses import replace
+
+    from harness.config.compose import compose_run_config
+    from harness.plan.planner import clear_caches, make_plan
+
+    clear_caches()
+    run = compose_run_config(["recipes=cpu_zero2"])
+    base = make_plan(run).memory
+    tight = make_plan(replace(run, cluster=replace(run.cluster, memory_allowance_fraction=0.0,
+                                                   memory_allowance_fixed_gib=1.0))).memory
+    assert base.allowance_bytes > 0  # the default 10% on CPU
+    assert tight.allowance_bytes == 2**30
+    assert tight.total_bytes - tight.allowance_bytes == base.total_bytes - base.allowance_bytes
