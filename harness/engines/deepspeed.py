@@ -123,7 +123,7 @@ class DeepSpeedSession:
 
 
 def deepspeed_state_bytes(engine) -> Dict[str, int]:
-    """Bytes this rank holds once gradients are reduced and before the optimizer steps.
+    """Bytes this rank holds once gradients are reduced and before the optimizer steps (device / host).
 
     Parameters: the compute-dtype weights (ZeRO-3: the local partition). Gradients: what the optimizer
     will consume (ZeRO-0: every param.grad; ZeRO-1/2: the reduced partition; ZeRO-3: the flat partition
@@ -152,11 +152,23 @@ def deepspeed_state_bytes(engine) -> Dict[str, int]:
         master_bytes = sum_tensor_bytes(
             p for group in base.param_groups for p in group["params"] if p.data_ptr() not in own
         )
-    return {
+    state = {
         "param_bytes": param_bytes,
         "grad_bytes": grad_bytes,
         "optimizer_bytes": optimizer_state_bytes(base) + master_bytes,
+        "host_bytes": 0,
     }
+    # Offloaded states live in host memory: counted there, not on the device, wherever torch says the
+    # tensor is (on a CPU-only machine both are the same memory).
+    offloaded = []
+    if getattr(optimizer, "cpu_offload", False) or getattr(optimizer, "offload_optimizer", False):
+        offloaded += ["grad_bytes", "optimizer_bytes"]
+    if getattr(optimizer, "offload_param", False):
+        offloaded.append("param_bytes")
+    for key in offloaded:
+        state["host_bytes"] += state[key]
+        state[key] = 0
+    return state
 
 
 def apply(cfg: RunConfig, run_dir: Path, model, kind) -> DeepSpeedSession:

@@ -51,6 +51,11 @@ STATE_CONVENTIONS: Dict[Union[Tuple[str, str], Tuple[str, str, int]], StateConve
     ("deepspeed", "bf16", 1): StateConvention(2, 2, 4, 8, grad_shard_stage=1, partition="deepspeed"),
     ("deepspeed", "fp16", 1): StateConvention(2, 2, 4, 8, grad_shard_stage=1, partition="deepspeed"),
     ("deepspeed", "fp32", 1): StateConvention(4, 4, 4, 8, working=4, grad_shard_stage=1, partition="deepspeed"),
+    # ZeRO-3 keeps its gradient partition in the 16-bit accumulation dtype, on the host when the
+    # optimizer is offloaded (stage3.py grad_partitions_flat_buffer); ZeRO-1/2 offload reduces
+    # straight into the fp32 host partition (4 bytes, the default).
+    ("deepspeed", "bf16", 3): StateConvention(2, 2, 4, 8, partition="deepspeed", offload_grad=2),
+    ("deepspeed", "fp16", 3): StateConvention(2, 2, 4, 8, partition="deepspeed", offload_grad=2),
     ("deepspeed", "fp32", 0): StateConvention(4, 4, 0, 8, working=4),
     ("fsdp", "bf16"): StateConvention(4, 4, 0, 8, param_shard_stage=2, partition="dim0"),
     ("fsdp", "fp16"): StateConvention(4, 4, 0, 8, param_shard_stage=2, partition="dim0"),

@@ -35,12 +35,13 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
     # parallelism or MoE in this harness; hybrid sharding only as ZeRO-3 MiCS/hpZ; ZeRO-Offload moves the
     # optimizer to cpu at stage >= 1, ZeRO-Infinity moves parameters (stage 3) and NVMe (stage 3).
     # AutoTP (training mode, module_inject/auto_tp.py) makes the lm_head a column-parallel layer with
-    # gathered output and slices embeddings along the hidden dim: both split by tp, logits gathered.
+    # gathered output and keeps the embedding whole (measured with 0.19.8: embed_tokens (256, 64) and
+    # lm_head (128, 64) on each of 2 TP ranks of the tiny Llama).
     "deepspeed": EngineSupport(
         zero_stages=(0, 1, 2, 3), zero_reason="", tp=True, cp=False, ep=False,
         pp_schedules=("1F1B",), pp_zero_stages=(0, 1), hybrid_zero_stages=(0, 3),
         offload_optimizer={"cpu": (1, 2, 3), "nvme": (3,)}, offload_params={"cpu": (3,), "nvme": (3,)},
-        offload_together=False, tp_shards_vocab=(True, True), activation_profile="hf"),
+        offload_together=False, tp_shards_vocab=(False, True), activation_profile="hf"),
     # FSDP through Accelerate: 3 FULL_SHARD, 2 SHARD_GRAD_OP, 0 NO_SHARD (no optimizer-only level);
     # no pipeline; CPUOffload moves parameters, gradients and optimizer together, at FULL_SHARD.
     # TP follows transformers' tp_plan: decoder linears and a column-parallel lm_head, embedding whole.

@@ -45,7 +45,8 @@ class Measured:
     param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
-    activation_bytes: int  # saved for backward in one micro-batch (saved_tensors_hooks)
+    activation_bytes: int  # peak saved for backward (saved_tensors_hooks)
+    host_bytes: int  # offloaded states held in host memory
     # The device allocator's peak (CUDA); None where there is no allocator to ask (CPU).
     peak_allocated_bytes: Optional[int]
     losses: List[float]

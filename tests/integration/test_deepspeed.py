@@ -37,7 +37,7 @@ def bf16_reference(results_root):
 
 def _assert_state_bytes_predicted(result):
     measured, predicted = result["measured"], result["predicted"]
-    for key in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+    for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "host_bytes"):
         assert measured[key] == predicted[key], (key, measured[key], predicted[key])
     assert measured["activation_bytes"] == pytest.approx(predicted["activation_bytes"], rel=0.10)
 

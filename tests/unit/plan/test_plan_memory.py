@@ -129,9 +129,15 @@ def test_offload_moves_states_to_host_or_nvme():
     on_device = make_plan(run_config(zero_stage=3)).memory
     moved = make_plan(cfg).memory
     assert moved.param_bytes == moved.master_bytes == moved.moment_bytes == moved.grad_bytes == 0
-    # parameters (2) + master (4) + moments (8) + fp32 gradients (4) per partitioned parameter
+    # parameters (2) + master (4) + moments (8) + the 16-bit gradient partition (2) per partitioned
+    # parameter: ZeRO-3 keeps its gradient buffer in the accumulation dtype, moved to the host
     assert moved.host_bytes == (on_device.param_bytes + on_device.master_bytes + on_device.moment_bytes
-                                + 2 * on_device.grad_bytes)
+                                + on_device.grad_bytes)
+    zero2 = make_plan(run_config(zero_stage=2, offload_optimizer="cpu")).memory
+    zero2_on_device = make_plan(run_config(zero_stage=2)).memory
+    # ZeRO-1/2 offload reduces straight into the fp32 host partition: 4 bytes per partitioned gradient
+    assert zero2.host_bytes == (zero2_on_device.master_bytes + zero2_on_device.moment_bytes
+                                + 2 * zero2_on_device.grad_bytes)
     nvme = make_plan(run_config(zero_stage=3, offload_optimizer="nvme", offload_params="nvme",
                                 nvme_path="/local")).memory
     assert nvme.nvme_bytes == moved.host_bytes and nvme.host_bytes == 0
