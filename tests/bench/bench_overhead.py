@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-BLOCKS, STEPS_PER_BLOCK = 6, 5
+BLOCKS, STEPS_PER_BLOCK = 8, 10
 
 
 def rank_main(run_dir: Path) -> None:
@@ -38,20 +38,27 @@ def rank_main(run_dir: Path) -> None:
     session = engine_module(cfg.engine.name).apply(cfg, run_dir, model, kind)
     batches = batch_maker(session, token_source(cfg.data, cfg.model.hf_config["vocab_size"], cfg.layout.seq_len), cfg)
     warm_up(session, batches, 3)
-    instrumented = bare = 0.0
-    step = 3
-    for _ in range(BLOCKS):
-        steps = range(step, step + STEPS_PER_BLOCK)
-        start = time.perf_counter()
+    totals_s = {"instrumented": 0.0, "bare": 0.0}
+
+    def instrumented(steps):
         losses: list = []
         timed_steps(session, batches, steps, StepTimer(kind), losses)
         [float(loss) for loss in losses]
-        instrumented += time.perf_counter() - start
-        start = time.perf_counter()
+
+    def bare(steps):
         for s in steps:
             float(session.train_step(batches(s)))
-        bare += time.perf_counter() - start
-        step += STEPS_PER_BLOCK
+
+    step = 3
+    for block in range(BLOCKS):
+        # ABBA order, so drift and warm-up effects fall on both loops alike.
+        order = (("instrumented", instrumented), ("bare", bare))
+        for name, loop in order if block % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            loop(range(step, step + STEPS_PER_BLOCK))
+            totals_s[name] += time.perf_counter() - start
+            step += STEPS_PER_BLOCK
+    instrumented, bare = totals_s["instrumented"], totals_s["bare"]
     totals = [None] * dist.get_world_size()
     dist.all_gather_object(totals, (instrumented, bare))
     if dist.get_rank() == 0:
