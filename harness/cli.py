@@ -90,16 +90,21 @@ def run_command(args: List[str]) -> int:
 def plan_command(args: List[str]) -> int:
     from harness.config.compose import compose_run_config
     from harness.config.grid import expand_grid
+    from harness.engines import engine_module
     from harness.plan.planner import make_plan, plan_rows
     from harness.report.table import print_rows
 
-    plans = [make_plan(compose_run_config(point)) for point in expand_grid(args)]
-    rows = plan_rows(plans)
-    print_rows(rows, title=f"{len(plans)} layout(s)")
-    for plan in plans:
-        for message in [*plan.errors, *plan.warnings]:
+    runs = [compose_run_config(point) for point in expand_grid(args)]
+    plans = [make_plan(run) for run in runs]
+    print_rows(plan_rows(plans), title=f"{len(plans)} layout(s)")
+    refused = 0
+    for run, plan in zip(runs, plans):
+        engine = engine_module(run.engine.name)
+        engine_errors = engine.check(run)[0] if hasattr(engine, "check") and plan.valid else []
+        refused += bool(plan.errors or engine_errors)
+        for message in [*plan.errors, *engine_errors, *plan.warnings]:
             print(f"  {plan.layout.name}: {message}")
-    return 0 if all(not plan.errors for plan in plans) else 1
+    return 1 if refused else 0
 
 
 def sweep_command(args: List[str]) -> int:

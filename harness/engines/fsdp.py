@@ -46,7 +46,11 @@ FSDP_KEYS = frozenset(
 
 def layout_problems(cfg: RunConfig) -> List[str]:
     """What this engine cannot do with the layout, one message per field (empty: renderable)."""
-    layout, engine, cluster = cfg.layout, cfg.engine, cfg.cluster
+    return [*_launch_problems(cfg), *_sharding_problems(cfg), *_offload_problems(cfg), *_compute_problems(cfg)]
+
+
+def _launch_problems(cfg: RunConfig) -> List[str]:
+    engine, layout, cluster = cfg.engine, cfg.layout, cfg.cluster
     problems = []
     if engine.launcher != "accelerate":
         problems.append(
@@ -55,6 +59,18 @@ def layout_problems(cfg: RunConfig) -> List[str]:
         )
     if engine.fsdp_version not in (1, 2):
         problems.append(f"engine.fsdp_version={engine.fsdp_version} must be 1 or 2")
+    world = cluster.nodes * cluster.accelerators_per_node
+    if layout.dp_replicate * layout.dp_shard != world:
+        problems.append(
+            f"layout.dp_replicate={layout.dp_replicate} x dp_shard={layout.dp_shard} must equal the {world} "
+            f"ranks of cluster.nodes={cluster.nodes} x accelerators_per_node={cluster.accelerators_per_node}"
+        )
+    return problems
+
+
+def _sharding_problems(cfg: RunConfig) -> List[str]:
+    layout, engine = cfg.layout, cfg.engine
+    problems = []
     if layout.zero_stage not in FSDP1_STRATEGIES:
         problems.append(
             f"layout.zero_stage={layout.zero_stage}: FSDP has no optimizer-only sharding level "
@@ -71,6 +87,12 @@ def layout_problems(cfg: RunConfig) -> List[str]:
             f"layout.dp_replicate={layout.dp_replicate} with engine.fsdp_version=1: FSDP1 HYBRID_SHARD "
             "does not keep its replicas in sync on gloo (measured), hybrid sharding is fsdp_version=2"
         )
+    return problems
+
+
+def _offload_problems(cfg: RunConfig) -> List[str]:
+    layout, engine = cfg.layout, cfg.engine
+    problems = []
     for key in ("offload_params", "offload_optimizer"):
         if getattr(layout, key) not in ("none", "cpu"):
             problems.append(f"layout.{key}={getattr(layout, key)!r}: FSDP offloads to cpu only")
@@ -81,19 +103,24 @@ def layout_problems(cfg: RunConfig) -> List[str]:
         )
     if offloaded(cfg) and layout.zero_stage != 3:
         problems.append(f"layout.zero_stage={layout.zero_stage} with cpu offload: FSDP offloads at zero_stage=3")
+    if offloaded(cfg) and engine.fsdp_version == 1 and cfg.cluster.accelerator == "cpu":
+        problems.append(
+            "cpu offload with engine.fsdp_version=1 on cluster.accelerator='cpu': FSDP1 always pins the "
+            "offloaded shards, which needs a GPU (fsdp_version=2 offloads with pin_memory=False)"
+        )
+    return problems
+
+
+def _compute_problems(cfg: RunConfig) -> List[str]:
+    layout = cfg.layout
+    problems = []
     if layout.activation_checkpointing == "selective":
         problems.append(
             "layout.activation_checkpointing='selective': engine=fsdp checkpoints whole decoder layers "
             "(none or full)"
         )
     if layout.precision == "fp16":
-        problems.append("layout.precision='fp16': engine=fsdp trains in bf16 or fp32 (no loss scaler)")
-    world = cluster.nodes * cluster.accelerators_per_node
-    if layout.dp_replicate * layout.dp_shard != world:
-        problems.append(
-            f"layout.dp_replicate={layout.dp_replicate} x dp_shard={layout.dp_shard} must equal the "
-            f"{world} ranks of cluster.nodes={cluster.nodes} x accelerators_per_node={cluster.accelerators_per_node}"
-        )
+        problems.append("layout.precision='fp16': engine=fsdp trains in bf16 or fp32 (it has no loss scaler)")
     return problems
 
 
@@ -223,6 +250,13 @@ class LaunchedSettings:
     def version(self) -> int:
         return self.plugin.fsdp_version
 
+    @property
+    def offload(self) -> bool:
+        from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy
+
+        offload = self.plugin.cpu_offload  # FSDP2: an OffloadPolicy; FSDP1: a CPUOffload
+        return isinstance(offload, CPUOffloadPolicy) or (isinstance(offload, CPUOffload) and offload.offload_params)
+
 
 def launched_settings(world_size: int) -> LaunchedSettings:
     from accelerate.parallelism_config import ParallelismConfig
@@ -259,8 +293,8 @@ def compute_dtype(precision: str):
 # stays fp32 (Accelerate's own bf16 policy also casts outputs, which would round the loss to bf16).
 # Buffers (rotary inv_freq) stay fp32, as FSDP2 never casts buffers.
 def fsdp2_mixed_precision(precision: str):
-    from torch.distributed.fsdp import MixedPrecisionPolicy
     import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     dtype = compute_dtype(precision)
     if dtype is None:
@@ -269,8 +303,8 @@ def fsdp2_mixed_precision(precision: str):
 
 
 def fsdp1_mixed_precision(precision: str):
-    from torch.distributed.fsdp import MixedPrecision
     import torch
+    from torch.distributed.fsdp import MixedPrecision
 
     dtype = compute_dtype(precision)
     if dtype is None:
@@ -318,15 +352,28 @@ def apply_fsdp2(model, settings: LaunchedSettings, kind):
     if plugin.activation_checkpointing:
         checkpoint_layers(model, is_layer)  # before sharding, as Accelerate does for FSDP2
     if settings.replicate > 1:
-        mesh = init_device_mesh(kind.type, (settings.replicate, settings.shard), mesh_dim_names=("dp_replicate", "dp_shard"))
+        shape, names = (settings.replicate, settings.shard), ("dp_replicate", "dp_shard")
     else:
-        mesh = init_device_mesh(kind.type, (settings.shard,), mesh_dim_names=("dp_shard",))
-    options = dict(mesh=mesh, mp_policy=fsdp2_mixed_precision(settings.precision), offload_policy=offload_policy(plugin, kind))
-    layers = [module for module in model.modules() if is_layer(module)]
-    for layer in layers:
+        shape, names = (settings.shard,), ("dp_shard",)
+    options = dict(
+        mesh=init_device_mesh(kind.type, shape, mesh_dim_names=names),
+        mp_policy=fsdp2_mixed_precision(settings.precision),
+        offload_policy=offload_policy(plugin, kind),
+    )
+    for layer in outermost(model, is_layer):
         fully_shard(layer, reshard_after_forward=plugin.reshard_after_forward, **options)
     fully_shard(model, **options)  # root: torch keeps it gathered after forward (used first in backward)
     return model
+
+
+def outermost(model, is_layer) -> List[Any]:
+    """Matching modules not nested in another match (a CheckpointWrapper, not also the layer inside)."""
+    chosen, inside = [], set()
+    for module in model.modules():  # parents come before their children
+        if id(module) not in inside and is_layer(module):
+            chosen.append(module)
+            inside.update(id(sub) for sub in module.modules())
+    return chosen
 
 
 def apply_fsdp1(model, settings: LaunchedSettings, kind):
@@ -346,7 +393,7 @@ def apply_fsdp1(model, settings: LaunchedSettings, kind):
         limit_all_gathers=plugin.limit_all_gathers,
         use_orig_params=plugin.use_orig_params,
         sync_module_states=plugin.sync_module_states,
-        device_id=None if kind.type == "cpu" else torch_device(kind),
+        device_id=torch_device(kind),  # explicit: FSDP1 refuses to guess a CPU device
     )
     if plugin.activation_checkpointing:
         checkpoint_layers(wrapped, is_layer)  # after wrapping, as Accelerate does for FSDP1
@@ -424,17 +471,18 @@ class FsdpSession:
         return torch.stack(losses).mean()
 
     def state_bytes(self) -> Dict[str, int]:
-        return fsdp_state_bytes(self.model, self.optimizer)
+        return fsdp_state_bytes(self.model, self.optimizer, self.settings.offload)
 
 
-def fsdp_state_bytes(model, optimizer) -> Dict[str, int]:
-    """Bytes this rank holds once gradients are reduced and before the optimizer steps.
+def fsdp_state_bytes(model, optimizer, offload: bool) -> Dict[str, int]:
+    """Bytes this rank holds once gradients are reduced and before the optimizer steps (device / host).
 
     Parameters are the sharded fp32 tensors FSDP keeps between steps (FSDP2: each DTensor's local
     shard; FSDP1: each unit's flat parameter shard, padding included); the compute-dtype copies
     gathered for forward and backward are freed by then. Gradients have the same shards and dtype.
     Optimizer: Adam's two moments, shaped like the shards. The fp32 parameters are the master weights:
-    there is no separate master copy. With CPU offload, all three live in host memory.
+    there is no separate master copy. CPU offload keeps all three in host memory: counted in
+    `host_bytes`, not on the device.
     """
     import torch
 
@@ -444,11 +492,16 @@ def fsdp_state_bytes(model, optimizer) -> Dict[str, int]:
     moments = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
     # Local shards, not the DTensors: a DTensor's data_ptr() is 0, so the meter's de-duplication by
     # address would merge distinct DTensors of equal shape.
-    return {
+    state = {
         "param_bytes": sum_tensor_bytes(map(local_shard, params)),
         "grad_bytes": sum_tensor_bytes(local_shard(p.grad) for p in params),
         "optimizer_bytes": sum_tensor_bytes(map(local_shard, moments)),
+        "host_bytes": 0,
     }
+    if offload:
+        state["host_bytes"] = state["param_bytes"] + state["grad_bytes"] + state["optimizer_bytes"]
+        state.update(param_bytes=0, grad_bytes=0, optimizer_bytes=0)
+    return state
 
 
 def local_shard(tensor):
@@ -456,26 +509,25 @@ def local_shard(tensor):
     return getattr(tensor, "_local_tensor", tensor)
 
 
-def init_process_group(kind, offload: bool) -> None:
+def init_process_group(kind, settings: LaunchedSettings) -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
     backend = kind.backend
-    if kind.type == "cuda" and offload:
+    if kind.type == "cuda" and settings.offload:
         # Offloaded shards are CPU tensors: the gradient-norm reduction over them needs gloo too.
         backend = f"cpu:gloo,cuda:{kind.backend}"
     dist.init_process_group(backend=backend)
 
 
 def apply(cfg: RunConfig, run_dir: Path, model, kind) -> FsdpSession:
+    """Shard `model` as the launcher's environment says (FSDP2 moves it to the mesh's device, FSDP1 to
+    `device_id`), and pair it with AdamW over the sharded parameters."""
     import torch
-    import torch.distributed as dist
 
-    init_process_group(kind, os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true")
-    settings = launched_settings(dist.get_world_size())
-    if kind.type == "cuda" and not os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true":
-        model = model.to(torch_device(kind))
+    settings = launched_settings(int(os.environ["WORLD_SIZE"]))
+    init_process_group(kind, settings)
     if settings.version == 2:
         model = apply_fsdp2(model, settings, kind)
     else:

@@ -1,4 +1,4 @@
-"""nd: Megatron-style tensor parallel x pipeline parallel x FSDP2 on one DeviceMesh (DTensor, torch.distributed.pipelining).
+"""nd: Megatron-style tensor x pipeline parallel x FSDP2 on one DeviceMesh (DTensor, torch.distributed.pipelining).
 
 `render` writes `nd_plan.json` (mesh, TP plan per module, pipeline stages, FSDP and CP settings, all as data
 from `nd_plans`) and the torchrun line; `apply` builds the torch objects from that file, so what runs is
@@ -8,6 +8,7 @@ exactly what was rendered.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from contextlib import ExitStack
 from pathlib import Path
@@ -31,10 +32,10 @@ def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
 
 def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
     run_dir = Path(run_dir)
-    plan = nd_plans.nd_plan(cfg)  # raises, naming every problem, on a layout nd cannot run
-    (run_dir / PLAN_FILE).write_text(json.dumps(plan, indent=2) + "\n")
     if cfg.engine.launcher != "torchrun":
         raise ValueError(f"engine=nd launches with torchrun, not engine.launcher={cfg.engine.launcher!r}")
+    plan = nd_plans.nd_plan(cfg)  # raises, naming every problem, on a layout nd cannot run
+    (run_dir / PLAN_FILE).write_text(json.dumps(plan, indent=2) + "\n")
     argv = launcher_argv("torchrun", cfg.cluster.nodes, cfg.cluster.accelerators_per_node, str(run_dir), [])
     return RenderedRun(
         run_dir=str(run_dir),
@@ -175,15 +176,12 @@ class NdSession:
         self.params = [p for stage in stages for p in stage.parameters()]
         # What the runtime's activation meter excludes as weights: this rank's local shards.
         self.model = LocalShards(self.params)
-        self.pp = layout.pp
         # Ranks holding copies of one parameter shard: everything in this pipeline stage, over its shards.
         self.ranks_per_stage = mesh.size() // layout.pp
         self.has_first = any(spec["embedding"] for spec in stage_specs)
         self.has_last = any(spec["head"] for spec in stage_specs)
-        pipeline = plan["pipeline"]
-        if pipeline is not None:
-            last = pipeline["stages"][-1]["pp_rank"]
-            self.last_stage_pp_rank = last
+        # The loss exists on the rank of the last stage (pp-1 under loop placement, 0 under V placement).
+        self.last_stage_pp_rank = plan["pipeline"]["stages"][-1]["pp_rank"] if plan["pipeline"] else 0
 
     # -- one optimizer step ------------------------------------------------------------------------
     def _context(self) -> ExitStack:
@@ -201,10 +199,13 @@ class NdSession:
         torch = _torch()
         batches = [tokens.to(self.device) for tokens in micro_batches]
         with self._context():
-            if self.schedule is None:
+            if self.plan["context_parallel"] is not None:
+                loss = self._accumulate_context_parallel(batches)
+            elif self.schedule is None:
                 loss = self._accumulate(batches)
             else:
                 loss = self._pipeline(batches)
+        self._align_grad_placements()
         if on_boundary is not None:
             on_boundary()
         clip = self.plan["optimizer"]["grad_clip"]
@@ -223,6 +224,40 @@ class NdSession:
             losses.append(_plain(loss).detach().float())
         return torch.stack(losses).mean()
 
+    def _accumulate_context_parallel(self, batches):
+        """Ring attention over the `cp` mesh dim (GPU only: rendered and validated on CPU, never run there).
+
+        Tokens, labels and positions are split along the sequence (load-balanced causal chunks). Each rank's
+        loss is its labelled tokens' summed cross-entropy over the micro-batch's mean count per CP rank, so the
+        mean over CP ranks (FSDP's gradient average over dp_shard x cp) is the exact micro-batch mean.
+        """
+        torch = _torch()
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        cp_mesh, cp = self.mesh["cp"], self.mesh["cp"].size()
+        set_rotate_method(self.plan["context_parallel"]["rotate_method"])
+        stage, losses = self.stages[0], []
+        for tokens in batches:
+            labels = shifted_labels(tokens)
+            positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens).contiguous()
+            count = (labels != IGNORE_INDEX).sum()
+            buffers = [tokens, labels, positions]
+            sharded = context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=[1, 1, 1],
+                                       no_restore_buffers=set(buffers))  # fmt: skip
+            with sharded:
+                logits = stage(tokens, positions)
+                summed = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1),
+                                         ignore_index=IGNORE_INDEX, reduction="sum")  # fmt: skip
+                loss = summed * cp / count
+                (loss / len(batches)).backward()
+            value = _plain(loss).detach().float()
+            dist.all_reduce(value, group=cp_mesh.get_group())
+            losses.append(value / cp)
+        return torch.stack(losses).mean()
+
     def _pipeline(self, batches):
         """The step's micro-batches are the schedule's; the loss is broadcast from the last stage's rank."""
         torch = _torch()
@@ -239,6 +274,19 @@ class NdSession:
             loss = torch.zeros((), dtype=torch.float32, device=self.device)
         dist.broadcast(loss, group=self.mesh.get_group("pp"), group_src=self.last_stage_pp_rank)
         return loss
+
+    def _align_grad_placements(self) -> None:
+        """Give each DTensor gradient its parameter's placements.
+
+        DTensor's embedding backward leaves a vocab-parallel (Shard(0)) table with a Replicate gradient:
+        keeping only the local rows (a slice, no communication) makes the gradient the size of the shard.
+        """
+        from torch.distributed.tensor import DTensor
+
+        for param in self.params:
+            grad = param.grad
+            if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+                param.grad = grad.redistribute(param.device_mesh, param.placements)
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Scale gradients to a global L2 norm of at most `max_norm` (torch's clip_grad_norm_ rule).
@@ -303,16 +351,14 @@ def _build_mesh(plan: Dict[str, Any]):
                             mesh_dim_names=tuple(mesh_plan["dim_names"]))  # fmt: skip
 
 
-def _fsdp_mesh(mesh, fsdp: Dict[str, Any]):
-    """dp_shard x cp flattened into one shard dim (CP ranks hold the same weights); dp_replicate for HSDP."""
-    if mesh["cp"].size() > 1:
+def _data_mesh(mesh, data: Dict[str, Any]):
+    """The mesh the data-parallel wrapper gets, flattening dims that act as one (see nd_plans)."""
+    if "dp_shard_cp" in data["mesh_dims"]:
         mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
-        shard = "dp_shard_cp"
-    else:
-        shard = "dp_shard"
-    if fsdp["replicate_size"] > 1:
-        return mesh["dp_replicate", shard]
-    return mesh[shard]
+    if data["mesh_dims"] == ["dp_replicate_shard_cp"]:
+        return mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_replicate_shard_cp")
+    dims = data["mesh_dims"]
+    return mesh[dims[0]] if len(dims) == 1 else mesh[tuple(dims)]
 
 
 def _set_head_counts(attention, tp: int) -> None:
@@ -325,6 +371,7 @@ def _set_head_counts(attention, tp: int) -> None:
             setattr(attention, name, getattr(attention, name) // tp)
 
 
+@functools.lru_cache(maxsize=None)
 def _wait_collective():
     torch = _torch()
 
@@ -413,17 +460,27 @@ def _apply_checkpointing(stage, mode: str) -> None:
         stage.layers[key] = checkpoint_wrapper(layer, preserve_rng_state=False, **kwargs)
 
 
-def _apply_fsdp(stage, dp_mesh, fsdp: Dict[str, Any]) -> None:
+def _apply_data_parallel(stage, dp_mesh, data: Dict[str, Any], on_gpu: bool) -> None:
+    """FSDP2 per decoder layer, then the stage root (the embedding, norm and head join the root's group)."""
     torch = _torch()
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
-    if fsdp["mixed_precision"]:
+    if data["mixed_precision"]:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    reshard = fsdp["reshard_after_forward"]
+    if data["wrapper"] == "replicate":
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        for layer in stage.layers.values():
+            replicate(layer, mesh=dp_mesh, mp_policy=mp)
+        replicate(stage, mesh=dp_mesh, mp_policy=mp)
+        return
+    offload = CPUOffloadPolicy(pin_memory=on_gpu) if data["offload"] == "cpu" else OffloadPolicy()
+    kwargs = dict(mesh=dp_mesh, reshard_after_forward=data["reshard_after_forward"], mp_policy=mp,
+                  offload_policy=offload)  # fmt: skip
     for layer in stage.layers.values():
-        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(layer, **kwargs)
+    fully_shard(stage, **kwargs)
 
 
 def _stage_specs(plan: Dict[str, Any], num_layers: int, pp_rank: int) -> List[Dict[str, Any]]:
@@ -480,63 +537,19 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> NdSession:
     seq_scale = tp_plan["size"] if tp_plan["sequence_parallel"] else 1
     stages = [Stage.module(model, s["layers"], s["embedding"], s["head"], seq_scale) for s in specs]
     _release_unowned(model, specs)
-    dp_mesh = _fsdp_mesh(mesh, plan["fsdp"]) if plan["fsdp"] else None
+    data = plan["data_parallel"]
+    dp_mesh = _data_mesh(mesh, data) if data["wrapper"] else None
     for stage in stages:
         stage.to(device)
         if tp_plan["size"] > 1:
             _apply_tensor_parallel(stage, mesh["tp"], tp_plan)
         _apply_checkpointing(stage, plan["activation_checkpointing"])
         if dp_mesh is not None:
-            _apply_fsdp(stage, dp_mesh, plan["fsdp"])
+            _apply_data_parallel(stage, dp_mesh, data, kind.type == "cuda")
         stage.train()
     schedule = _schedule(plan, stages, specs, mesh, device) if plan["pipeline"] else None
     opt = plan["optimizer"]
     params = [p for stage in stages for p in stage.parameters()]
     optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
                                   weight_decay=opt["weight_decay"])  # fmt: skip
-    session = NdSession(plan, mesh, stages, optimizer, schedule, specs, device, cfg)
-    if plan["context_parallel"] is not None:
-        return ContextParallelSession.wrap(session)
-    return session
-
-
-class ContextParallelSession(NdSession):
-    """Ring attention over the `cp` mesh dim around each micro-batch (GPU only; validated on CPU, not run).
-
-    Tokens, labels and positions are split along the sequence (load-balanced causal chunks). Each rank's
-    loss is its labelled tokens' summed cross-entropy over the micro-batch's mean count per CP rank, so the
-    mean over CP ranks (FSDP's gradient average over dp_shard x cp) is the exact micro-batch mean.
-    """
-
-    @classmethod
-    def wrap(cls, session: NdSession) -> "ContextParallelSession":
-        session.__class__ = cls
-        return session  # type: ignore[return-value]
-
-    def _accumulate(self, batches):
-        torch = _torch()
-        import torch.distributed as dist
-        import torch.nn.functional as F
-        from torch.distributed.tensor.experimental import context_parallel
-        from torch.distributed.tensor.experimental._attention import set_rotate_method
-
-        cp_mesh, cp = self.mesh["cp"], self.mesh["cp"].size()
-        set_rotate_method(self.plan["context_parallel"]["rotate_method"])
-        stage, losses = self.stages[0], []
-        for tokens in batches:
-            labels = shifted_labels(tokens)
-            positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens).contiguous()
-            count = (labels != IGNORE_INDEX).sum()
-            buffers = [tokens, labels, positions]
-            with context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)):
-                logits = stage(tokens, positions)
-                summed = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1),
-                                         ignore_index=IGNORE_INDEX, reduction="sum")  # fmt: skip
-                loss = summed * cp / count
-                (loss / len(batches)).backward()
-            value = _plain(loss).detach().float()
-            dist.all_reduce(value, group=cp_mesh.get_group())
-            losses.append(value / cp)
-        return torch.stack(losses).mean()
-
-
+    return NdSession(plan, mesh, stages, optimizer, schedule, specs, device, cfg)

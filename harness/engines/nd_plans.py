@@ -30,6 +30,8 @@ MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 
 REPLICATE, SHARD_SEQ, SHARD_LAST = "Replicate()", "Shard(1)", "Shard(-1)"
+# AdamW as every engine of the harness configures it (DeepSpeed's ds_config holds the same betas and eps).
+ADAMW_BETAS, ADAMW_EPS = (0.9, 0.95), 1e-8
 
 
 # --------------------------------------------------------------------------------------------- mesh
@@ -62,13 +64,45 @@ def data_parallel_rank(layout: LayoutConfig, rank: int) -> int:
     return c["dp_replicate"] * layout.dp_shard + c["dp_shard"]
 
 
+def data_ranks(layout: LayoutConfig) -> int:
+    """Ranks that hold the same weights of one stage and TP shard: dp_replicate x dp_shard x cp."""
+    return layout.dp_replicate * layout.dp_shard * layout.cp
+
+
 def fsdp_shard_size(layout: LayoutConfig) -> int:
-    """FSDP shards over dp_shard x cp: context-parallel ranks hold the same weights (torchtitan's dp_shard_cp)."""
-    return layout.dp_shard * layout.cp
+    """Ranks one parameter is sharded over: dp_shard x cp under FSDP (zero_stage 2/3), else 1.
+
+    Context-parallel ranks hold the same weights, so FSDP shards over them too (torchtitan's dp_shard_cp);
+    zero_stage 0 replicates over every data rank instead.
+    """
+    return layout.dp_shard * layout.cp if layout.zero_stage >= 2 else 1
 
 
-def uses_fsdp(layout: LayoutConfig) -> bool:
-    return layout.dp_replicate * fsdp_shard_size(layout) > 1
+def data_parallel_plan(layout: LayoutConfig) -> Optional[Dict[str, Any]]:
+    """How the data axes hold the weights: FSDP2 `fully_shard` (zero_stage 2/3, HSDP when dp_replicate > 1)
+    or FSDP2-style `replicate` (zero_stage 0); None when every data axis has size 1."""
+    if data_ranks(layout) == 1:
+        return None
+    shard_dim = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
+    if layout.zero_stage >= 2:
+        wrapper = "fully_shard"
+        dims = (["dp_replicate"] if layout.dp_replicate > 1 else []) + [shard_dim]
+    else:
+        wrapper, dims = "replicate", ["dp_replicate_shard_cp"]
+    offload = layout.offload_params if layout.offload_params != "none" else None
+    return {
+        "wrapper": wrapper,
+        # Names of the mesh dims the wrapper is given (flattened from MESH_DIMS where they join several).
+        "mesh_dims": dims,
+        "shard_size": fsdp_shard_size(layout),
+        "replicate_size": data_ranks(layout) // fsdp_shard_size(layout),
+        # ZeRO-3 frees the gathered weights after forward; ZeRO-2 keeps them until backward.
+        "reshard_after_forward": layout.zero_stage >= 3,
+        "units": ["each decoder layer", "each pipeline stage (root)"],
+        "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"} if layout.precision == "bf16" else None,
+        # CPUOffloadPolicy: sharded parameters, gradients and the optimizer step on the host.
+        "offload": offload,
+    }
 
 
 # ------------------------------------------------------------------------------------------ TP plans
@@ -86,7 +120,8 @@ def layer_tp_plan(model_type: str, sequence_parallel: bool) -> Dict[str, Dict[st
     re-sharded, so every TP rank routes the same tokens and expert gradients agree across the TP group.
     """
     if model_type not in TP_FAMILIES:
-        raise ValueError(f"model_type={model_type!r} has no nd tensor-parallel plan; supported: {', '.join(TP_FAMILIES)}")
+        raise ValueError(f"model_type={model_type!r} has no nd tensor-parallel plan; "
+                         f"supported: {', '.join(TP_FAMILIES)}")
     row_out = {"output_layouts": SHARD_SEQ} if sequence_parallel else {}
     plan: Dict[str, Dict[str, Any]] = {}
     if sequence_parallel:
@@ -133,7 +168,8 @@ def top_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> Dict[str, Dict[
     """
     seq = sequence_parallel
     return {
-        "embed_tokens": _style("RowwiseParallel", input_layouts=REPLICATE, output_layouts=SHARD_SEQ if seq else REPLICATE),
+        "embed_tokens": _style("RowwiseParallel", input_layouts=REPLICATE,
+                               output_layouts=SHARD_SEQ if seq else REPLICATE),
         **({"norm": _style("SequenceParallel")} if seq else {}),
         "lm_head": _style(
             "ColwiseParallel",
@@ -212,23 +248,15 @@ def nd_plan(cfg: RunConfig) -> Dict[str, Any]:
     spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
     sp = engine.sequence_parallel and layout.tp > 1
     lp = engine.loss_parallel and layout.tp > 1
-    fsdp = None
-    if uses_fsdp(layout):
-        fsdp = {
-            "mesh_dims": (["dp_replicate"] if layout.dp_replicate > 1 else []) + ["dp_shard_cp"],
-            "shard_size": fsdp_shard_size(layout),
-            "replicate_size": layout.dp_replicate,
-            # ZeRO-3 frees the gathered weights after forward; ZeRO-2 keeps them until backward.
-            "reshard_after_forward": layout.zero_stage >= 3,
-            "units": ["each decoder layer", "each pipeline stage (root)"],
-            "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"} if layout.precision == "bf16" else None,
-        }
+    data = data_parallel_plan(layout)
     return {
         "engine": "nd",
         "model_type": spec.model_type,
         "mesh": {"dim_names": list(MESH_DIMS), "shape": mesh_shape(layout), "world_size": world_size(layout),
                  "device_type": "cpu" if cfg.cluster.accelerator == "cpu" else "cuda"},
-        "data_parallel": {"size": data_parallel_size(layout), "dims": ["dp_replicate", "dp_shard"]},
+        # Ranks with one data-parallel rank read the same batch; the wrapper says how weights are held.
+        "data_parallel": {"size": data_parallel_size(layout), "batch_dims": ["dp_replicate", "dp_shard"],
+                          **(data or {"wrapper": None})},
         "tensor_parallel": {
             "size": layout.tp,
             "sequence_parallel": sp,
@@ -238,12 +266,12 @@ def nd_plan(cfg: RunConfig) -> Dict[str, Any]:
             "top_plan": top_tp_plan(sp, lp) if layout.tp > 1 else {},
         },
         "pipeline": pipeline_plan(spec.num_layers, layout) if layout.pp > 1 else None,
-        "fsdp": fsdp,
         "context_parallel": context_parallel_plan(layout) if layout.cp > 1 else None,
         "activation_checkpointing": layout.activation_checkpointing,
         "precision": layout.precision,
-        "autocast_bf16": layout.precision == "bf16" and fsdp is None,
-        "optimizer": {"type": "AdamW", "lr": cfg.bench.lr, "betas": [0.9, 0.95], "eps": 1e-8,
+        # Without a data-parallel wrapper there is no mixed-precision policy: bf16 runs under autocast.
+        "autocast_bf16": layout.precision == "bf16" and data is None,
+        "optimizer": {"type": "AdamW", "lr": cfg.bench.lr, "betas": list(ADAMW_BETAS), "eps": ADAMW_EPS,
                       "weight_decay": cfg.bench.weight_decay, "grad_clip": cfg.bench.grad_clip},
     }  # fmt: skip
 
@@ -304,8 +332,9 @@ def _pipeline_problems(spec: ModelSpec, layout: LayoutConfig) -> List[str]:
         if sum(explicit) != spec.num_layers:
             problems.append(f"layout.pp_stage_layers={explicit} sums to {sum(explicit)}, "
                             f"not num_hidden_layers={spec.num_layers}")
-        if any(count < 1 for count in explicit):
-            problems.append(f"layout.pp_stage_layers={explicit}: every stage needs >= 1 layer")
+        if any(count < 1 for count in explicit[1:-1]) or any(count < 0 for count in explicit):
+            problems.append(f"layout.pp_stage_layers={explicit}: the middle stages need >= 1 layer "
+                            f"(the first and last may hold 0: the embedding, or the norm and LM head, alone)")
     elif spec.num_layers < stages:
         problems.append(f"num_hidden_layers={spec.num_layers} < pp*pp_virtual_stages={stages}: "
                         f"every stage needs >= 1 layer")
@@ -345,6 +374,23 @@ def _model_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
     return problems
 
 
+def _data_parallel_problems(layout: LayoutConfig) -> List[str]:
+    problems = []
+    if layout.zero_stage not in (0, 2, 3):
+        problems.append(f"layout.zero_stage={layout.zero_stage}: engine=nd holds the data axis with FSDP2, which has "
+                        f"no optimizer-only level (0 replicate, 2 shard and keep, 3 shard and reshard)")
+    offload = (layout.offload_optimizer, layout.offload_params)
+    if offload != ("none", "none"):
+        if offload != ("cpu", "cpu") or layout.zero_stage != 3:
+            problems.append(f"layout.offload_optimizer={offload[0]}, offload_params={offload[1]}, zero_stage="
+                            f"{layout.zero_stage}: engine=nd offloads only with FSDP2's CPUOffloadPolicy, which moves "
+                            f"parameters, gradients and the optimizer step together (both cpu, zero_stage=3)")
+        elif data_ranks(layout) == 1:
+            problems.append("layout.offload_*=cpu needs a data axis (dp_replicate*dp_shard*cp > 1) "
+                            "for FSDP2 to offload")
+    return problems
+
+
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     """(errors, warnings) for running this config with engine=nd; each names the field, value and rule."""
     layout, engine = cfg.layout, cfg.engine
@@ -360,12 +406,7 @@ def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
         errors.append(f"layout.ep={layout.ep}: engine=nd has no expert parallelism (engine=megatron_lm exports it)")
     if layout.precision == "fp16":
         errors.append("layout.precision=fp16: engine=nd trains bf16 or fp32 (fp16 needs a loss scaler)")
-    if layout.offload_optimizer != "none" or layout.offload_params != "none":
-        errors.append(f"layout.offload_optimizer={layout.offload_optimizer}, offload_params={layout.offload_params}: "
-                      f"engine=nd does not offload (use engine=fsdp or deepspeed)")
-    if fsdp_shard_size(layout) > 1 and layout.zero_stage < 2:
-        errors.append(f"layout.zero_stage={layout.zero_stage} with dp_shard*cp={fsdp_shard_size(layout)}: engine=nd "
-                      f"shards the data axis with FSDP2 (zero_stage 2 or 3); unsharded copies go on dp_replicate")
+    errors += _data_parallel_problems(layout)
     if layout.cp > 1:
         if cfg.cluster.accelerator == "cpu":
             errors.append(f"layout.cp={layout.cp}: context parallelism runs on GPU only "
@@ -409,7 +450,8 @@ def _layer_tensors(spec: ModelSpec) -> List[ParamTensor]:
         ParamTensor("layer", "post_attention_layernorm.weight", (h,), None),
     ]
     if spec.qkv_bias:
-        out += [ParamTensor("layer", f"self_attn.{n}_proj.bias", (size,), 0) for n, size in (("q", q), ("k", kv), ("v", kv))]
+        out += [ParamTensor("layer", f"self_attn.{n}_proj.bias", (size,), 0)
+                for n, size in (("q", q), ("k", kv), ("v", kv))]
     if spec.out_bias:
         out.append(ParamTensor("layer", "self_attn.o_proj.bias", (h,), None))
     if spec.qk_norm:
@@ -426,7 +468,8 @@ def _layer_tensors(spec: ModelSpec) -> List[ParamTensor]:
                 ParamTensor("layer", "mlp.up_proj.weight", (ffn, h), 0),
                 ParamTensor("layer", "mlp.down_proj.weight", (h, ffn), 1)]  # fmt: skip
         if spec.mlp_bias:
-            out += [ParamTensor("layer", "mlp.gate_proj.bias", (ffn,), 0), ParamTensor("layer", "mlp.up_proj.bias", (ffn,), 0),
+            out += [ParamTensor("layer", "mlp.gate_proj.bias", (ffn,), 0),
+                    ParamTensor("layer", "mlp.up_proj.bias", (ffn,), 0),
                     ParamTensor("layer", "mlp.down_proj.bias", (h,), None)]  # fmt: skip
     return out
 

@@ -93,7 +93,9 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
     write_json_atomic(run_dir / CONFIG_FILE, run_config_to_dict(cfg))
     plan = make_plan(cfg)
     write_json_atomic(run_dir / PLAN_FILE, plan_record(plan))
-    errors = [*plan.errors, *launch_problems(cfg)]
+    engine = engine_module(cfg.engine.name)
+    engine_errors = engine.check(cfg)[0] if hasattr(engine, "check") and not plan.errors else []
+    errors = [*plan.errors, *engine_errors, *launch_problems(cfg)]
     if not errors and plan.fits is False:
         need, have = plan.memory.total_bytes / 2**30, plan.device_memory_bytes / 2**30
         errors = [f"predicted {need:.2f} GiB per rank > {have:.2f} GiB of device memory "
@@ -103,7 +105,11 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
         if prune:
             return PreparedRun(run_dir, cfg, plan, None)
         raise RunRejected("the run was not launched:\n  - " + "\n  - ".join(errors))
-    rendered = engine_module(cfg.engine.name).render(cfg, run_dir)
+    rendered = engine.render(cfg, run_dir)
     rendered.save()
+    if getattr(engine, "EXPORT_ONLY", False):
+        # Export engines (Megatron-LM) write a command line for the user's own cluster; nothing runs here.
+        write_status(run_dir, PRUNED, f"engine={cfg.engine.name} is export only: see {', '.join(rendered.files)}")
+        return PreparedRun(run_dir, cfg, plan, None)
     write_status(run_dir, PENDING)
     return PreparedRun(run_dir, cfg, plan, rendered)

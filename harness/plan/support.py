@@ -63,6 +63,6 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
     "megatron_lm": EngineSupport(
         zero_stages=(0, 1), zero_reason="the export maps zero_stage 1 to --use-distributed-optimizer only",
         tp=True, cp=True, ep=True, pp_schedules=("1F1B", "Interleaved1F1B"), pp_zero_stages=(0, 1),
-        hybrid_zero_stages=(), offload_optimizer={}, offload_params={}, offload_together=False,
+        hybrid_zero_stages=(1,), offload_optimizer={}, offload_params={}, offload_together=False,
         tp_shards_vocab=(True, True), activation_profile="megatron"),
 }

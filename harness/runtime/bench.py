@@ -98,6 +98,10 @@ def rank_record(state, kind, times_s, losses, activation_bytes, peak_flops) -> D
     }
 
 
+def device_state_and_activation_bytes(record: Dict[str, Any]) -> int:
+    return record["param_bytes"] + record["grad_bytes"] + record["optimizer_bytes"] + record["activation_bytes"]
+
+
 def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, Any], dp_size: int) -> Measured:
     """Across ranks: a step lasts as long as its slowest rank; the loss is the mean over dp ranks."""
     world = len(records)
@@ -112,6 +116,8 @@ def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, 
     peak_flops, source = peak.flops, peak.source
     flops_per_token, recompute_flops = plan["flops_per_token"], plan["recompute_flops_per_token"]
     peak_alloc = [r["peak_allocated_bytes"] for r in records if r["peak_allocated_bytes"] is not None]
+    # The rank that needs the most device memory (under PP the stages differ), as the planner predicts.
+    worst = max(records, key=device_state_and_activation_bytes)
     return Measured(
         tokens_per_s=tokens_per_s,
         tokens_per_s_per_device=tokens_per_s / world,
@@ -122,11 +128,11 @@ def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, 
         hfu=hfu(tokens_per_s, flops_per_token, recompute_flops, peak_flops, world),
         peak_flops_per_device=peak_flops,
         peak_flops_source=source,
-        param_bytes=max(r["param_bytes"] for r in records),
-        grad_bytes=max(r["grad_bytes"] for r in records),
-        optimizer_bytes=max(r["optimizer_bytes"] for r in records),
-        activation_bytes=max(r["activation_bytes"] for r in records),
-        host_bytes=max(r.get("host_bytes", 0) for r in records),
+        param_bytes=worst["param_bytes"],
+        grad_bytes=worst["grad_bytes"],
+        optimizer_bytes=worst["optimizer_bytes"],
+        activation_bytes=worst["activation_bytes"],
+        host_bytes=worst.get("host_bytes", 0),
         peak_allocated_bytes=max(peak_alloc) if peak_alloc else None,
         losses=losses,
         loss_first=losses[0],
@@ -193,9 +199,7 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
     """Run summary for W&B: scalar measurements, the FLOP convention, and the prediction beside them."""
     measured = payload["measured"]
     summary = {k: v for k, v in measured.items() if not isinstance(v, (list, dict))}
-    summary["memory_per_rank_bytes"] = max(
-        r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] + r["activation_bytes"] for r in measured["per_rank"]
-    )
+    summary["memory_per_rank_bytes"] = max(device_state_and_activation_bytes(r) for r in measured["per_rank"])
     summary.update(
         flop_convention=payload["flop_convention"],
         flops_per_token=payload["flops_per_token"],

@@ -80,7 +80,7 @@ class SavedActivationMeter:
     def __init__(self, parameters: Iterable[torch.Tensor] = ()) -> None:
         # Engines keep weights in flat buffers (DeepSpeed ZeRO-1/2), so a saved view of a weight is
         # not a leaf: weight storages are excluded by address as well.
-        self.weight_storages = {p.untyped_storage().data_ptr() for p in parameters}
+        self.weight_storages = {getattr(p, "_local_tensor", p).untyped_storage().data_ptr() for p in parameters}
         self.live: Dict[int, List[int]] = {}  # storage pointer -> [references, bytes]
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -88,7 +88,9 @@ class SavedActivationMeter:
     def _pack(self, tensor: torch.Tensor):
         if tensor.is_leaf and tensor.requires_grad:
             return tensor  # a parameter: model state, not an activation
-        storage = getattr(tensor, "_local_tensor", tensor).untyped_storage()
+        local = getattr(tensor, "_local_tensor", tensor)
+        local = getattr(local, "elem", local)  # AsyncCollectiveTensor wraps the result of a TP collective
+        storage = local.untyped_storage()
         key = storage.data_ptr()
         if key in self.weight_storages:
             return tensor

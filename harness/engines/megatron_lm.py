@@ -1,0 +1,355 @@
+"""megatron_lm (export only): the Megatron-LM `pretrain_gpt.py` command line for a layout and an HF model shape.
+
+The harness never launches it (`EXPORT_ONLY`): `render` writes `megatron_args.sh` (a runnable script with data
+and checkpoint hints) and `megatron_args.json` (the same flags as data) for users who run Megatron-LM itself.
+Flags follow Megatron-LM core_r0.16 (megatron-core 0.16); `check` restates the argument rules of
+`megatron/training/arguments.py::validate_args` and of megatron.core's TransformerConfig that a layout can break.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from harness.config.schema import RunConfig
+from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, RenderedRun
+from harness.plan.model_spec import ModelSpec, model_spec_from_hf
+
+# The planner and launchers refuse to start this engine: it has no `apply`.
+EXPORT_ONLY = True
+SCRIPT_FILE = "megatron_args.sh"
+ARGS_FILE = "megatron_args.json"
+# Megatron-LM schedules: 1F1B without virtual stages, interleaved 1F1B with them.
+SCHEDULES = ("1F1B", "Interleaved1F1B")
+MEGATRON_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "gpt2")
+# Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * tp (default 128).
+DEFAULT_VOCAB_DIVISOR = 128
+
+Flags = Dict[str, Any]  # flag -> value; True for a switch
+
+
+def data_parallel_size(cfg: RunConfig) -> int:
+    return cfg.layout.dp_replicate * cfg.layout.dp_shard
+
+
+def global_batch_size(cfg: RunConfig) -> int:
+    layout = cfg.layout
+    return layout.micro_batch * layout.grad_accum * data_parallel_size(cfg)
+
+
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """Largest power of two <= 128 with vocab % (divisor * tp) == 0, so Megatron keeps the HF vocabulary
+    exactly (no padded rows); 1 when even that fails (Megatron then pads to a multiple of tp)."""
+    divisor = DEFAULT_VOCAB_DIVISOR
+    while divisor > 1 and vocab_size % (divisor * tp):
+        divisor //= 2
+    return divisor
+
+
+def pipeline_layout(stage_layers: List[int]) -> str:
+    """Megatron's --pipeline-model-parallel-layout: stages in global order (stage s on rank s % pp),
+    `E` embedding, `t*n` n decoder layers, `L` final norm + LM head + loss."""
+    stages = []
+    for index, count in enumerate(stage_layers):
+        text = ("E" if index == 0 else "") + (f"t*{count}" if count else "")
+        text += "L" if index == len(stage_layers) - 1 else ""
+        stages.append(text)
+    return "|".join(stages)
+
+
+def _model_flags(spec: ModelSpec, hf: Dict[str, Any], cfg: RunConfig) -> Flags:
+    flags: Flags = {
+        "--num-layers": spec.num_layers,
+        "--hidden-size": spec.hidden_size,
+        "--ffn-hidden-size": spec.ffn_size,
+        "--num-attention-heads": spec.num_heads,
+        "--kv-channels": spec.head_dim,
+        "--seq-length": cfg.layout.seq_len,
+        "--max-position-embeddings": spec.max_positions,
+        "--attention-dropout": spec.attention_dropout,
+        "--hidden-dropout": spec.hidden_dropout,
+    }
+    if spec.num_kv_heads != spec.num_heads:
+        flags["--group-query-attention"] = True
+        flags["--num-query-groups"] = spec.num_kv_heads
+    if spec.norm_kind == "rmsnorm":
+        flags["--normalization"] = "RMSNorm"
+        flags["--norm-epsilon"] = float(hf.get("rms_norm_eps", 1e-6))
+    else:
+        flags["--normalization"] = "LayerNorm"
+        flags["--norm-epsilon"] = float(hf.get("layer_norm_epsilon", 1e-5))
+    if spec.mlp_kind == "swiglu":
+        flags["--swiglu"] = True
+    if spec.learned_positions:
+        flags["--position-embedding-type"] = "learned_absolute"
+    else:
+        flags["--position-embedding-type"] = "rope"
+        flags["--rotary-base"] = int(float(hf.get("rope_theta", 10000.0)))
+        scaling = hf.get("rope_scaling") or {}
+        if scaling.get("rope_type", scaling.get("type")) == "llama3":
+            flags["--use-rope-scaling"] = True
+            flags["--rope-scaling-factor"] = float(scaling["factor"])
+    if not (spec.qkv_bias or spec.out_bias or spec.mlp_bias):
+        flags["--disable-bias-linear"] = True
+    elif spec.qkv_bias and not spec.out_bias and not spec.mlp_bias:
+        flags["--disable-bias-linear"] = True
+        flags["--add-qkv-bias"] = True
+    if spec.qk_norm:
+        flags["--qk-layernorm"] = True
+    if not spec.tied_embeddings:
+        flags["--untie-embeddings-and-output-weights"] = True
+    if spec.is_moe:
+        flags.update({
+            "--num-experts": spec.num_experts,
+            "--moe-router-topk": spec.experts_per_token,
+            "--moe-router-load-balancing-type": "aux_loss",
+            "--moe-aux-loss-coeff": float(hf.get("router_aux_loss_coef", 0.02)),
+            "--moe-grouped-gemm": True,
+            "--moe-token-dispatcher-type": "alltoall",
+        })  # fmt: skip
+    return flags
+
+
+def _parallel_flags(spec: ModelSpec, cfg: RunConfig) -> Flags:
+    layout, engine = cfg.layout, cfg.engine
+    flags: Flags = {
+        "--tensor-model-parallel-size": layout.tp,
+        "--pipeline-model-parallel-size": layout.pp,
+        "--context-parallel-size": layout.cp,
+        "--expert-model-parallel-size": layout.ep,
+        "--micro-batch-size": layout.micro_batch,
+        "--global-batch-size": global_batch_size(cfg),
+    }
+    if layout.tp > 1 and engine.sequence_parallel:
+        flags["--sequence-parallel"] = True
+    if layout.pp > 1:
+        if layout.pp_stage_layers:
+            flags["--pipeline-model-parallel-layout"] = pipeline_layout(list(layout.pp_stage_layers))
+        elif layout.pp_virtual_stages > 1:
+            flags["--num-layers-per-virtual-pipeline-stage"] = spec.num_layers // (layout.pp * layout.pp_virtual_stages)
+    if layout.zero_stage == 1:
+        flags["--use-distributed-optimizer"] = True
+        flags["--overlap-grad-reduce"] = True
+        flags["--overlap-param-gather"] = True
+        if layout.dp_replicate > 1:
+            # Shard the optimizer within dp_shard ranks, replicate across dp_replicate groups.
+            flags["--num-distributed-optimizer-instances"] = layout.dp_replicate
+    if layout.activation_checkpointing == "selective":
+        flags["--recompute-granularity"] = "selective"
+    elif layout.activation_checkpointing == "full":
+        flags.update({"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": 1})
+    if layout.precision == "bf16":
+        flags["--bf16"] = True
+    elif layout.precision == "fp16":
+        flags["--fp16"] = True
+    return flags
+
+
+def _training_flags(cfg: RunConfig) -> Flags:
+    bench = cfg.bench
+    return {
+        "--train-iters": bench.warmup_steps + bench.steps,
+        "--lr": bench.lr,
+        "--min-lr": bench.lr,
+        "--lr-decay-style": "constant",
+        "--weight-decay": bench.weight_decay,
+        "--clip-grad": bench.grad_clip,
+        "--adam-beta1": 0.9,
+        "--adam-beta2": 0.95,
+        "--adam-eps": 1e-8,
+        "--seed": bench.seed,
+        "--log-interval": 1,
+        "--log-throughput": True,
+        "--eval-iters": 0,
+        "--transformer-impl": "transformer_engine",
+    }
+
+
+def megatron_flags(cfg: RunConfig) -> Flags:
+    """Every pretrain_gpt.py flag for this config, in the order they are written (data flags excluded)."""
+    errors, _ = check(cfg)
+    if errors:
+        raise ValueError("megatron_lm cannot export this layout:\n  - " + "\n  - ".join(errors))
+    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    flags = _model_flags(spec, cfg.model.hf_config, cfg)
+    flags["--make-vocab-size-divisible-by"] = vocab_divisor(spec.vocab_size, cfg.layout.tp)
+    flags.update(_parallel_flags(spec, cfg))
+    flags.update(_training_flags(cfg))
+    return flags
+
+
+def flags_to_argv(flags: Flags) -> List[str]:
+    argv: List[str] = []
+    for flag, value in flags.items():
+        if value is True:
+            argv.append(flag)
+        elif value is not False and value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _script(cfg: RunConfig, flags: Flags) -> str:
+    layout, cluster = cfg.layout, cfg.cluster
+    vocab = model_spec_from_hf(cfg.model.name, cfg.model.hf_config).vocab_size
+    tokenizer = cfg.model.hub_id or ""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Megatron-LM pretrain_gpt.py for model={cfg.model.name}, layout={layout.name}, cluster={cluster.name}:",
+        f"# tp={layout.tp} pp={layout.pp} (virtual {layout.pp_virtual_stages}) cp={layout.cp} ep={layout.ep} "
+        f"dp={data_parallel_size(cfg)} on {cluster.nodes} x {cluster.accelerators_per_node} GPUs.",
+        "# Generated by the harness (engine=megatron_lm, export only: the harness does not launch it).",
+        "# Run on every node from a Megatron-LM checkout (core_r0.16), with NODE_RANK, MASTER_ADDR, MASTER_PORT set.",
+        "#",
+        "# Data: preprocess a corpus with tools/preprocess_data.py (same tokenizer), then point DATA_PATH at the",
+        "#   <prefix> of <prefix>.bin/.idx (weighted blends: DATA_PATH='0.7 a_text_document 0.3 b_text_document').",
+        "#   The default, DATA_PATH=--mock-data, runs on synthetic tokens with a NullTokenizer of the model's",
+        "#   vocabulary; real data needs TOKENIZER_MODEL (the model's Hugging Face tokenizer: hub id or path).",
+        "# Checkpoints: CHECKPOINT_DIR is written every SAVE_INTERVAL steps in torch_dist format; to start from HF",
+        "#   weights convert them first (Megatron-Bridge or tools/checkpoint/convert.py) into CHECKPOINT_DIR.",
+        "set -euo pipefail",
+        'MEGATRON_LM=${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}',
+        'DATA_PATH=${DATA_PATH:---mock-data}',
+        'CHECKPOINT_DIR=${CHECKPOINT_DIR:-checkpoints}',
+        'SAVE_INTERVAL=${SAVE_INTERVAL:-1000}',
+        f'TOKENIZER_MODEL=${{TOKENIZER_MODEL:-{tokenizer}}}',
+        "",
+        "MEGATRON_ARGS=(",
+        *[f"  {shlex.join(flags_to_argv({flag: value}))}" for flag, value in flags.items() if value is not False],
+        ")",
+        'if [ "$DATA_PATH" = "--mock-data" ]; then',
+        # NullTokenizer adds one id (end of document) to --vocab-size.
+        f"  DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size {vocab - 1})",
+        "else",
+        '  : "${TOKENIZER_MODEL:?set TOKENIZER_MODEL to the Hugging Face tokenizer of the model}"',
+        '  DATA_ARGS=(--data-path $DATA_PATH --split 949,50,1 --tokenizer-type HuggingFaceTokenizer '
+        '--tokenizer-model "$TOKENIZER_MODEL")',
+        "fi",
+        "CHECKPOINT_ARGS=(",
+        '  --save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "$SAVE_INTERVAL" --ckpt-format torch_dist',
+        ")",
+        "",
+        f"torchrun --nnodes {cluster.nodes} --nproc_per_node {cluster.accelerators_per_node} "
+        '--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \\',
+        '  "$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}" "${CHECKPOINT_ARGS[@]}"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
+    run_dir = Path(run_dir)
+    flags = megatron_flags(cfg)
+    script = run_dir / SCRIPT_FILE
+    script.write_text(_script(cfg, flags))
+    script.chmod(0o755)
+    (run_dir / ARGS_FILE).write_text(json.dumps({"flags": flags, "argv": flags_to_argv(flags)}, indent=2) + "\n")
+    cluster = cfg.cluster
+    # Documentation only: EXPORT_ONLY tells the launchers never to run this line.
+    argv = [
+        "torchrun", "--nnodes", str(cluster.nodes), "--nproc_per_node", str(cluster.accelerators_per_node),
+        "--node_rank", NODE_RANK, "--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT,
+        "pretrain_gpt.py", *flags_to_argv(flags),
+    ]  # fmt: skip
+    return RenderedRun(
+        run_dir=str(run_dir),
+        engine="megatron_lm",
+        launcher="torchrun",
+        nnodes=cluster.nodes,
+        nproc_per_node=cluster.accelerators_per_node,
+        argv=argv,
+        env={},
+        files=[SCRIPT_FILE, ARGS_FILE],
+    )
+
+
+# ------------------------------------------------------------------------------------------ checks
+def _layout_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
+    layout, problems = cfg.layout, []
+    processes = cfg.cluster.nodes * cfg.cluster.accelerators_per_node
+    world = layout.tp * layout.pp * layout.cp * data_parallel_size(cfg)
+    if world != processes:
+        problems.append(f"tp*pp*cp*dp_replicate*dp_shard={world} must equal cluster.nodes*accelerators_per_node="
+                        f"{processes} (Megatron: data-parallel size = world / (tp*pp*cp))")
+    if layout.zero_stage not in (0, 1):
+        problems.append(f"layout.zero_stage={layout.zero_stage}: the export maps 0 to plain data parallel and 1 to "
+                        f"--use-distributed-optimizer (Megatron-FSDP is not exported)")
+    if layout.dp_replicate > 1 and layout.zero_stage != 1:
+        problems.append(f"layout.dp_replicate={layout.dp_replicate} needs zero_stage=1 "
+                        f"(--num-distributed-optimizer-instances); with zero_stage=0 use dp_shard")
+    if layout.offload_optimizer != "none" or layout.offload_params != "none":
+        problems.append("layout.offload_*: the Megatron-LM export does not offload")
+    if layout.pp_schedule not in SCHEDULES and layout.pp > 1:
+        problems.append(f"layout.pp_schedule={layout.pp_schedule}: Megatron-LM runs 1F1B (pp_virtual_stages=1) or "
+                        f"Interleaved1F1B (pp_virtual_stages>1)")
+    if layout.pp > 1 and (layout.pp_schedule == "Interleaved1F1B") != (layout.pp_virtual_stages > 1):
+        problems.append(f"layout.pp_schedule={layout.pp_schedule} with pp_virtual_stages={layout.pp_virtual_stages}: "
+                        f"Megatron interleaves exactly when virtual stages > 1")
+    if layout.pp == 1 and layout.pp_virtual_stages > 1:
+        problems.append(f"layout.pp_virtual_stages={layout.pp_virtual_stages} needs pp > 1")
+    return problems
+
+
+def _shape_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
+    layout, problems = cfg.layout, []
+    tp, pp, stages = layout.tp, layout.pp, layout.pp * layout.pp_virtual_stages
+    if spec.num_heads % tp:
+        problems.append(f"tp={tp} must divide num_attention_heads={spec.num_heads}")
+    if spec.num_kv_heads % tp and tp % spec.num_kv_heads:
+        problems.append(f"num_query_groups={spec.num_kv_heads} must be a multiple or divisor of tp={tp}")
+    if spec.ffn_size % tp:
+        problems.append(f"tp={tp} must divide ffn_hidden_size={spec.ffn_size} (column-parallel fc1)")
+    explicit = list(layout.pp_stage_layers)
+    if explicit:
+        if len(explicit) != stages or sum(explicit) != spec.num_layers or min(explicit) < 0:
+            problems.append(f"layout.pp_stage_layers={explicit} must have pp*pp_virtual_stages={stages} entries >= 0 "
+                            f"summing to num_layers={spec.num_layers}")
+    elif pp > 1 and spec.num_layers % stages:
+        problems.append(f"num_layers={spec.num_layers} must be divisible by pp*pp_virtual_stages={stages} "
+                        f"(or give layout.pp_stage_layers: --pipeline-model-parallel-layout)")
+    if layout.pp_virtual_stages > 1 and layout.grad_accum % pp:
+        problems.append(f"interleaved 1F1B: number of micro-batches grad_accum={layout.grad_accum} must be a "
+                        f"multiple of pp={pp}")
+    if layout.cp > 1 and layout.seq_len % (2 * layout.cp):
+        problems.append(f"cp={layout.cp}: seq_len={layout.seq_len} must be divisible by 2*cp (causal load balancing)")
+    if layout.tp > 1 and cfg.engine.sequence_parallel and layout.seq_len % tp:
+        problems.append(f"--sequence-parallel: seq_len={layout.seq_len} must be divisible by tp={tp}")
+    if spec.learned_positions and layout.seq_len > spec.max_positions:
+        problems.append(f"seq_len={layout.seq_len} > max_position_embeddings={spec.max_positions} (learned positions)")
+    return problems
+
+
+def _expert_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
+    layout, problems = cfg.layout, []
+    if layout.ep == 1:
+        return problems
+    if not spec.is_moe:
+        problems.append(f"layout.ep={layout.ep} needs a MoE model (num_moe_experts), {spec.name} is dense")
+        return problems
+    if spec.num_experts % layout.ep:
+        problems.append(f"ep={layout.ep} must divide num_experts={spec.num_experts}")
+    if (data_parallel_size(cfg) * layout.cp) % layout.ep:
+        problems.append(f"ep={layout.ep} must divide dp*cp={data_parallel_size(cfg) * layout.cp} "
+                        f"(experts are sharded within the data-parallel x context-parallel ranks)")
+    if layout.tp > 1 and not cfg.engine.sequence_parallel:
+        problems.append(f"ep={layout.ep} with tp={layout.tp}: Megatron requires --sequence-parallel "
+                        f"(engine.sequence_parallel=true)")
+    return problems
+
+
+def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
+    """(errors, warnings): Megatron-LM's argument rules this layout could break, each naming field and value."""
+    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    if spec.model_type not in MEGATRON_FAMILIES:
+        return [f"model_type={spec.model_type!r}: the Megatron-LM export knows {', '.join(MEGATRON_FAMILIES)}"], []
+    errors = _layout_problems(spec, cfg) + _shape_problems(spec, cfg) + _expert_problems(spec, cfg)
+    warnings: List[str] = []
+    if cfg.engine.sequence_parallel and cfg.layout.tp == 1:
+        warnings.append("engine.sequence_parallel with tp=1: Megatron disables it")
+    window: Optional[int] = cfg.model.hf_config.get("sliding_window")
+    if window is not None and spec.model_type != "qwen2" and window < cfg.layout.seq_len:
+        warnings.append(f"sliding_window={window} < seq_len={cfg.layout.seq_len}: the export has no window flag")
+    if vocab_divisor(spec.vocab_size, cfg.layout.tp) == 1 and spec.vocab_size % cfg.layout.tp:
+        warnings.append(f"vocab_size={spec.vocab_size} is not divisible by tp={cfg.layout.tp}: Megatron pads it")
+    return errors, warnings

@@ -1,0 +1,401 @@
+"""Where each run of a sweep stands: its own files (status, metrics, rank errors) read with Slurm's view.
+
+The ranks and the job's hooks write what they know (RUNNING, COMPLETED with metrics.json, a rank's
+error with its `out_of_memory` flag, the launcher's exit code). What only Slurm knows (still queued,
+requeued, time limit, scancel, memory-limit kill, node failure) comes from `squeue --json` and, once
+squeue has forgotten a job, `sacct`. Only final states are written back, and only into the run's own
+`status.json`; log text is never read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from harness.runtime.result import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    FINAL_STATES,
+    OOM,
+    PENDING,
+    PRUNED,
+    RUNNING,
+    TIMEOUT,
+    read_errors,
+    read_metrics,
+    read_status,
+    write_status,
+)
+
+# Slurm job states (22.05 names) by what they mean for a run.
+SLURM_WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
+                           "SUSPENDED", "STOPPED", "RESIZING"})
+SLURM_ACTIVE = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"})
+SLURM_FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                         "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"})
+# Slurm's SIG_OOM (253) is what a step killed by the memory cgroup exits with; exit codes carry the
+# signal in 7 bits, so it shows as signal 125 (DerivedExitCode 0:125 in cgroup mode, measured).
+SIG_OOM = 253 & 0x7F
+SIGKILL = 9
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """One job (or array task) as Slurm reports it, from squeue --json or a sacct row."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    exit_status: int = 0
+    exit_signal: int = 0
+    derived_status: int = 0
+    derived_signal: int = 0
+    restart_count: int = 0
+    start: Optional[float] = None  # epoch seconds
+    end: Optional[float] = None
+
+    @property
+    def final(self) -> bool:
+        return self.state in SLURM_FINAL
+
+    @classmethod
+    def from_squeue(cls, record: Mapping[str, Any]) -> "SlurmView":
+        state = record.get("job_state")
+        state = state[0] if isinstance(state, list) else state  # later releases print a list
+        exit_status, exit_signal = _wait_status(record.get("exit_code"))
+        derived_status, derived_signal = _wait_status(record.get("derived_exit_code"))
+        return cls(str(record.get("job_id")), str(state), str(record.get("state_reason") or ""), exit_status,
+                   exit_signal, derived_status, derived_signal, int(record.get("restart_cnt") or 0),
+                   _epoch(record.get("start_time")), _epoch(record.get("end_time")))
+
+    @classmethod
+    def from_sacct(cls, row: Mapping[str, str]) -> "SlurmView":
+        exit_status, exit_signal = _colon_pair(row.get("ExitCode", ""))
+        derived_status, derived_signal = _colon_pair(row.get("DerivedExitCode", ""))
+        state = (row.get("State") or "").split(" ")[0]  # "CANCELLED by 0"
+        return cls(row.get("JobID", ""), state, "", exit_status, exit_signal, derived_status, derived_signal, 0,
+                   _iso_epoch(row.get("Start")), _iso_epoch(row.get("End")))
+
+
+def _epoch(value: Any) -> Optional[float]:
+    if isinstance(value, dict):  # the shape of later releases' JSON (not met on 22.05)
+        value = value.get("number") if value.get("set", True) else None
+    return float(value) if value else None
+
+
+def _iso_epoch(text: Optional[str]) -> Optional[float]:
+    import datetime
+
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp() if text else None
+    except ValueError:  # "Unknown", "None"
+        return None
+
+
+def _wait_status(raw: Any) -> Tuple[int, int]:
+    """squeue --json reports the raw wait status: exit status << 8 | signal."""
+    if isinstance(raw, dict):  # the shape of later releases' JSON (not met on 22.05)
+        return int(raw.get("return_code") or 0), int((raw.get("signal") or {}).get("id") or 0)
+    raw = int(raw or 0)
+    return (raw >> 8) & 0xFF, raw & 0x7F
+
+
+def _colon_pair(text: str) -> Tuple[int, int]:
+    try:
+        status, signal = text.split(":")
+        return int(status), int(signal)
+    except ValueError:
+        return 0, 0
+
+
+def _rank_reason(error: Mapping[str, Any]) -> str:
+    return f"rank {error.get('rank')}: {error.get('type')}: {str(error.get('message', ''))[:300]}"
+
+
+def classify_files(run_dir: Path, returncode: int) -> Tuple[str, str]:
+    """Final state from the run's own files and srun's exit code (the job-end hook; no Slurm query)."""
+    if read_metrics(run_dir) is not None:
+        return COMPLETED, ""
+    errors = read_errors(run_dir)
+    for error in errors:
+        if error.get("out_of_memory"):
+            return OOM, _rank_reason(error)
+    if errors:
+        return FAILED, _rank_reason(errors[0])
+    log = f"slurm-{os.environ.get('SLURM_JOB_ID', '<job id>')}.out"
+    how = f"srun exited with code {returncode}"
+    if returncode == 128 + SIGKILL:
+        how += " (a task was SIGKILLed: also how Slurm without the memory cgroup enforces --mem)"
+    return FAILED, f"{how} and no metrics.json was written (see {log})"
+
+
+def classify(view: SlurmView, has_metrics: bool, errors: Sequence[Mapping[str, Any]]) -> Tuple[str, str]:
+    """A run's state from Slurm's view of its job and the run's own files.
+
+    Precedence: a measurement (metrics.json) is COMPLETED whatever happened after it; then what Slurm
+    did to the job (scancel, time limit) — rank errors are only its consequences; then out-of-memory,
+    from a rank's error record or from Slurm (OUT_OF_MEMORY, or a step that ended with SIG_OOM); then a
+    rank's error; then how Slurm saw the job end.
+    """
+    if has_metrics:
+        return COMPLETED, ""
+    if view.state in SLURM_WAITING:
+        requeued = f"requeued ({view.restart_count}x), " if view.restart_count else ""
+        return PENDING, f"{requeued}slurm job {view.job_id} {view.state.lower()} ({view.reason or 'None'})"
+    if view.state in SLURM_ACTIVE:
+        return RUNNING, f"slurm job {view.job_id} {view.state.lower()}"
+    if view.state == "CANCELLED":
+        return CANCELLED, f"slurm job {view.job_id} was cancelled (scancel)"
+    if view.state in ("TIMEOUT", "DEADLINE"):
+        return TIMEOUT, f"slurm job {view.job_id} reached its time limit ({view.state})"
+    for error in errors:
+        if error.get("out_of_memory"):
+            return OOM, _rank_reason(error)
+    if view.state == "OUT_OF_MEMORY":
+        return OOM, f"slurm job {view.job_id}: OUT_OF_MEMORY (over its --mem, killed by the memory cgroup)"
+    if SIG_OOM in (view.exit_signal, view.derived_signal):
+        return OOM, f"slurm job {view.job_id}: a step was killed by the memory cgroup (exit signal {SIG_OOM} = SIG_OOM)"
+    if errors:
+        return FAILED, _rank_reason(errors[0])
+    if view.state in ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL"):
+        return FAILED, f"slurm job {view.job_id}: {view.state} and not requeued (no metrics.json)"
+    if view.state == "COMPLETED":
+        return FAILED, f"slurm job {view.job_id} exited 0 but no metrics.json was written"
+    signal = view.exit_signal or view.derived_signal
+    how = f"exit code {view.exit_status or view.derived_status}"
+    if signal:
+        how = f"signal {signal}" + (
+            " (SIGKILL: also how Slurm without the memory cgroup enforces --mem; see the job's log)"
+            if signal == SIGKILL else ""
+        )
+    return FAILED, f"slurm job {view.job_id} {view.state} ({view.reason or 'no reason given'}), {how}"
+
+
+# ------------------------------------------------------------------------------------ finding a job
+
+
+def task_ids(task_string: str) -> List[int]:
+    """Indices of an array's pending remainder, as squeue prints them: '1-3%2', '2,4-8:2', '5'."""
+    ids: List[int] = []
+    for part in (task_string or "").split("%")[0].split(","):
+        part = part.strip()
+        if not part:
+            continue
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        try:
+            ids += range(int(first), int(last or first) + 1, int(step or 1))
+        except ValueError:
+            continue
+    return ids
+
+
+class SlurmIndex:
+    """squeue --json records (and sacct rows) indexed the ways a run can refer to its job."""
+
+    def __init__(self, jobs: Iterable[Mapping[str, Any]] = (), sacct: Iterable[Mapping[str, str]] = ()):
+        self.by_task: Dict[Tuple[str, int], Mapping[str, Any]] = {}
+        self.by_id: Dict[str, Mapping[str, Any]] = {}
+        self.pending: Dict[str, List[Mapping[str, Any]]] = {}
+        for job in jobs:
+            array_id, task = job.get("array_job_id"), job.get("array_task_id")
+            if array_id and task is not None:
+                self.by_task[(str(array_id), int(task))] = job
+            elif array_id and job.get("array_task_string"):
+                self.pending.setdefault(str(array_id), []).append(job)
+            self.by_id.setdefault(str(job.get("job_id")), job)
+        self.sacct = {row.get("JobID", ""): row for row in sacct}
+
+    def add_sacct(self, rows: Iterable[Mapping[str, str]]) -> None:
+        self.sacct.update({row.get("JobID", ""): row for row in rows})
+
+    def squeue_view(self, submission: Mapping[str, Any]) -> Optional[SlurmView]:
+        array_id, task = submission.get("array_job_id"), submission.get("array_task_id")
+        if array_id is not None and task is not None:
+            if (str(array_id), int(task)) in self.by_task:
+                return SlurmView.from_squeue(self.by_task[(str(array_id), int(task))])
+            for meta in self.pending.get(str(array_id), []):
+                if int(task) in task_ids(meta.get("array_task_string", "")):
+                    view = SlurmView.from_squeue(meta)
+                    return replace(view, job_id=f"{array_id}_{task}", start=None, end=None)
+            return None
+        job_id = submission.get("job_id")
+        if job_id is None or str(job_id) not in self.by_id:
+            return None
+        return SlurmView.from_squeue(self.by_id[str(job_id)])
+
+    def sacct_view(self, submission: Mapping[str, Any], job_record: Optional[Mapping[str, Any]]) -> Optional[SlurmView]:
+        for key in sacct_keys(submission, job_record):
+            if key in self.sacct:
+                return SlurmView.from_sacct(self.sacct[key])
+        return None
+
+
+def sacct_keys(submission: Mapping[str, Any], job_record: Optional[Mapping[str, Any]]) -> List[str]:
+    """JobID spellings of the run's job in sacct: `A_i` (accounting database), the raw id (`sacct -c`)."""
+    keys = []
+    if submission.get("array_job_id") is not None:
+        keys.append(f"{submission['array_job_id']}_{submission['array_task_id']}")
+    if job_record and _same_job(submission, job_record) and job_record.get("job_id"):
+        keys.append(str(job_record["job_id"]))
+    if submission.get("job_id") is not None:
+        keys.append(str(submission["job_id"]))
+    return keys
+
+
+def _same_job(submission: Mapping[str, Any], job_record: Mapping[str, Any]) -> bool:
+    """Was the job record (written inside the job) written by the submission's job (not an older one)?"""
+    if submission.get("array_job_id") is not None:
+        return (str(job_record.get("array_job_id")), str(job_record.get("array_task_id"))) == (
+            str(submission["array_job_id"]), str(submission["array_task_id"]))
+    return str(job_record.get("job_id")) == str(submission.get("job_id"))
+
+
+def tracked_job(submission: Optional[Mapping[str, Any]], job_record: Optional[Mapping[str, Any]]):
+    """The job to follow for a run: the one the sweep submitted, unless the run's job record (written
+    inside the job) names another one — its job.sbatch re-submitted by hand — which is then followed."""
+    if not job_record or not job_record.get("job_id"):
+        return submission
+    if submission is not None and _same_job(submission, job_record):
+        return submission
+    job_id = str(job_record["job_id"])
+    return {**(submission or {}), "job_key": job_id, "job_id": job_id, "array_job_id": None,
+            "array_task_id": None, "by_hand": True}
+
+
+# ---------------------------------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True)
+class RunView:
+    run_dir: Path
+    state: str
+    reason: str
+    job_key: Optional[str] = None
+    slurm_state: Optional[str] = None
+    start: Optional[float] = None  # the job's start and end, as Slurm reports them
+    end: Optional[float] = None
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def settled(self) -> bool:
+        """Final, and Slurm is done with its job too (a rank writes COMPLETED before the job ends)."""
+        return self.final and (self.slurm_state is None or self.slurm_state in SLURM_FINAL)
+
+
+def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record: Optional[Mapping[str, Any]],
+             slurm: Optional[SlurmView], slurm_answered: bool) -> Tuple[RunView, bool]:
+    """(where the run stands, whether that is a final state to write into its status.json)."""
+    status = read_status(run_dir)
+    state, reason = status.get("state", "UNKNOWN"), status.get("reason", "")
+    if submission is None or state == PRUNED:
+        note = reason or ("not submitted" if state == PENDING else "")
+        return RunView(run_dir, state, note), False
+    key = submission.get("job_key")
+    if slurm is None:
+        if state in FINAL_STATES or not slurm_answered:
+            return RunView(run_dir, state, reason, key), False
+        lost = f"slurm job {key} ended without a final state and Slurm no longer knows it (squeue, sacct)"
+        return RunView(run_dir, FAILED, lost, key), True
+    has_metrics = read_metrics(run_dir) is not None
+    new_state, new_reason = classify(slurm, has_metrics, read_errors(run_dir))
+    seen = dict(job_key=key, slurm_state=slurm.state, start=slurm.start, end=slurm.end)
+    if not slurm.final:
+        requeued = slurm.restart_count > int((job_record or {}).get("restart_count") or 0)
+        if state in FINAL_STATES and not requeued:
+            return RunView(run_dir, state, reason, **seen), False  # the run said so first
+        return RunView(run_dir, new_state, new_reason, **seen), False
+    if state == new_state or state == COMPLETED:
+        return RunView(run_dir, state, reason or new_reason, **seen), False
+    return RunView(run_dir, new_state, new_reason, **seen), True
+
+
+# ---------------------------------------------------------------------------------------- a sweep
+
+
+def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]:
+    """Every run's state; final states learnt from Slurm are written into that run's status.json."""
+    from harness.launch.slurm import SlurmError, read_job_record, read_submission, sacct_rows, squeue_jobs
+
+    records = {run: read_job_record(run) for run in run_dirs}
+    submissions = {run: tracked_job(read_submission(run), records[run]) for run in run_dirs}
+    index, answered = SlurmIndex(), False
+    if query_slurm and any(submissions.values()):
+        try:
+            index, answered = SlurmIndex(squeue_jobs()), True
+        except SlurmError as error:
+            print(f"[harness] squeue failed, showing the run directories' own state: {error}")
+        missing = [run for run, sub in submissions.items() if sub and answered and index.squeue_view(sub) is None
+                   and read_status(run)["state"] not in FINAL_STATES]
+        if missing:
+            keys = sorted({key for run in missing for key in sacct_keys(submissions[run], records[run])})
+            try:
+                index.add_sacct(sacct_rows(keys))
+            except Exception as error:  # sacct absent or unconfigured: squeue's view is all there is
+                print(f"[harness] sacct failed: {error}")
+    views = []
+    for run in run_dirs:
+        submission = submissions[run]
+        slurm = None
+        if submission and answered:
+            slurm = index.squeue_view(submission) or index.sacct_view(submission, records[run])
+        view, write = run_view(run, submission, records[run], slurm, answered)
+        if write:
+            write_status(run, view.state, view.reason)
+        views.append(view)
+    return views
+
+
+def counts(views: Iterable[RunView]) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for view in views:
+        out[view.state] = out.get(view.state, 0) + 1
+    return out
+
+
+def timing(views: Sequence[RunView], submitted: Sequence[float]) -> Optional[str]:
+    """The grid's wall time (first submission to last job end) against the sum of its jobs' own run
+    times (Slurm start to end): what scheduling and queueing cost on top of the runs."""
+    ran = [v for v in views if v.start and v.end and v.end >= v.start]
+    if not ran or not submitted:
+        return None
+    wall = max(v.end for v in ran) - min(submitted)
+    own = sum(v.end - v.start for v in ran)
+    return (f"grid wall time {wall:.0f} s (first sbatch to last job end); the {len(ran)} jobs' own run times "
+            f"sum to {own:.0f} s (longest {max(v.end - v.start for v in ran):.0f} s)")
+
+
+def one_line(views: Sequence[RunView]) -> str:
+    active = [v for v in views if v.state != PRUNED]
+    done = sum(v.final for v in active)
+    parts = ", ".join(f"{n} {state}" for state, n in sorted(counts(views).items()))
+    return f"{done}/{len(active)} final ({parts})"
+
+
+def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[str, str]] = None) -> None:
+    """The grid as a table, with a progress bar of the runs that reached a final state."""
+    from rich.console import Console, Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    active = [v for v in views if v.state != PRUNED]
+    done = sum(v.final for v in active)
+    table = Table(title=title)
+    for column in ("run", "layout", "state", "slurm job", "slurm state", "reason"):
+        table.add_column(column, overflow="fold", max_width=70 if column == "reason" else None)
+    styles = {COMPLETED: "green", FAILED: "red", OOM: "red", TIMEOUT: "red", CANCELLED: "yellow",
+              RUNNING: "cyan", PENDING: "white", PRUNED: "dim"}
+    for view in views:
+        name = view.run_dir.name
+        table.add_row(name, (labels or {}).get(name, ""), f"[{styles.get(view.state, 'white')}]{view.state}[/]",
+                      view.job_key or "-", view.slurm_state or "-", view.reason or "")
+    bar = ProgressBar(total=max(len(active), 1), completed=done, width=50)
+    summary = Table.grid(padding=(0, 1))
+    summary.add_row(bar, f"{one_line(views)}")
+    Console(width=200).print(Group(table, summary))

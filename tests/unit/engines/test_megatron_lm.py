@@ -1,0 +1,280 @@
+"""megatron_lm export: the pretrain_gpt.py flags for each layout and model shape, checked two ways.
+
+1. megatron.core's own TransformerConfig (pip `megatron-core`, CPU-importable) is built from the flags the way
+   Megatron-LM's `core_transformer_config_from_args` does; its __post_init__ enforces the head / query-group /
+   tensor-parallel rules, the uneven and layout-string pipeline splits, virtual stages, MoE and recompute
+   settings. Skipped when megatron-core is not installed.
+2. The rules of `megatron/training/arguments.py::validate_args` (not shipped in the pip package) are restated
+   here: world size = tp*pp*cp*dp, global batch = micro * accumulation * dp, interleaving needs micro-batches
+   divisible by pp and layers divisible by pp*vpp, expert parallel divides dp*cp and needs sequence parallel
+   with tp > 1.
+"""
+
+import json
+import shlex
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness import REPO_ROOT
+from harness.config.compose import compose_run_config
+from harness.engines import megatron_lm
+from harness.plan.model_spec import model_spec_from_hf
+
+GPU_RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes").glob("gpu_*megatron*.yaml"))
+PRESETS = {name: compose_run_config([f"recipes={name}"]) for name in GPU_RECIPES}
+LLAMA70 = compose_run_config(["engine=megatron_lm", "model=llama3_1_70b", "cluster=h100_8x8", "layout=single"])
+
+
+def layout_cfg(cfg=LLAMA70, sp=False, **fields):
+    out = replace(cfg, layout=replace(cfg.layout, **fields))
+    return replace(out, engine=replace(out.engine, sequence_parallel=sp))
+
+
+def flags_of(cfg):
+    return megatron_lm.megatron_flags(cfg)
+
+
+# --------------------------------------------------------------------------- megatron.core's checks
+def transformer_config(flags):
+    """megatron.core TransformerConfig from pretrain_gpt.py flags (as core_transformer_config_from_args)."""
+    torch = pytest.importorskip("torch")
+    core = pytest.importorskip("megatron.core.transformer.transformer_config")
+    import torch.nn.functional as F
+
+    f = flags
+    dtype = torch.bfloat16 if f.get("--bf16") else torch.float16 if f.get("--fp16") else torch.float32
+    pp = f["--pipeline-model-parallel-size"]
+    vpp = None
+    if "--num-layers-per-virtual-pipeline-stage" in f:
+        vpp = f["--num-layers"] // pp // f["--num-layers-per-virtual-pipeline-stage"]
+    return core.TransformerConfig(
+        num_layers=f["--num-layers"], hidden_size=f["--hidden-size"], ffn_hidden_size=f["--ffn-hidden-size"],
+        num_attention_heads=f["--num-attention-heads"], kv_channels=f["--kv-channels"],
+        num_query_groups=f.get("--num-query-groups"),
+        tensor_model_parallel_size=f["--tensor-model-parallel-size"], pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        pipeline_model_parallel_layout=f.get("--pipeline-model-parallel-layout"),
+        context_parallel_size=f["--context-parallel-size"],
+        expert_model_parallel_size=f["--expert-model-parallel-size"],
+        sequence_parallel=f.get("--sequence-parallel", False),
+        num_moe_experts=f.get("--num-experts"), moe_router_topk=f.get("--moe-router-topk", 2),
+        moe_router_load_balancing_type=f.get("--moe-router-load-balancing-type", "aux_loss"),
+        moe_aux_loss_coeff=f.get("--moe-aux-loss-coeff", 0.0),
+        moe_token_dispatcher_type=f.get("--moe-token-dispatcher-type", "allgather"),
+        gated_linear_unit=f.get("--swiglu", False), activation_func=F.silu if f.get("--swiglu") else F.gelu,
+        bias_activation_fusion=False,
+        add_bias_linear=not f.get("--disable-bias-linear", False), add_qkv_bias=f.get("--add-qkv-bias", False),
+        qk_layernorm=f.get("--qk-layernorm", False),
+        normalization=f["--normalization"], layernorm_epsilon=f["--norm-epsilon"],
+        attention_dropout=f["--attention-dropout"], hidden_dropout=f["--hidden-dropout"],
+        bf16=f.get("--bf16", False), fp16=f.get("--fp16", False), params_dtype=dtype,
+        pipeline_dtype=dtype if pp > 1 else None,
+        recompute_granularity=f.get("--recompute-granularity"), recompute_method=f.get("--recompute-method"),
+        recompute_num_layers=f.get("--recompute-num-layers"),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_gpu_presets_pass_megatron_cores_config_checks(name):
+    config = transformer_config(flags_of(PRESETS[name]))
+    assert config.tensor_model_parallel_size == PRESETS[name].layout.tp
+
+
+@pytest.mark.parametrize(
+    "model, fields",
+    [
+        ("llama3_1_8b", dict(tp=4, dp_shard=16, zero_stage=1)),
+        ("llama3_1_70b", dict(tp=8, pp=8, pp_virtual_stages=2, pp_schedule="Interleaved1F1B", grad_accum=8)),
+        ("qwen2_5_7b", dict(tp=4, pp=2, dp_shard=8, grad_accum=4, activation_checkpointing="full")),
+        ("mistral_7b", dict(tp=2, cp=2, dp_shard=16, seq_len=4096, zero_stage=1)),
+        ("gpt2", dict(tp=4, dp_shard=16, precision="fp16", seq_len=1024)),
+        ("llama3_1_70b", dict(tp=8, pp=4, pp_stage_layers=[19, 21, 21, 19], dp_shard=2, grad_accum=4)),
+        ("llama3_1_70b", dict(tp=8, pp=2, pp_virtual_stages=2, pp_schedule="Interleaved1F1B",
+                              pp_stage_layers=[19, 21, 21, 19], dp_shard=4, grad_accum=4)),
+    ],
+)
+def test_model_shapes_pass_megatron_cores_config_checks(model, fields):
+    cfg = compose_run_config(["engine=megatron_lm", f"model={model}", "cluster=h100_8x8", "layout=single"])
+    cfg = layout_cfg(cfg, sp=fields.get("tp", 1) > 1, **fields)
+    flags = flags_of(cfg)
+    config = transformer_config(flags)
+    spec = model_spec_from_hf(model, cfg.model.hf_config)
+    assert config.num_query_groups == spec.num_kv_heads
+    assert config.ffn_hidden_size == spec.ffn_size
+    if fields.get("pp_virtual_stages", 1) > 1:
+        assert config.virtual_pipeline_model_parallel_size == 2
+
+
+def test_megatron_core_rejects_a_bad_split_we_also_refuse():
+    """A split megatron.core refuses is refused by our own check too (same rule, our wording)."""
+    cfg = layout_cfg(tp=8, pp=4, dp_shard=2, grad_accum=4, pp_stage_layers=[20, 20, 20, 21])
+    errors, _ = megatron_lm.check(cfg)
+    assert any("summing to num_layers=80" in e for e in errors)
+    flags = flags_of(layout_cfg(tp=8, pp=4, dp_shard=2, grad_accum=4))
+    flags["--pipeline-model-parallel-layout"] = megatron_lm.pipeline_layout([20, 20, 20, 21])
+    with pytest.raises((AssertionError, ValueError)):
+        transformer_config(flags)
+
+
+# ------------------------------------------------------------------------------- restated rules
+@pytest.mark.parametrize(
+    "fields, sp, message",
+    [
+        (dict(tp=8, dp_shard=4), False, "must equal cluster.nodes*accelerators_per_node=64"),
+        (dict(tp=8, pp=3, dp_shard=2, grad_accum=3), False, "must equal"),
+        (dict(tp=8, pp=8, pp_virtual_stages=3, pp_schedule="Interleaved1F1B", grad_accum=8), False,
+         "num_layers=80 must be divisible by pp*pp_virtual_stages=24"),
+        (dict(tp=8, pp=4, pp_virtual_stages=2, pp_schedule="Interleaved1F1B", dp_shard=2, grad_accum=6), False,
+         "grad_accum=6 must be a multiple of pp=4"),
+        (dict(tp=8, pp=8, pp_schedule="GPipe", grad_accum=8), False, "pp_schedule=GPipe"),
+        (dict(tp=8, pp=8, pp_virtual_stages=2, pp_schedule="1F1B", grad_accum=8), False, "interleaves exactly"),
+        (dict(tp=8, dp_shard=8, zero_stage=3), False, "zero_stage=3"),
+        (dict(tp=8, dp_replicate=2, dp_shard=4), False, "needs zero_stage=1"),
+        (dict(tp=8, dp_shard=8, offload_optimizer="cpu"), False, "does not offload"),
+        (dict(tp=8, dp_shard=8, ep=2), False, "needs a MoE model"),
+        (dict(tp=8, cp=2, dp_shard=4, seq_len=4098), False, "divisible by 2*cp"),
+        (dict(tp=8, dp_shard=8, seq_len=4100), True, "divisible by tp=8"),
+    ],
+)
+def test_validate_args_rules_are_refused(fields, sp, message):
+    errors, _ = megatron_lm.check(layout_cfg(sp=sp, **fields))
+    assert any(message in e for e in errors), errors
+    with pytest.raises(ValueError, match="megatron_lm cannot export"):
+        flags_of(layout_cfg(sp=sp, **fields))
+
+
+def test_heads_must_split_evenly():
+    qwen = compose_run_config(["engine=megatron_lm", "model=qwen2_5_7b", "cluster=h100_8x8", "layout=single"])
+    errors, _ = megatron_lm.check(layout_cfg(qwen, tp=8, dp_shard=8))
+    assert "tp=8 must divide num_attention_heads=28" in errors
+    assert "num_query_groups=4 must be a multiple or divisor of tp=8" not in errors  # 8 % 4 == 0: replicated
+
+
+MIXTRAL = compose_run_config(["engine=megatron_lm", "model=mixtral_8x7b", "cluster=h100_8x8", "layout=single"])
+
+
+@pytest.mark.parametrize(
+    "fields, sp, message",
+    [
+        (dict(tp=2, ep=3, dp_shard=32), True, "ep=3 must divide num_experts=8"),
+        (dict(tp=8, ep=8, dp_shard=8, pp=1), False, "requires --sequence-parallel"),
+        (dict(tp=8, pp=2, ep=8, dp_shard=4, grad_accum=2), True, "ep=8 must divide dp*cp=4"),
+    ],
+)
+def test_expert_parallel_rules(fields, sp, message):
+    errors, _ = megatron_lm.check(layout_cfg(MIXTRAL, sp=sp, **fields))
+    assert any(message in e for e in errors), errors
+
+
+def test_world_and_batch_identities():
+    """world = tp*pp*cp*dp and global batch = micro * accumulation * dp (Megatron derives dp, then checks
+    global % (micro * dp) == 0): the export writes the global batch that makes both hold."""
+    for name, cfg in PRESETS.items():
+        flags, layout, cluster = flags_of(cfg), cfg.layout, cfg.cluster
+        world = cluster.nodes * cluster.accelerators_per_node
+        tp, pp, cp = flags["--tensor-model-parallel-size"], flags["--pipeline-model-parallel-size"], \
+            flags["--context-parallel-size"]  # fmt: skip
+        assert world % (tp * pp * cp) == 0, name
+        dp = world // (tp * pp * cp)
+        assert flags["--global-batch-size"] % (flags["--micro-batch-size"] * dp) == 0, name
+        assert flags["--global-batch-size"] // (flags["--micro-batch-size"] * dp) == layout.grad_accum, name
+
+
+# ------------------------------------------------------------------------------- what is written
+def test_llama70b_flags():
+    flags = flags_of(PRESETS["gpu_llama70b_megatron_tp8_pp4"])
+    expected = {
+        "--num-layers": 80, "--hidden-size": 8192, "--ffn-hidden-size": 28672, "--num-attention-heads": 64,
+        "--group-query-attention": True, "--num-query-groups": 8, "--swiglu": True, "--rotary-base": 500000,
+        "--untie-embeddings-and-output-weights": True, "--normalization": "RMSNorm", "--seq-length": 8192,
+        "--max-position-embeddings": 131072, "--disable-bias-linear": True, "--position-embedding-type": "rope",
+        "--tensor-model-parallel-size": 8, "--pipeline-model-parallel-size": 4,
+        "--num-layers-per-virtual-pipeline-stage": 4, "--sequence-parallel": True, "--context-parallel-size": 1,
+        "--expert-model-parallel-size": 1, "--micro-batch-size": 1, "--global-batch-size": 32,
+        "--use-distributed-optimizer": True, "--recompute-granularity": "selective", "--bf16": True,
+        # 128256 = 2^8 * 501: 32 * tp 8 divides it, so Megatron keeps the HF vocabulary unpadded.
+        "--make-vocab-size-divisible-by": 32,
+    }  # fmt: skip
+    assert {k: flags[k] for k in expected} == expected
+
+
+def test_qwen2_bias_and_gpt2_shape():
+    qwen = compose_run_config(["engine=megatron_lm", "model=qwen2_5_7b", "cluster=h100_8x8", "layout=single"])
+    flags = flags_of(layout_cfg(qwen, tp=4, dp_shard=16))
+    assert flags["--add-qkv-bias"] and flags["--disable-bias-linear"]
+    gpt2 = compose_run_config(["engine=megatron_lm", "model=gpt2", "cluster=h100_8x8", "layout=single"])
+    flags = flags_of(layout_cfg(gpt2, tp=4, dp_shard=16, seq_len=1024))
+    assert flags["--position-embedding-type"] == "learned_absolute" and flags["--normalization"] == "LayerNorm"
+    assert "--swiglu" not in flags and "--untie-embeddings-and-output-weights" not in flags
+    assert "--disable-bias-linear" not in flags
+
+
+def test_mixtral_expert_flags():
+    flags = flags_of(PRESETS["gpu_mixtral8x7b_megatron_ep8"])
+    assert flags["--num-experts"] == 8 and flags["--moe-router-topk"] == 2
+    assert flags["--expert-model-parallel-size"] == 8 and flags["--sequence-parallel"]
+
+
+def test_uneven_split_is_a_pipeline_layout_string():
+    flags = flags_of(PRESETS["gpu_llama405b_megatron_tp8_pp16"])
+    assert flags["--pipeline-model-parallel-layout"] == "Et*7|" + "t*8|" * 14 + "t*7L"
+    assert megatron_lm.pipeline_layout([0, 3, 0]) == "E|t*3|L"
+
+
+def test_recompute_and_precision_flags():
+    full = flags_of(layout_cfg(tp=8, dp_shard=8, activation_checkpointing="full", precision="fp16"))
+    assert (full["--recompute-granularity"], full["--recompute-method"], full["--recompute-num-layers"]) == \
+        ("full", "uniform", 1)  # fmt: skip
+    assert full["--fp16"] and "--bf16" not in full
+    none = flags_of(layout_cfg(tp=8, dp_shard=8, precision="fp32"))
+    assert "--recompute-granularity" not in none and "--bf16" not in none and "--fp16" not in none
+
+
+def test_distributed_optimizer_instances_for_dp_replicate():
+    flags = flags_of(layout_cfg(tp=8, dp_replicate=2, dp_shard=4, zero_stage=1))
+    assert flags["--num-distributed-optimizer-instances"] == 2 and flags["--use-distributed-optimizer"]
+
+
+def test_vocab_divisor():
+    assert megatron_lm.vocab_divisor(128256, 8) == 32
+    assert megatron_lm.vocab_divisor(32000, 8) == 32 and megatron_lm.vocab_divisor(32000, 2) == 128
+    assert megatron_lm.vocab_divisor(50257, 4) == 1  # odd: Megatron pads it
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_render_writes_a_runnable_script_and_the_flags(name, tmp_path):
+    cfg = PRESETS[name]
+    rendered = megatron_lm.render(cfg, tmp_path)
+    assert megatron_lm.EXPORT_ONLY is True and not hasattr(megatron_lm, "apply")
+    assert rendered.files == [megatron_lm.SCRIPT_FILE, megatron_lm.ARGS_FILE]
+    payload = json.loads((tmp_path / megatron_lm.ARGS_FILE).read_text())
+    assert payload["argv"] == megatron_lm.flags_to_argv(payload["flags"])
+    script = tmp_path / megatron_lm.SCRIPT_FILE
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    # Run the script with a stand-in torchrun that prints its argv: the flags arrive intact.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "MEGATRON_LM": "/megatron", "NODE_RANK": "0",
+           "MASTER_ADDR": "host", "MASTER_PORT": "1234"}  # fmt: skip
+    argv = subprocess.run(["bash", str(script)], env=env, check=True, capture_output=True, text=True).stdout.split("\n")
+    start = argv.index("/megatron/pretrain_gpt.py") + 1
+    assert argv[start : start + len(payload["argv"])] == payload["argv"]
+    assert "--mock-data" in argv and "NullTokenizer" in argv
+    assert argv[argv.index("--vocab-size") + 1] == str(model_spec_from_hf("m", cfg.model.hf_config).vocab_size - 1)
+    nodes = str(cfg.cluster.nodes)
+    assert argv[argv.index("--nnodes") + 1] == nodes
+    assert shlex.join(rendered.argv).startswith("torchrun --nnodes")
+
+
+def test_real_data_needs_a_tokenizer(tmp_path):
+    megatron_lm.render(PRESETS[GPU_RECIPES[0]], tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "MEGATRON_LM": "/m", "DATA_PATH": "corpus_text_document", "NODE_RANK": "0",
+           "MASTER_ADDR": "h", "MASTER_PORT": "1"}  # fmt: skip
+    proc = subprocess.run(["bash", str(Path(tmp_path) / megatron_lm.SCRIPT_FILE)], env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert proc.returncode != 0 and "TOKENIZER_MODEL" in proc.stderr

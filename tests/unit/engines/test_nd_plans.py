@@ -1,0 +1,323 @@
+"""nd's layout as data: mesh order, TP plans per family, pipeline splits and placement, the checks that refuse
+what nd cannot run, and the exact per-rank parameter count the planner predicts (pure Python, no torch)."""
+
+from dataclasses import replace
+
+import pytest
+
+from harness.config.compose import compose_run_config
+from harness.engines import nd_plans
+from harness.plan.model_spec import model_spec_from_hf
+
+BASE = compose_run_config(["engine=nd", "layout=single", "layout.precision=fp32"])
+GPU = compose_run_config(["engine=nd", "layout=single", "cluster=h100_8x8", "model=llama3_1_70b"])
+HF = {
+    "llama": BASE.model.hf_config,
+    "qwen2": {**BASE.model.hf_config, "model_type": "qwen2"},
+    "mistral": {**BASE.model.hf_config, "model_type": "mistral"},
+    "mixtral": {**BASE.model.hf_config, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+}
+
+
+def with_layout(cfg=BASE, processes=None, **fields):
+    layout = replace(cfg.layout, **fields)
+    cluster = replace(cfg.cluster, nodes=1, accelerators_per_node=processes or nd_plans.world_size(layout))
+    return replace(cfg, layout=layout, cluster=cluster)
+
+
+def errors_of(cfg):
+    return nd_plans.check(cfg)[0]
+
+
+# ------------------------------------------------------------------------------------------- mesh
+def test_mesh_dims_pipeline_outermost_tensor_innermost():
+    layout = replace(BASE.layout, pp=2, dp_replicate=3, dp_shard=5, cp=7, tp=11)
+    assert nd_plans.MESH_DIMS == ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    assert nd_plans.mesh_shape(layout) == [2, 3, 5, 7, 11]
+    assert nd_plans.world_size(layout) == 2 * 3 * 5 * 7 * 11
+
+
+def test_coordinates_are_row_major_and_tp_ranks_are_adjacent():
+    layout = replace(BASE.layout, pp=2, dp_shard=2, tp=2)
+    coords = [nd_plans.mesh_coordinates(layout, r) for r in range(8)]
+    assert [c["tp"] for c in coords] == [0, 1] * 4
+    assert [c["dp_shard"] for c in coords] == [0, 0, 1, 1] * 2
+    assert [c["pp"] for c in coords] == [0] * 4 + [1] * 4
+
+
+def test_tp_cp_and_pp_ranks_of_one_data_rank_read_the_same_batch():
+    layout = replace(BASE.layout, pp=2, dp_replicate=2, dp_shard=2, cp=2, tp=2)
+    assert nd_plans.data_parallel_size(layout) == 4
+    by_dp = {}
+    for rank in range(nd_plans.world_size(layout)):
+        by_dp.setdefault(nd_plans.data_parallel_rank(layout, rank), []).append(rank)
+    assert sorted(by_dp) == [0, 1, 2, 3]
+    assert all(len(ranks) == 8 for ranks in by_dp.values())  # pp x cp x tp
+
+
+# ---------------------------------------------------------------------------------------- TP plans
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_dense_layer_plan_is_megatron_column_then_row(family):
+    plan = nd_plans.layer_tp_plan(family, sequence_parallel=False)
+    assert {k: v["style"] for k, v in plan.items()} == {
+        "self_attn.q_proj": "ColwiseParallel", "self_attn.k_proj": "ColwiseParallel",
+        "self_attn.v_proj": "ColwiseParallel", "self_attn.o_proj": "RowwiseParallel",
+        "mlp.gate_proj": "ColwiseParallel", "mlp.up_proj": "ColwiseParallel", "mlp.down_proj": "RowwiseParallel",
+    }  # fmt: skip
+
+
+def test_sequence_parallel_shards_norms_and_reduce_scatters_row_outputs():
+    plan = nd_plans.layer_tp_plan("llama", sequence_parallel=True)
+    assert plan["input_layernorm"] == {"style": "SequenceParallel"}
+    assert plan["post_attention_layernorm"] == {"style": "SequenceParallel"}
+    assert plan["self_attn"]["input_kwarg_layouts"] == {"hidden_states": "Shard(1)"}
+    assert plan["self_attn"]["desired_input_kwarg_layouts"] == {"hidden_states": "Replicate()"}
+    assert plan["mlp"]["input_layouts"] == ["Shard(1)"]
+    assert plan["self_attn.o_proj"]["output_layouts"] == "Shard(1)"
+    assert plan["mlp.down_proj"]["output_layouts"] == "Shard(1)"
+
+
+def test_mixtral_splits_attention_and_keeps_the_moe_block_whole():
+    plain = nd_plans.layer_tp_plan("mixtral", sequence_parallel=False)
+    assert not any(path.startswith("mlp") for path in plain)
+    assert plain["self_attn.q_proj"]["style"] == "ColwiseParallel"
+    sp = nd_plans.layer_tp_plan("mixtral", sequence_parallel=True)
+    assert sp["mlp"]["style"] == "PrepareModuleInputOutput"
+    assert sp["mlp"]["desired_input_layouts"] == ["Replicate()"]
+    assert sp["mlp"]["desired_output_layouts"] == ["Shard(1)"]
+
+
+def test_unknown_family_has_no_plan():
+    with pytest.raises(ValueError, match="gpt2"):
+        nd_plans.layer_tp_plan("gpt2", sequence_parallel=False)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("lp", [False, True])
+def test_top_plan_vocab_parallel_embedding_and_head(sp, lp):
+    plan = nd_plans.top_tp_plan(sp, lp)
+    assert plan["embed_tokens"]["style"] == "RowwiseParallel"
+    assert plan["embed_tokens"]["output_layouts"] == ("Shard(1)" if sp else "Replicate()")
+    assert ("norm" in plan) == sp
+    head = plan["lm_head"]
+    assert head["style"] == "ColwiseParallel"
+    assert head["output_layouts"] == ("Shard(-1)" if lp else "Replicate()")
+    assert head["use_local_output"] is (not lp)
+
+
+def test_heads_per_rank():
+    spec = model_spec_from_hf("m", GPU.model.hf_config)
+    assert nd_plans.tp_attention_heads(spec, 8) == {"num_attention_heads": 8, "num_key_value_heads": 1}
+
+
+# ---------------------------------------------------------------------------------------- pipeline
+def test_even_split_and_remainder_to_the_middle_stages():
+    assert nd_plans.stage_layer_counts(8, 4) == [2, 2, 2, 2]
+    assert nd_plans.stage_layer_counts(10, 4) == [2, 3, 3, 2]
+    assert nd_plans.stage_layer_counts(11, 4) == [3, 3, 3, 2]
+    assert nd_plans.stage_layer_counts(5, 2) == [3, 2]
+    assert nd_plans.stage_layer_counts(8, 4, [1, 3, 3, 1]) == [1, 3, 3, 1]
+
+
+def test_loop_and_v_placement():
+    assert [nd_plans.stage_to_rank(s, 2, "Interleaved1F1B") for s in range(4)] == [0, 1, 0, 1]
+    assert [nd_plans.stage_to_rank(s, 2, "ZBVZeroBubble") for s in range(4)] == [0, 1, 1, 0]
+    assert [nd_plans.stage_to_rank(s, 4, "DualPipeV") for s in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+
+
+def test_pipeline_plan_with_virtual_stages():
+    layout = replace(BASE.layout, pp=2, pp_virtual_stages=2, pp_schedule="Interleaved1F1B", grad_accum=4)
+    plan = nd_plans.pipeline_plan(8, layout)
+    assert plan["num_stages"] == 4 and plan["placement"] == "loop" and plan["n_microbatches"] == 4
+    assert [s["layers"] for s in plan["stages"]] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [s["pp_rank"] for s in plan["stages"]] == [0, 1, 0, 1]
+    assert [(s["embedding"], s["head"]) for s in plan["stages"]] == [(True, False), (False, False),
+                                                                    (False, False), (False, True)]  # fmt: skip
+
+
+def test_pipeline_plan_uneven_explicit():
+    layout = replace(BASE.layout, pp=2, pp_stage_layers=[0, 2], grad_accum=2)
+    stages = nd_plans.pipeline_plan(2, layout)["stages"]
+    assert [s["layers"] for s in stages] == [[], [0, 1]]
+
+
+# ------------------------------------------------------------------------------------------ checks
+def test_tiny_llama_layouts_that_run_on_cpu_pass():
+    for fields in (dict(tp=2), dict(pp=2, grad_accum=2), dict(dp_shard=2, zero_stage=3),
+                   dict(tp=2, dp_shard=2, zero_stage=2), dict(pp=2, dp_shard=2, zero_stage=3, grad_accum=2),
+                   dict(dp_replicate=2, dp_shard=2, zero_stage=3), dict(dp_shard=2, zero_stage=0)):  # fmt: skip
+        assert errors_of(with_layout(**fields)) == [], fields
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(tp=8), "tp=8 must divide num_attention_heads=4"),
+        (dict(tp=4), "tp=4 must divide num_key_value_heads=2"),
+        (dict(ep=2), "layout.ep=2: engine=nd has no expert parallelism"),
+        (dict(precision="fp16"), "layout.precision=fp16"),
+        (dict(dp_shard=2, zero_stage=1), "layout.zero_stage=1"),
+        (dict(dp_shard=2, zero_stage=3, offload_params="cpu"), "offload_params=cpu"),
+        (dict(dp_shard=2, zero_stage=2, offload_params="cpu", offload_optimizer="cpu"), "zero_stage=2"),
+        (dict(offload_params="cpu", offload_optimizer="cpu", zero_stage=3), "needs a data axis"),
+        (dict(cp=2, dp_shard=1, zero_stage=3), "context parallelism runs on GPU only"),
+        (dict(pp=2, pp_schedule="GPipe", pp_virtual_stages=2, grad_accum=2), "holds one stage per rank"),
+        (dict(pp=2, pp_schedule="1F1B", grad_accum=1), "grad_accum=1 < pp=2"),
+        (dict(pp=2, pp_schedule="ZBVZeroBubble", grad_accum=4), "needs exactly pp_virtual_stages=2"),
+        (dict(pp=2, pp_schedule="DualPipeV", pp_virtual_stages=2, grad_accum=2),
+         "grad_accum >= pp*pp_virtual_stages=4"),
+        (dict(pp=2, pp_stage_layers=[1, 2], grad_accum=2), "sums to 3, not num_hidden_layers=2"),
+        (dict(pp=2, pp_stage_layers=[2], grad_accum=2), "has 1 entries"),
+        (dict(pp=4, grad_accum=4), "num_hidden_layers=2 < pp*pp_virtual_stages=4"),
+        (dict(pp_virtual_stages=2), "needs pp > 1"),
+    ],
+)
+def test_refused_layouts_name_field_value_and_rule(fields, message):
+    errors = errors_of(with_layout(**fields))
+    assert any(message in e for e in errors), errors
+
+
+def test_middle_stage_needs_a_layer():
+    cfg = with_layout(pp=3, pp_stage_layers=[1, 0, 1], grad_accum=3)
+    cfg = replace(cfg, model=replace(cfg.model, hf_config={**HF["llama"], "num_hidden_layers": 2}))
+    assert any("middle stages need >= 1 layer" in e for e in errors_of(cfg))
+
+
+def test_world_size_must_match_the_cluster():
+    assert any("must equal cluster.nodes*accelerators_per_node" in e for e in errors_of(with_layout(tp=2, processes=4)))
+
+
+def test_tied_embeddings_refused_with_tp_or_pp():
+    cfg = with_layout(tp=2)
+    cfg = replace(cfg, model=replace(cfg.model, hf_config={**HF["llama"], "tie_word_embeddings": True}))
+    assert any("tie_word_embeddings=true" in e for e in errors_of(cfg))
+
+
+def test_sliding_window_shorter_than_the_sequence_is_refused():
+    cfg = with_layout(tp=2)
+    cfg = replace(cfg, model=replace(cfg.model, hf_config={**HF["mistral"], "sliding_window": 32}))
+    assert any("sliding_window=32 < layout.seq_len=64" in e for e in errors_of(cfg))
+
+
+def test_gpt2_is_not_an_nd_family():
+    cfg = compose_run_config(["engine=nd", "layout=single", "model=gpt2"])
+    assert any("engine=nd supports" in e for e in errors_of(cfg))
+
+
+def test_sequence_parallel_without_tp_warns():
+    cfg = with_layout()
+    cfg = replace(cfg, engine=replace(cfg.engine, sequence_parallel=True, loss_parallel=True))
+    assert nd_plans.check(cfg)[1] == ["engine.sequence_parallel has no effect with tp=1",
+                                      "engine.loss_parallel has no effect with tp=1"]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ context parallel
+@pytest.mark.gpu_only
+def test_context_parallel_is_planned_on_gpu():
+    cfg = with_layout(GPU, cp=2, tp=4, dp_shard=1, zero_stage=3, seq_len=8192)
+    assert errors_of(cfg) == []
+    plan = nd_plans.nd_plan(cfg)
+    assert plan["context_parallel"] == {
+        "size": 2, "gpu_only": True, "buffers": ["input_ids", "labels", "position_ids"],
+        "buffer_seq_dims": [1, 1, 1], "rotate_method": "allgather", "load_balance": True,
+    }  # fmt: skip
+    # CP ranks hold the same weights: FSDP shards over dp_shard x cp.
+    assert plan["data_parallel"]["mesh_dims"] == ["dp_shard_cp"] and plan["data_parallel"]["shard_size"] == 2
+    assert plan["data_parallel"]["size"] == 1
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(cp=2, pp=2, dp_shard=1, zero_stage=3, grad_accum=2, seq_len=8192), "without pipeline parallelism"),
+        (dict(cp=4, dp_shard=1, zero_stage=3, seq_len=8196), "divisible by 2*cp=8"),
+    ],
+)
+def test_context_parallel_rules(fields, message):
+    assert any(message in e for e in errors_of(with_layout(GPU, **fields)))
+
+
+# ----------------------------------------------------------------------------- the nd_plan.json
+def test_plan_of_a_2d_composition():
+    cfg = with_layout(tp=2, dp_shard=2, zero_stage=3)
+    cfg = replace(cfg, engine=replace(cfg.engine, sequence_parallel=True, loss_parallel=True))
+    plan = nd_plans.nd_plan(cfg)
+    assert plan["mesh"] == {"dim_names": ["pp", "dp_replicate", "dp_shard", "cp", "tp"], "shape": [1, 1, 2, 1, 2],
+                            "world_size": 4, "device_type": "cpu"}  # fmt: skip
+    assert plan["tensor_parallel"]["sequence_parallel"] and plan["tensor_parallel"]["loss_parallel"]
+    assert plan["pipeline"] is None and plan["context_parallel"] is None
+    data = plan["data_parallel"]
+    assert (data["wrapper"], data["mesh_dims"], data["reshard_after_forward"]) == ("fully_shard", ["dp_shard"], True)
+    assert plan["autocast_bf16"] is False
+
+
+def test_plan_hsdp_and_replicate_and_bf16():
+    hsdp = nd_plans.nd_plan(with_layout(dp_replicate=2, dp_shard=2, zero_stage=2, precision="bf16"))["data_parallel"]
+    assert hsdp["mesh_dims"] == ["dp_replicate", "dp_shard"] and hsdp["reshard_after_forward"] is False
+    assert hsdp["mixed_precision"] == {"param_dtype": "bf16", "reduce_dtype": "fp32"}
+    ddp = nd_plans.nd_plan(with_layout(dp_shard=2, zero_stage=0))["data_parallel"]
+    assert ddp["wrapper"] == "replicate" and ddp["shard_size"] == 1 and ddp["replicate_size"] == 2
+    tp_bf16 = nd_plans.nd_plan(with_layout(tp=2, precision="bf16"))
+    assert tp_bf16["data_parallel"]["wrapper"] is None and tp_bf16["autocast_bf16"] is True
+
+
+def test_invalid_layout_is_not_planned():
+    with pytest.raises(ValueError, match="tp=8 must divide num_attention_heads=4"):
+        nd_plans.nd_plan(with_layout(tp=8))
+
+
+# ---------------------------------------------------------------------------------- state bytes
+def _all_ranks(layout, hf):
+    return [nd_plans.rank_param_numel(hf, layout, r) for r in range(nd_plans.world_size(layout))]
+
+
+@pytest.mark.parametrize("family", sorted(HF))
+def test_one_rank_holds_every_parameter(family):
+    spec = model_spec_from_hf("m", HF[family])
+    assert _all_ranks(BASE.layout, HF[family]) == [spec.total_params]
+
+
+@pytest.mark.parametrize("family", sorted(HF))
+def test_pipeline_and_fsdp_partition_the_parameters(family):
+    total = model_spec_from_hf("m", HF[family]).total_params
+    assert sum(_all_ranks(replace(BASE.layout, pp=2, grad_accum=2), HF[family])) == total
+    assert sum(_all_ranks(replace(BASE.layout, dp_shard=2, zero_stage=3), HF[family])) == total
+    assert sum(_all_ranks(replace(BASE.layout, dp_shard=2, zero_stage=0), HF[family])) == 2 * total
+
+
+def test_tp_splits_all_but_norms():
+    spec = model_spec_from_hf("m", HF["llama"])
+    replicated = spec.num_layers * spec.norm_params + spec.final_norm_params
+    per_rank = (spec.total_params - replicated) // 2 + replicated
+    assert _all_ranks(replace(BASE.layout, tp=2), HF["llama"]) == [per_rank] * 2
+
+
+def test_fsdp_chunks_like_torch_chunk():
+    assert [nd_plans._chunk(10, 4, i) for i in range(4)] == [3, 3, 3, 1]
+    assert [nd_plans._chunk(2, 4, i) for i in range(4)] == [1, 1, 0, 0]
+
+
+def test_predicted_state_bytes_are_fp32_weights_grads_and_two_moments():
+    got = nd_plans.predicted_state_bytes(HF["llama"], replace(BASE.layout, tp=2), 0)
+    numel = nd_plans.rank_param_numel(HF["llama"], replace(BASE.layout, tp=2), 0)
+    assert got == {"param_bytes": 4 * numel, "grad_bytes": 4 * numel, "optimizer_bytes": 8 * numel}
+
+
+def test_planner_predicts_the_same_bytes():
+    """The planner's nd prediction (harness.plan, for the pipeline rank it reports) equals this engine's count
+    for the first rank of that pipeline stage (FSDP's first chunk is the largest)."""
+    planner = pytest.importorskip("harness.plan.planner")
+    from harness.launch.prepare import plan_record
+
+    for fields in (dict(tp=2), dict(pp=2, grad_accum=2), dict(pp=2, grad_accum=2, pp_schedule="GPipe"),
+                   dict(dp_shard=2, zero_stage=3), dict(tp=2, dp_shard=2, zero_stage=3),
+                   dict(pp=2, dp_shard=2, zero_stage=3, grad_accum=2), dict(dp_shard=2, zero_stage=0)):  # fmt: skip
+        cfg = with_layout(**fields)
+        plan = planner.make_plan(cfg)
+        predicted = plan_record(plan)["predicted"]
+        per_pp = nd_plans.world_size(cfg.layout) // cfg.layout.pp
+        numel = nd_plans.rank_param_numel(cfg.model.hf_config, cfg.layout, plan.memory.pp_rank * per_pp)
+        assert predicted["param_bytes"] == 4 * numel, fields
+        assert predicted["grad_bytes"] == 4 * numel, fields
+        assert predicted["optimizer_bytes"] == 8 * numel, fields

@@ -1,0 +1,254 @@
+"""Run states from recorded `squeue --json` / `sacct -c` output (Slurm 22.05.8, the local cluster) and the
+run directory's own files; the in-job hooks; only the run's own status.json is ever written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.launch import slurm as slurm_mod
+from harness.launch import status as status_mod
+from harness.launch.status import SlurmIndex, SlurmView, classify, classify_files, refresh, run_view, task_ids
+from harness.runtime.result import read_status, write_error, write_json_atomic, write_status
+
+# Recorded from `squeue --json` on the local cluster (trimmed to the fields the harness reads).
+SQUEUE = {
+    "array_task_completed": {"job_id": 7, "array_job_id": 6, "array_task_id": 0, "array_task_string": "",
+                             "job_state": "COMPLETED", "state_reason": "None", "exit_code": 0,
+                             "derived_exit_code": 0, "restart_cnt": 0, "start_time": 1795308258,
+                             "end_time": 1795308302},
+    "array_task_failed": {"job_id": 11, "array_job_id": 9, "array_task_id": 1, "array_task_string": "",
+                          "job_state": "FAILED", "state_reason": "NonZeroExitCode", "exit_code": 256,
+                          "derived_exit_code": 256, "restart_cnt": 0, "start_time": 1795308375,
+                          "end_time": 1795308441},
+    "array_pending_rest": {"job_id": 1, "array_job_id": 1, "array_task_id": None, "array_task_string": "1-2%1",
+                           "job_state": "PENDING", "state_reason": "JobArrayTaskLimit", "exit_code": 0,
+                           "derived_exit_code": 0, "restart_cnt": 0, "start_time": 0, "end_time": 0},
+    "array_cancelled_rest": {"job_id": 4, "array_job_id": 4, "array_task_id": None, "array_task_string": "1-3%1",
+                             "job_state": "CANCELLED", "state_reason": "JobArrayTaskLimit", "exit_code": 0,
+                             "derived_exit_code": 0, "restart_cnt": 0, "start_time": 1795307997,
+                             "end_time": 1795307997},
+    "job_cancelled_running": {"job_id": 18, "array_job_id": 0, "array_task_id": None, "array_task_string": "",
+                              "job_state": "CANCELLED", "state_reason": "None", "exit_code": 15,
+                              "derived_exit_code": 256, "restart_cnt": 0, "start_time": 1795308503,
+                              "end_time": 1795308508},
+    # linuxproc mode, over --mem: SIGKILL by RSS polling; srun exits 137; derived 0:9.
+    "job_mem_killed_linuxproc": {"job_id": 19, "array_job_id": 0, "array_task_id": None, "array_task_string": "",
+                                 "job_state": "FAILED", "state_reason": "NonZeroExitCode", "exit_code": 35072,
+                                 "derived_exit_code": 9, "restart_cnt": 0, "start_time": 1795308527,
+                                 "end_time": 1795308530},
+    # cgroup mode, a step over --mem: srun exits 1, the step's SIG_OOM (253) shows in derived_exit_code.
+    "job_step_oom_cgroup": {"job_id": 20, "array_job_id": 0, "array_task_id": None, "array_task_string": "",
+                            "job_state": "FAILED", "state_reason": "NonZeroExitCode", "exit_code": 256,
+                            "derived_exit_code": 253, "restart_cnt": 0, "start_time": 1795308540,
+                            "end_time": 1795308547},
+    # As the findings record them (batch-step OOM in cgroup mode, time limit, node failure + requeue).
+    "job_batch_oom_cgroup": {"job_id": 30, "array_job_id": 0, "array_task_id": None, "array_task_string": "",
+                             "job_state": "OUT_OF_MEMORY", "state_reason": "OutOfMemory", "exit_code": 0,
+                             "derived_exit_code": 0, "restart_cnt": 0},
+    "job_timeout": {"job_id": 31, "array_job_id": 0, "array_task_id": None, "array_task_string": "",
+                    "job_state": "TIMEOUT", "state_reason": "TimeLimit", "exit_code": 0, "derived_exit_code": 0,
+                    "restart_cnt": 0},
+    "job_requeued_after_node_fail": {"job_id": 32, "array_job_id": 0, "array_task_id": None,
+                                     "array_task_string": "", "job_state": "PENDING", "state_reason": "BeginTime",
+                                     "exit_code": 0, "derived_exit_code": 0, "restart_cnt": 1},
+    "job_node_fail": {"job_id": 33, "array_job_id": 0, "array_task_id": None, "array_task_string": "",
+                      "job_state": "NODE_FAIL", "state_reason": "NodeDown", "exit_code": 0, "derived_exit_code": 0,
+                      "restart_cnt": 0},
+    "job_running": {"job_id": 34, "array_job_id": 0, "array_task_id": None, "array_task_string": "",
+                    "job_state": "RUNNING", "state_reason": "None", "exit_code": 0, "derived_exit_code": 0,
+                    "restart_cnt": 0, "start_time": 1795308600, "end_time": 1795312200},
+}
+# Recorded `sacct -c -n -P -o JobID,JobName,State,ExitCode,DerivedExitCode,NodeList,Start,End` lines.
+SACCT = """\
+11|failres.array-001|FAILED|1:0|1:0|n1|2026-11-22T00:46:15|2026-11-22T00:47:21
+18|cancelme.000-deepspeed-single|CANCELLED|0:0|0:0|n1|2026-11-22T00:48:23|2026-11-22T00:48:28
+19|oom.000-deepspeed-single|FAILED|137:0|0:9|n1|2026-11-22T00:48:47|2026-11-22T00:48:50
+20|oom.000-deepspeed-single|FAILED|1:0|0:125|n1|2026-11-22T00:49:00|2026-11-22T00:49:07
+7|cpu_grid.array-001|COMPLETED|0:0|0:0|n1|2026-11-22T00:44:18|2026-11-22T00:45:02
+40|x|CANCELLED by 0|0:0|0:0|n1|2026-11-22T00:50:00|2026-11-22T00:50:01
+"""
+SACCT_ROWS = [dict(zip(slurm_mod.SACCT_FIELDS, line.split("|"))) for line in SACCT.splitlines()]
+OOM_ERROR = {"rank": 1, "type": "OutOfMemoryError", "message": "CUDA out of memory", "out_of_memory": True}
+RANK_ERROR = {"rank": 0, "type": "FileNotFoundError", "message": "no such file", "out_of_memory": False}
+
+
+def view(name: str) -> SlurmView:
+    return SlurmView.from_squeue(SQUEUE[name])
+
+
+@pytest.mark.parametrize("record,metrics,errors,state,reason", [
+    ("array_task_completed", True, [], "COMPLETED", ""),
+    ("array_task_completed", False, [], "FAILED", "exited 0 but no metrics.json"),
+    ("array_task_failed", False, [RANK_ERROR], "FAILED", "rank 0: FileNotFoundError"),
+    ("array_task_failed", False, [], "FAILED", "exit code 1"),
+    ("job_cancelled_running", False, [RANK_ERROR], "CANCELLED", "cancelled"),  # errors follow from scancel
+    ("job_cancelled_running", True, [], "COMPLETED", ""),  # measured before the cancel: kept
+    ("job_timeout", False, [RANK_ERROR], "TIMEOUT", "time limit"),
+    ("job_batch_oom_cgroup", False, [], "OOM", "OUT_OF_MEMORY"),
+    ("job_step_oom_cgroup", False, [], "OOM", "SIG_OOM"),
+    ("array_task_failed", False, [RANK_ERROR, OOM_ERROR], "OOM", "rank 1: OutOfMemoryError"),
+    ("job_mem_killed_linuxproc", False, [], "FAILED", "SIGKILL"),  # no structured OOM signal in this mode
+    ("job_node_fail", False, [], "FAILED", "NODE_FAIL and not requeued"),
+    ("job_requeued_after_node_fail", False, [], "PENDING", "requeued (1x)"),
+    ("array_pending_rest", False, [], "PENDING", "JobArrayTaskLimit"),
+    ("job_running", False, [], "RUNNING", "running"),
+])
+def test_classify_recorded_squeue(record, metrics, errors, state, reason):
+    got_state, got_reason = classify(view(record), metrics, errors)
+    assert got_state == state
+    assert reason in got_reason
+
+
+@pytest.mark.parametrize("job_id,state,reason", [
+    ("11", "FAILED", "exit code 1"),
+    ("18", "CANCELLED", "cancelled"),
+    ("19", "FAILED", "SIGKILL"),
+    ("20", "OOM", "SIG_OOM"),
+    ("40", "CANCELLED", "cancelled"),
+])
+def test_classify_recorded_sacct(job_id, state, reason):
+    row = next(r for r in SACCT_ROWS if r["JobID"] == job_id)
+    got_state, got_reason = classify(SlurmView.from_sacct(row), False, [])
+    assert (got_state, reason in got_reason) == (state, True), got_reason
+
+
+def test_exit_codes_decode_both_ways():
+    assert (view("job_mem_killed_linuxproc").exit_status, view("job_mem_killed_linuxproc").derived_signal) == (137, 9)
+    assert view("job_cancelled_running").exit_signal == 15
+    assert view("job_step_oom_cgroup").derived_signal == 125
+    row = SlurmView.from_sacct(SACCT_ROWS[3])
+    assert (row.exit_status, row.derived_signal, row.start is not None) == (1, 125, True)
+
+
+def test_array_task_strings():
+    assert task_ids("1-3%1") == [1, 2, 3]
+    assert task_ids("2,4-8:2%3") == [2, 4, 6, 8]
+    assert task_ids("5") == [5] and task_ids("") == []
+
+
+def test_index_finds_tasks_pending_remainders_and_jobs():
+    index = SlurmIndex(SQUEUE.values())
+    assert index.squeue_view({"array_job_id": "6", "array_task_id": 0}).state == "COMPLETED"
+    pending = index.squeue_view({"array_job_id": "1", "array_task_id": 2})
+    assert (pending.state, pending.job_id, pending.reason) == ("PENDING", "1_2", "JobArrayTaskLimit")
+    assert index.squeue_view({"array_job_id": "4", "array_task_id": 3}).state == "CANCELLED"
+    assert index.squeue_view({"array_job_id": "1", "array_task_id": 7}) is None
+    assert index.squeue_view({"job_id": "18", "array_job_id": None}).state == "CANCELLED"
+    assert index.squeue_view({"job_id": "99", "array_job_id": None}) is None
+    # sacct -c knows array tasks by raw id only; the job record written inside the job holds it.
+    index.add_sacct(SACCT_ROWS)
+    submission = {"array_job_id": "9", "array_task_id": 1, "job_id": None}
+    assert index.sacct_view(submission, None) is None
+    record = {"job_id": "11", "array_job_id": "9", "array_task_id": "1"}
+    assert index.sacct_view(submission, record).state == "FAILED"
+    stale = {"job_id": "11", "array_job_id": "5", "array_task_id": "1"}  # an older attempt's record
+    assert index.sacct_view(submission, stale) is None
+
+
+def make_run(root: Path, name: str, state: str = "PENDING", submission=None) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    write_status(run, state)
+    if submission:
+        write_json_atomic(run / slurm_mod.SUBMISSION_FILE, submission)
+    return run
+
+
+def test_run_view_rules(tmp_path):
+    sub = {"job_key": "34", "job_id": "34", "array_job_id": None, "array_task_id": None}
+    # Never submitted (a dry run) and pruned runs are shown as their files say.
+    dry = make_run(tmp_path, "dry")
+    assert run_view(dry, None, None, None, True)[0].reason == "not submitted"
+    # The rank wrote COMPLETED while Slurm still shows the job running: the run said so first.
+    done = make_run(tmp_path, "done", "COMPLETED", sub)
+    (done / "metrics.json").write_text("{}")
+    v, write = run_view(done, sub, None, view("job_running"), True)
+    assert (v.state, write, v.settled) == ("COMPLETED", False, False)
+    # A final state written by the job-end hook is refined by what only Slurm knows.
+    hook = make_run(tmp_path, "hook", "FAILED", sub)
+    v, write = run_view(hook, sub, None, view("job_step_oom_cgroup"), True)
+    assert (v.state, write) == ("OOM", True)
+    # A requeued job is PENDING again, whatever the interrupted attempt wrote.
+    requeued = make_run(tmp_path, "requeued", "FAILED", sub)
+    v, _ = run_view(requeued, sub, {"restart_count": 0}, view("job_requeued_after_node_fail"), True)
+    assert v.state == "PENDING"
+    # Submitted, not final, and unknown to squeue and sacct: lost, written FAILED so resume retries it.
+    lost = make_run(tmp_path, "lost", "RUNNING", sub)
+    v, write = run_view(lost, sub, None, None, True)
+    assert (v.state, write) == ("FAILED", True) and "no longer knows" in v.reason
+    # ... but not when Slurm could not be asked.
+    assert run_view(lost, sub, None, None, False)[0].state == "RUNNING"
+
+
+def test_refresh_writes_only_final_states_into_each_runs_own_file(tmp_path, monkeypatch):
+    ok = make_run(tmp_path, "000-ok", "RUNNING", {"job_key": "6_0", "array_job_id": "6", "array_task_id": 0})
+    (ok / "metrics.json").write_text("{}")
+    bad = make_run(tmp_path, "001-bad", "RUNNING", {"job_key": "9_1", "array_job_id": "9", "array_task_id": 1})
+    write_error(bad, 0, FileNotFoundError("no such file"))
+    queued = make_run(tmp_path, "002-queued", "PENDING", {"job_key": "1_2", "array_job_id": "1", "array_task_id": 2})
+    # Forgotten by squeue, found in sacct -c through the raw id the job recorded.
+    old = make_run(tmp_path, "003-old", "RUNNING", {"job_key": "50_0", "array_job_id": "50", "array_task_id": 0})
+    write_json_atomic(old / slurm_mod.JOB_RECORD_FILE, {"job_id": "20", "array_job_id": "50", "array_task_id": "0"})
+    asked = []
+    monkeypatch.setattr(slurm_mod, "squeue_jobs", lambda: list(SQUEUE.values()))
+    monkeypatch.setattr(slurm_mod, "sacct_rows", lambda keys: asked.extend(keys) or SACCT_ROWS)
+    before = {p: p.stat().st_mtime_ns for p in queued.iterdir()}
+    views = {v.run_dir.name: v for v in refresh([ok, bad, queued, old])}
+    assert {k: v.state for k, v in views.items()} == {
+        "000-ok": "COMPLETED", "001-bad": "FAILED", "002-queued": "PENDING", "003-old": "OOM"}
+    assert read_status(bad)["state"] == "FAILED" and "FileNotFoundError" in read_status(bad)["reason"]
+    assert read_status(old)["state"] == "OOM"
+    assert read_status(ok)["state"] == "COMPLETED"  # metrics.json and a finished job
+    assert {p: p.stat().st_mtime_ns for p in queued.iterdir()} == before
+    assert "50_0" in asked and "20" in asked
+
+
+def test_job_hooks(tmp_path, monkeypatch):
+    run = make_run(tmp_path, "run", "FAILED")
+    write_error(run, 0, RuntimeError("first attempt"))
+    (run / "metrics.json").write_text("{}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "70")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    slurm_mod.job_start(run)
+    # The earlier attempt's measurement and errors are set aside, never mixed with this attempt's.
+    assert not (run / "metrics.json").exists() and not (run / "errors").exists()
+    assert (run / "attempts" / "1" / "metrics.json").exists() and (run / "attempts" / "1" / "errors").is_dir()
+    record = json.loads((run / "slurm_job.json").read_text())
+    assert (record["job_id"], record["array_task_id"], record["restart_count"]) == ("77", "3", 1)
+    assert read_status(run) == {**read_status(run), "state": "RUNNING", "reason": "slurm job 70_3 on n[1-2]"}
+    slurm_mod.job_end(run, 137)
+    status = read_status(run)
+    assert status["state"] == "FAILED" and "SIGKILL" in status["reason"] and "slurm-77.out" in status["reason"]
+
+
+def test_classify_files_from_the_runs_own_records(tmp_path):
+    run = make_run(tmp_path, "run")
+    assert classify_files(run, 1)[0] == "FAILED"
+    write_error(run, 1, MemoryError("host"))
+    assert classify_files(run, 1)[0] == "OOM"
+    (run / "metrics.json").write_text("{}")
+    assert classify_files(run, 0) == ("COMPLETED", "")
+
+
+def test_timing_line():
+    views = [status_mod.RunView(Path("a"), "COMPLETED", "", "1", "COMPLETED", 100.0, 130.0),
+             status_mod.RunView(Path("b"), "COMPLETED", "", "2", "COMPLETED", 110.0, 150.0)]
+    line = status_mod.timing(views, [95.0, 95.0])
+    assert "grid wall time 55 s" in line and "sum to 70 s" in line
+
+
+def test_a_job_sbatch_resubmitted_by_hand_is_followed(tmp_path, monkeypatch):
+    """The sweep's job (9_1) failed; the user ran `sbatch <run>/job.sbatch` (job 34, running): the
+    run follows job 34, and the old failure does not overwrite the running attempt's status."""
+    run = make_run(tmp_path, "run", "RUNNING", {"job_key": "9_1", "array_job_id": "9", "array_task_id": 1})
+    write_json_atomic(run / slurm_mod.JOB_RECORD_FILE, {"job_id": "34", "array_job_id": None, "array_task_id": None})
+    monkeypatch.setattr(slurm_mod, "squeue_jobs", lambda: list(SQUEUE.values()))
+    (view,) = refresh([run])
+    assert (view.state, view.job_key, view.slurm_state) == ("RUNNING", "34", "RUNNING")
+    assert read_status(run)["state"] == "RUNNING"
