@@ -43,7 +43,11 @@ def test_nd_preset_plans_and_renders(name, tmp_path):
 def test_megatron_preset_plans_and_renders(name, tmp_path):
     cfg, prepared = prepare(name, tmp_path)
     assert cfg.engine.name == "megatron_lm"
-    assert prepared.rendered is not None and "megatron_args.sh" in prepared.rendered.files
+    assert prepared.plan.valid
+    # Export only: the command line is written, and the run is never launched (PRUNED, with the reason).
+    assert prepared.rendered is None and (prepared.run_dir / "megatron_args.sh").exists()
+    status = json.loads((prepared.run_dir / "status.json").read_text())
+    assert status["state"] == "PRUNED" and "export only" in status["reason"]
 
 
 def test_gpu_presets_shapes():
