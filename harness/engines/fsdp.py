@@ -290,8 +290,9 @@ def compute_dtype(precision: str):
 # master weights (no separate copy); each unit all-gathers them cast to bf16 for forward and backward;
 # gradients are reduced and kept in fp32 (reduce_dtype fp32, as torchtitan's default: a bf16 sum over
 # many ranks loses low bits). No output cast: the HF loss is computed from fp32-upcast logits and
-# stays fp32 (Accelerate's own bf16 policy also casts outputs, which would round the loss to bf16).
-# Buffers (rotary inv_freq) stay fp32, as FSDP2 never casts buffers.
+# stays fp32 (Accelerate's own policy for mixed_precision=bf16 sets output_dtype and reduce_dtype to
+# bf16: the model then returns its loss in bf16, checked). Buffers (rotary inv_freq) stay fp32.
+# State bytes follow: 4 (param) + 4 (grad) + 8 (Adam moments) bytes per parameter, sharded.
 def fsdp2_mixed_precision(precision: str):
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -537,3 +538,8 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> FsdpSession:
         model.parameters(), lr=bench.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=bench.weight_decay
     )
     return FsdpSession(model, optimizer, settings, cfg, kind)
+
+
+def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
+    """(errors, warnings) for running this config with engine=fsdp (the engine contract's name)."""
+    return layout_problems(cfg), []

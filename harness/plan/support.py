@@ -44,10 +44,10 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         offload_together=False, tp_shards_vocab=(False, True), activation_profile="hf"),
     # FSDP through Accelerate: 3 FULL_SHARD, 2 SHARD_GRAD_OP, 0 NO_SHARD (no optimizer-only level);
     # no pipeline; CPUOffload moves parameters, gradients and optimizer together, at FULL_SHARD.
-    # TP follows transformers' tp_plan: decoder linears and a column-parallel lm_head, embedding whole.
+    # Tensor and context parallelism are engine=nd's (Accelerate's ParallelismConfig refuses a MULTI_CPU state).
     "fsdp": EngineSupport(
         zero_stages=(0, 2, 3), zero_reason="FSDP has no optimizer-only sharding level",
-        tp=True, cp=True, ep=False, pp_schedules=(), pp_zero_stages=(), hybrid_zero_stages=(0, 2, 3),
+        tp=False, cp=False, ep=False, pp_schedules=(), pp_zero_stages=(), hybrid_zero_stages=(0, 2, 3),
         offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)}, offload_together=True,
         tp_shards_vocab=(False, True), activation_profile="hf"),
     # Torch-native: DTensor TP (+ sequence parallel, vocab-parallel embedding and lm_head as torchtitan

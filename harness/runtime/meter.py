@@ -42,7 +42,8 @@ def sum_tensor_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
     for tensor in tensors:
         if tensor is None or tensor.numel() == 0:
             continue
-        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+        local = getattr(tensor, "_local_tensor", tensor)  # a DTensor's own data_ptr() is 0
+        key = (local.data_ptr(), local.numel(), local.dtype)
         if key in seen:
             continue
         seen.add(key)
@@ -88,6 +89,9 @@ class SavedActivationMeter:
     def _pack(self, tensor: torch.Tensor):
         if tensor.is_leaf and tensor.requires_grad:
             return tensor  # a parameter: model state, not an activation
+        base = tensor._base
+        if base is not None and base.is_leaf and base.requires_grad:
+            return tensor  # a view of a parameter (FSDP's gathered weights)
         local = getattr(tensor, "_local_tensor", tensor)
         local = getattr(local, "elem", local)  # AsyncCollectiveTensor wraps the result of a TP collective
         storage = local.untyped_storage()
