@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 from harness.config.schema import RunConfig
-from harness.engines.rendered import RenderedRun, launcher_argv
+from harness.engines.rendered import RenderedRun, render_launch
 
 CONFIG_FILE = "ds_config.json"
 # Top-level keys this renderer writes; DeepSpeed silently ignores unknown ones, so we check ourselves.
@@ -74,20 +74,7 @@ def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
     run_dir = Path(run_dir)
     (run_dir / CONFIG_FILE).write_text(json.dumps(ds_config(cfg), indent=2) + "\n")
     env = {"DS_ACCELERATOR": "cpu"} if cfg.cluster.accelerator == "cpu" else {}
-    extra: List[str] = []
-    argv = launcher_argv(
-        cfg.engine.launcher, cfg.cluster.nodes, cfg.cluster.accelerators_per_node, str(run_dir), extra
-    )
-    return RenderedRun(
-        run_dir=str(run_dir),
-        engine="deepspeed",
-        launcher=cfg.engine.launcher,
-        nnodes=cfg.cluster.nodes,
-        nproc_per_node=cfg.cluster.accelerators_per_node,
-        argv=argv,
-        env=env,
-        files=[CONFIG_FILE],
-    )
+    return render_launch(cfg, run_dir, cfg.engine.launcher, [CONFIG_FILE], env=env)
 
 
 class DeepSpeedSession:

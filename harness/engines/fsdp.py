@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from harness.config.schema import RunConfig
-from harness.engines.rendered import RenderedRun, launcher_argv
+from harness.engines.rendered import RenderedRun, render_launch
 
 CONFIG_FILE = "accelerate.yaml"
 # layout.zero_stage -> FSDP1 sharding strategy (FSDP2 spells the same as reshard_after_forward + mesh).
@@ -219,19 +219,7 @@ def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
     path.write_text(yaml.safe_dump(accelerate_config(cfg), sort_keys=False))
-    argv = launcher_argv(
-        "accelerate", cfg.cluster.nodes, cfg.cluster.accelerators_per_node, str(run_dir), ["--config_file", str(path)]
-    )
-    return RenderedRun(
-        run_dir=str(run_dir),
-        engine="fsdp",
-        launcher="accelerate",
-        nnodes=cfg.cluster.nodes,
-        nproc_per_node=cfg.cluster.accelerators_per_node,
-        argv=argv,
-        env={},
-        files=[CONFIG_FILE],
-    )
+    return render_launch(cfg, run_dir, "accelerate", [CONFIG_FILE], extra=["--config_file", str(path)])
 
 
 # --------------------------------------------------------------------------------------------- runtime

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Tuple
 
 from harness.config.schema import RunConfig
 from harness.engines import nd_plans
-from harness.engines.rendered import RenderedRun, launcher_argv
+from harness.engines.rendered import RenderedRun, render_launch
 
 PLAN_FILE = "nd_plan.json"
 # Runs through `apply` (unlike the megatron_lm export).
@@ -36,17 +36,7 @@ def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
         raise ValueError(f"engine=nd launches with torchrun, not engine.launcher={cfg.engine.launcher!r}")
     plan = nd_plans.nd_plan(cfg)  # raises, naming every problem, on a layout nd cannot run
     (run_dir / PLAN_FILE).write_text(json.dumps(plan, indent=2) + "\n")
-    argv = launcher_argv("torchrun", cfg.cluster.nodes, cfg.cluster.accelerators_per_node, str(run_dir), [])
-    return RenderedRun(
-        run_dir=str(run_dir),
-        engine="nd",
-        launcher="torchrun",
-        nnodes=cfg.cluster.nodes,
-        nproc_per_node=cfg.cluster.accelerators_per_node,
-        argv=argv,
-        env={},
-        files=[PLAN_FILE],
-    )
+    return render_launch(cfg, run_dir, "torchrun", [PLAN_FILE])
 
 
 # ------------------------------------------------------------------------------------- torch below

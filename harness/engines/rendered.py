@@ -70,3 +70,19 @@ def launcher_argv(launcher: str, nnodes: int, nproc_per_node: int, run_dir: str,
             "--main_process_ip", MASTER_ADDR, "--main_process_port", MASTER_PORT, *extra, *program,
         ]  # fmt: skip
     raise ValueError(f"engine.launcher={launcher!r} is not one of torchrun, deepspeed, accelerate")
+
+
+def render_launch(cfg, run_dir, launcher: str, files: List[str], env: Dict[str, str] = None,
+                  extra: List[str] = ()) -> RenderedRun:
+    """The RenderedRun every engine returns: its launcher started on each of the cluster's nodes."""
+    nodes, per_node = cfg.cluster.nodes, cfg.cluster.accelerators_per_node
+    return RenderedRun(
+        run_dir=str(run_dir),
+        engine=cfg.engine.name,
+        launcher=launcher,
+        nnodes=nodes,
+        nproc_per_node=per_node,
+        argv=launcher_argv(launcher, nodes, per_node, str(run_dir), list(extra)),
+        env=dict(env or {}),
+        files=list(files),
+    )

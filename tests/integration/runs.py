@@ -28,3 +28,17 @@ def run_harness(args: List[str], results: Path, timeout: int = 900, env: Dict[st
 
 def metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
+
+
+def prepare_and_launch(cfg, run_dir: Path, timeout_s: int = 600):
+    """Plan, render and launch one composed config in-process; returns (metrics.json, plan.json, seconds)."""
+    from harness.launch.local import launch_local
+    from harness.launch.prepare import prepare_run
+
+    prepared = prepare_run(cfg, run_dir)
+    start = time.monotonic()
+    state, reason = launch_local(prepared.rendered, timeout_s, {})
+    seconds = time.monotonic() - start
+    log = (run_dir / "launch.log").read_text() if (run_dir / "launch.log").exists() else ""
+    assert state == "COMPLETED", f"{state}: {reason}\n{log[-4000:]}"
+    return metrics(run_dir), json.loads((run_dir / "plan.json").read_text()), seconds

@@ -9,7 +9,6 @@ precision policy done by hand (fp32 master weights, a bf16 copy for forward and 
 import copy
 import json
 import math
-import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -18,11 +17,9 @@ import torch
 
 from harness.config.compose import compose_run_config
 from harness.engines.fsdp import ADAMW_BETAS, ADAMW_EPS
-from harness.launch.local import launch_local
-from harness.launch.prepare import prepare_run
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.model import build_model
-from tests.integration.runs import run_harness
+from tests.integration.runs import prepare_and_launch, run_harness
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +43,7 @@ def compose(overrides):
 def run_fsdp(overrides, run_dir: Path):
     """Plan, render and launch one run; returns (metrics.json, the plan's prediction, seconds)."""
     cfg = compose(overrides)
-    prepared = prepare_run(cfg, run_dir)
-    start = time.monotonic()
-    state, reason = launch_local(prepared.rendered, TIMEOUT_S, {})
-    seconds = time.monotonic() - start
-    log = (run_dir / "launch.log").read_text() if (run_dir / "launch.log").exists() else ""
-    assert state == "COMPLETED", f"{state}: {reason}\n{log[-4000:]}"
-    result = json.loads((run_dir / "metrics.json").read_text())
+    result, _, seconds = prepare_and_launch(cfg, run_dir, TIMEOUT_S)
     return cfg, result["measured"], result["predicted"], seconds
 
 

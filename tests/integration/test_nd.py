@@ -7,7 +7,6 @@ micro-batches as one batch, AdamW and gradient clipping as nd configures them.
 """
 
 import json
-import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -16,10 +15,9 @@ import torch
 
 from harness.config.compose import compose_run_config
 from harness.engines import nd_plans
-from harness.launch.local import launch_local
-from harness.launch.prepare import prepare_run
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.model import build_model
+from tests.integration.runs import prepare_and_launch
 
 pytestmark = pytest.mark.integration
 
@@ -34,14 +32,8 @@ WALL_TIMES = {}
 
 def run_nd(overrides, run_dir: Path):
     cfg = compose_run_config([*BASE, *overrides])
-    prepared = prepare_run(cfg, run_dir)
-    start = time.monotonic()
-    state, reason = launch_local(prepared.rendered, TIMEOUT_S, {})
-    seconds = time.monotonic() - start
-    log = (run_dir / "launch.log").read_text() if (run_dir / "launch.log").exists() else ""
-    assert state == "COMPLETED", f"{state}: {reason}\n{log[-4000:]}"
-    result = json.loads((run_dir / "metrics.json").read_text())
-    memory = json.loads((run_dir / "plan.json").read_text())["memory"]
+    result, plan, seconds = prepare_and_launch(cfg, run_dir, TIMEOUT_S)
+    memory = plan["memory"]
     return cfg, result["measured"], {**result["predicted"], "pp_rank": memory["pp_rank"]}, seconds
 
 

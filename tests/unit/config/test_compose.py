@@ -1,6 +1,5 @@
 """Composition: every preset composes, typos and wrong types fail, overrides land where expected."""
 
-from pathlib import Path
 
 import pytest
 import yaml
