@@ -12,6 +12,9 @@ TORCH_INDEX_URL ?=
 # JIT-built DeepSpeed ops are cached here so each is compiled once per machine.
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/harness/torch_extensions
 
+# The local Slurm cluster uses cgroups where the kernel allows (real OUT_OF_MEMORY states).
+export SLURM_LOCAL_CGROUP ?= auto
+
 R ?= cpu_zero2
 S ?= cpu_grid
 ARGS ?=
@@ -33,8 +36,14 @@ recipe: setup ## run one preset end to end: make recipe R=<name> [ARGS='layout.z
 plan: setup ## predict memory / FLOPs / validity without launching: make plan R=<name> [ARGS=...]
 	$(HARNESS) plan recipes=$(R) $(ARGS)
 
-sweep: setup ## run a grid preset: make sweep S=<sweep preset> [ARGS=...]
-	$(HARNESS) sweep sweep=$(S) $(ARGS)
+sweep: setup ## run a grid preset: make sweep S=<sweep preset> [launcher=slurm_local] [ARGS=...]
+	$(HARNESS) sweep sweep=$(S) $(if $(launcher),launcher=$(launcher)) $(if $(cluster),cluster=$(cluster)) $(ARGS)
+
+sweep-status: setup ## progress of a sweep: make sweep-status D=<sweep dir>
+	$(HARNESS) sweep status $(D)
+
+sweep-resume: setup ## resubmit what did not complete: make sweep-resume D=<sweep dir>
+	$(HARNESS) sweep resume $(D)
 
 report: setup ## the newest sweep (or D='<dir> [<dir>...]') -> summary.csv/.parquet, report.html, wandb_report.json
 	$(HARNESS) report $(D)
@@ -59,4 +68,4 @@ slurm-down: ## stop the local Slurm cluster
 clean: ## remove the virtualenv
 	rm -rf $(VENV)
 
-.PHONY: help setup recipe plan sweep report test test-unit bench slurm-up slurm-down clean
+.PHONY: help setup recipe plan sweep sweep-status sweep-resume report test test-unit bench slurm-up slurm-down clean

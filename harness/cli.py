@@ -10,7 +10,8 @@ USAGE = """usage: harness COMMAND [hydra overrides...]
 
   run     compose one config (or a Hydra -m grid), plan, render, launch, measure; prints the summary
   plan    predict memory / FLOPs / validity for one layout or a grid (no launch)
-  sweep   run a grid preset: sweep=<hydra_configs/sweep/NAME> [overrides]
+  sweep   run a grid: [sweep=<hydra_configs/sweep/NAME>] [multirun overrides] [launcher=slurm_local]
+          [--dry-run] [--submit-pruned]; `sweep status|resume|cancel DIR` follow or mend one
   report  sweep dir(s) -> summary.csv/.parquet, report.html, W&B report spec (several dirs: compare)
 
 examples:

@@ -29,6 +29,8 @@ from harness.runtime.result import (
 if TYPE_CHECKING:
     from harness.config.schema import RunConfig
     from harness.engines.rendered import RenderedRun
+    from harness.launch.slurm import Submission
+    from harness.launch.status import RunView
 
 USAGE = """usage:
   harness sweep [sweep=PRESET] [OVERRIDES...] [--dry-run] [--submit-pruned] [--no-wait] [--poll=SECONDS]
@@ -50,9 +52,12 @@ prints the sbatch scripts without submitting (`resume` submits them later).
   cancel   scancel the sweep's queued and running jobs
 
 examples:
-  harness sweep sweep=cpu_grid launcher=slurm
-  harness sweep layout.zero_stage=1,2,3 engine=deepspeed,fsdp tracking=disabled --dry-run launcher=slurm
-  harness sweep status results/cpu_grid/20260101-120000
+  harness sweep sweep=cpu_grid                                          (locally, one run after another)
+  harness sweep sweep=cpu_grid launcher=slurm_local cluster=local_slurm  (`make slurm-up`'s cluster)
+  harness sweep sweep=h100_8b launcher.partition=gpu launcher.account=me --dry-run
+  harness sweep layout.zero_stage=1,2,3 engine=deepspeed,fsdp launcher=slurm --no-wait
+  harness sweep status results/cpu_grid/20260101-120000 --watch
+  harness sweep resume results/cpu_grid/20260101-120000
 """
 
 SWEEP_FILE = "sweep.json"
@@ -273,7 +278,7 @@ def print_job_scripts(run_dirs: Sequence[Path]) -> None:
         print("\n".join(f"#   {line}" for line in lines))
 
 
-def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_run: bool) -> List:
+def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_run: bool) -> List["Submission"]:
     """Write each run's job.sbatch, group the runs by resource shape, write and (unless dry) submit."""
     from harness.launch.slurm import group_runs, submit, write_group, write_job_script
     from harness.runtime.sinks import wandb_environment
@@ -303,7 +308,7 @@ def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_
     return submissions
 
 
-def wait_for(run_dirs: Sequence[Path], poll_s: float):
+def wait_for(run_dirs: Sequence[Path], poll_s: float) -> List["RunView"]:
     """Poll until every submitted run is final; print a line whenever the counts change."""
     from harness.launch.status import one_line, refresh
 
@@ -395,7 +400,7 @@ def status(opts: Options) -> int:
     return 0
 
 
-def to_resume(views, submit_pruned: bool, backend: str) -> List:
+def to_resume(views: Sequence["RunView"], submit_pruned: bool, backend: str) -> List["RunView"]:
     """What did not complete: final non-completed runs, never-submitted runs (and pruned ones on request).
     Queued or running Slurm jobs are left alone; a local run left RUNNING was interrupted."""
     chosen = []
@@ -440,7 +445,7 @@ def resume(opts: Options) -> int:
             point = render_pruned(point)
             if point.rendered is None:
                 continue
-        if not opts.dry_run and view.state != PENDING:
+        if not opts.dry_run and view.state in (*RESUBMIT_STATES, RUNNING):
             note_previous_attempt(view.run_dir, view.state, view.reason)
             archive_attempt(view.run_dir)
             write_status(view.run_dir, PENDING, f"resubmitted after {view.state}")

@@ -92,10 +92,11 @@ def sweeps(env, data_dir, tmp_path_factory) -> dict:
     commands = {
         "cancel": [*common, *ONE_RANK, "sweep_name=cancel", "bench.steps=1000000", "bench.seed=0,1"],
         "memory": [*common, *ONE_RANK, "sweep_name=memory", 'launcher.extra_sbatch=["--mem=250M"]'],
-        "two_node": [*common, "sweep_name=two_node", "cluster.nodes=2", "cluster.accelerators_per_node=1"],
+        # torchrun (deepspeed) and accelerate launch (fsdp), each one process per node on two nodes.
+        "two_node": [*common, "sweep_name=two_node", "cluster.nodes=2", "cluster.accelerators_per_node=1",
+                     "engine=deepspeed,fsdp"],
         "resume": [*common, *ONE_RANK, "sweep_name=resume", "data=text", data],
-        # FSDP through Accelerate as FSDP1: FSDP2 on CPU fails in the runtime's meter for now (see report).
-        "grid": ["sweep=cpu_grid", *common, "engine=deepspeed,fsdp1", "layout.zero_stage=2,3",
+        "grid": ["sweep=cpu_grid", *common, "engine=deepspeed,fsdp", "layout.zero_stage=2,3",
                  "launcher.array_concurrency=2"],
     }
     procs = {name: subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", *args], cwd=REPO, env=env,
@@ -135,8 +136,11 @@ def test_requeued_then_cancelled_runs(env, sweeps, slurm_cli):
         time.sleep(0.5)
     requeued = json.loads((runs[1] / "slurm.json").read_text())["job_key"]
     slurm_cli.run("scontrol", "requeue", requeued)
-    row = status_json(env, sweep_dir)[runs[1].name]
-    assert row["state"] == "PENDING" and "requeued (1x)" in row["reason"], row
+    deadline = time.monotonic() + 120
+    while (row := status_json(env, sweep_dir)[runs[1].name])["state"] != "PENDING":  # via COMPLETING
+        assert time.monotonic() < deadline and row["state"] == "RUNNING", row
+        time.sleep(1)
+    assert "requeued (1x)" in row["reason"], row
     assert status_json(env, sweep_dir)[runs[0].name]["state"] == "RUNNING"
 
     out = harness(env, "sweep", "cancel", str(sweep_dir)).stdout
@@ -158,19 +162,38 @@ def test_run_over_its_memory_is_told_apart(env, sweeps, slurm_cli):
         assert final["state"] == "FAILED" and "SIGKILL" in final["reason"], final
 
 
-def test_two_node_run(env, sweeps, slurm_cli):
+def test_two_node_runs(env, sweeps, slurm_cli):
     sweep_dir = sweeps["two_node"]
-    (run,) = run_dirs(sweep_dir)
-    assert watch(env, sweep_dir)[run.name]["state"] == "COMPLETED", (run / "slurm.json").read_text()
-    submission = json.loads((run / "slurm.json").read_text())
-    assert submission["array_job_id"] is None and submission["script"] == str(run / "job.sbatch")  # as by hand
-    record = json.loads((run / "slurm_job.json").read_text())
-    assert record["nodes"] == "n[1-2]" and record["master_addr"] == "127.0.0.1"
-    assert int(record["master_port"]) == 20000 + int(record["job_id"]) % 10000
-    assert slurm_cli.job(int(submission["job_id"]))["nodes"] == "n[1-2]"
-    metrics = json.loads((run / "metrics.json").read_text())
-    # Each node's launcher starts one process: a world of two means both nodes joined the rendezvous.
-    assert metrics["world_size"] == 2 and metrics["cluster"]["nodes"] == 2
+    states = watch(env, sweep_dir)
+    assert {s["state"] for s in states.values()} == {"COMPLETED"}, states
+    for run in run_dirs(sweep_dir):
+        submission = json.loads((run / "slurm.json").read_text())
+        record = json.loads((run / "slurm_job.json").read_text())
+        assert record["nodes"] == "n[1-2]" and record["master_addr"] == "127.0.0.1"
+        assert int(record["master_port"]) == 20000 + int(record["job_id"]) % 10000
+        assert slurm_cli.job(int(record["job_id"]))["nodes"] == "n[1-2]"
+        assert submission["array_job_id"] is not None  # the two runs share one 2-node array
+        metrics = json.loads((run / "metrics.json").read_text())
+        # Each node's launcher starts one process: a world of two means both nodes joined the rendezvous.
+        assert metrics["world_size"] == 2 and metrics["cluster"]["nodes"] == 2
+    launchers = {json.loads((run / "rendered.json").read_text())["launcher"] for run in run_dirs(sweep_dir)}
+    assert launchers == {"torchrun", "accelerate"}
+
+
+def test_job_sbatch_resubmitted_by_hand(env, sweeps, slurm_cli):
+    """A run's job.sbatch is a complete job: `sbatch` it again and the run re-runs, followed by status."""
+    sweep_dir = sweeps["two_node"]
+    watch(env, sweep_dir)
+    run = run_dirs(sweep_dir)[0]
+    first = json.loads((run / "metrics.json").read_text())
+    job_id = slurm_cli.sbatch(str(run / "job.sbatch"))
+    assert slurm_cli.wait_state(job_id, timeout=600)["job_state"] == "COMPLETED"
+    states = watch(env, sweep_dir)
+    assert states[run.name]["state"] == "COMPLETED"
+    assert json.loads((run / "slurm_job.json").read_text())["job_id"] == str(job_id)
+    assert (run / f"slurm-{job_id}.out").exists()
+    assert json.loads((run / "attempts" / "1" / "metrics.json").read_text()) == first  # set aside, not lost
+    assert json.loads((run / "metrics.json").read_text())["world_size"] == 2
 
 
 def test_grid_runs_as_one_array(env, sweeps, slurm_cli):
