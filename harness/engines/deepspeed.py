@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun, render_launch
@@ -68,6 +68,15 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
     unknown = set(config) - KNOWN_TOP_LEVEL_KEYS
     assert not unknown, f"renderer wrote unknown DeepSpeed keys {sorted(unknown)}"
     return config
+
+
+def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
+    """(errors, warnings) for engine=deepspeed beyond the planner's support table."""
+    errors = []
+    if cfg.layout.pp > 1:
+        errors.append(f"layout.pp={cfg.layout.pp}: engine=deepspeed runs without DeepSpeed's PipelineModule "
+                      "here; pipeline parallelism is engine=nd's (torch.distributed.pipelining)")
+    return errors, []
 
 
 def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:

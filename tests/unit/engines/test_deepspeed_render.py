@@ -95,3 +95,13 @@ def test_cpu_render_skips_jit_ops_and_names_cpu_accelerator(tmp_path):
     assert rendered.env["DS_ACCELERATOR"] == "cpu"
     assert rendered.argv[:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2"]
     assert rendered.argv[-3:] == ["-m", "harness.runtime.bench", str(tmp_path)]
+
+
+def test_pipeline_parallel_is_refused_before_launch(tmp_path):
+    from harness.launch.prepare import RunRejected, prepare_run
+
+    run = compose_run_config(["recipes=cpu_zero2", "layout.pp=2", "layout.dp_shard=1", "layout.zero_stage=1",
+                              "layout.grad_accum=2"])
+    with pytest.raises(RunRejected, match="layout.pp=2: engine=deepspeed"):
+        prepare_run(run, tmp_path)
+    assert not (tmp_path / "rendered.json").exists()
