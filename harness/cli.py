@@ -29,7 +29,8 @@ def _run_task(cfg) -> None:
     from harness.config.compose import to_run_config
     from harness.launch.local import launch_local
     from harness.launch.prepare import RunRejected, prepare_run
-    from harness.report.table import print_table, write_summary
+    from harness.report.build import build_report
+    from harness.report.table import print_table, summary_frame
     from harness.runtime.sinks import wandb_environment
 
     run = to_run_config(cfg)
@@ -45,10 +46,12 @@ def _run_task(cfg) -> None:
     print(f"[harness] {run_dir.name}: {state} {reason}".rstrip(), flush=True)
     if state != "COMPLETED":
         _failed_runs.append(run_dir.name)
+    # The sweep's table and reports are rebuilt after every run, so a partial sweep is readable too.
     sweep_dir = run_dir.parent
-    frame = write_summary(sweep_dir)
+    frame = summary_frame([sweep_dir])
+    paths = build_report([sweep_dir], sweep_dir, frame=frame)
     print_table(frame, title=str(sweep_dir))
-    print(f"[harness] summary: {sweep_dir / 'summary.csv'}")
+    print(f"[harness] summary: {paths['csv']}\n[harness] report: {paths['html']}")
 
 
 # Hydra flags that take a value; argparse wants all flags before the overrides.

@@ -46,6 +46,7 @@ def test_default_recipe_writes_sane_metrics(default_run):
     assert measured["peak_flops_source"].startswith("measured:")
     assert (run_dir / "ds_config.json").exists() and (run_dir / "config.json").exists()
     assert (run_dir.parent / "summary.csv").exists()
+    assert (run_dir.parent / "report.html").exists() and (run_dir.parent / "wandb_report.json").exists()
     assert "COMPLETED" in proc.stdout
 
 
