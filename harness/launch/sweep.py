@@ -329,10 +329,12 @@ def finish(sweep_dir: Path, since: float = 0.0, query_slurm: bool = True) -> int
     completed. `since`: time of this invocation's first sbatch (the timing line covers those jobs)."""
     from harness.launch.slurm import read_submission
     from harness.launch.status import print_status, refresh, timing
-    from harness.report.table import run_dirs, write_summary
+    from harness.report.build import build_report
+    from harness.report.table import run_dirs, summary_frame
 
     views = refresh(run_dirs(sweep_dir), query_slurm=query_slurm)
-    frame = write_summary(sweep_dir)
+    frame = summary_frame([sweep_dir])
+    paths = build_report([sweep_dir], sweep_dir, frame=frame)
     labels = dict(zip(frame["run"], frame["label"])) if not frame.empty else {}
     print_status(str(sweep_dir), views, labels)
     records = {v.run_dir: read_submission(v.run_dir) for v in views}
@@ -340,7 +342,7 @@ def finish(sweep_dir: Path, since: float = 0.0, query_slurm: bool = True) -> int
     line = timing(ours, [records[v.run_dir]["submitted"] for v in ours])
     if line:
         print(f"[harness] {line}")
-    print(f"[harness] summary: {sweep_dir / 'summary.csv'}", flush=True)
+    print(f"[harness] summary: {paths['csv']}\n[harness] report: {paths['html']}", flush=True)
     bad = [v.run_dir.name for v in views if v.final and v.state not in (COMPLETED, PRUNED)]
     if bad:
         print(f"[harness] not completed: {', '.join(bad)}  (re-run them: harness sweep resume {sweep_dir})",
