@@ -61,6 +61,13 @@ def reference(hf_config_json: str, rows: int, grad_accum: int, n_steps: int):
     return losses
 
 
+# Known gaps of the planner's activation model for nd (measured / predicted): under 1F1B the measured
+# worst rank is the last stage, whose fp32 logits (b*s*V*4 bytes) the prediction for stage 0 leaves out
+# (702,976 / 577,536); with sequence + loss parallel on TP2, 767,236 / 685,316. Bounded here so that a
+# regression still fails; closing them is open work on harness/plan/activations.py.
+ACTIVATION_GAPS = {"pp2_1f1b": 0.25, "pp2_fsdp2": 0.25, "tp2_sp_lp": 0.15, "tp2_fsdp2": 0.15}
+
+
 def check_run(name, overrides, results_root, record_property):
     cfg, measured, predicted, seconds = run_nd(overrides, results_root / name)
     WALL_TIMES[name] = seconds
@@ -78,6 +85,10 @@ def check_run(name, overrides, results_root, record_property):
     stage_rank = predicted["pp_rank"] * (nd_plans.world_size(layout) // layout.pp)
     for key in ("param_bytes", "grad_bytes", "optimizer_bytes"):
         assert by_rank[stage_rank][key] == predicted[key], key
+    # Both sides name the rank that needs the most memory: the saved activations of its in-flight
+    # micro-batches are predicted within 10%, except the known gaps below.
+    tolerance = ACTIVATION_GAPS.get(name, 0.10)
+    assert measured["activation_bytes"] == pytest.approx(predicted["activation_bytes"], rel=tolerance)
     return cfg, measured, by_rank
 
 
