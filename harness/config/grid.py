@@ -14,6 +14,3 @@ def expand_grid(overrides: Sequence[str]) -> List[List[str]]:
     batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return [list(point) for batch in batches for point in batch]
 
-
-def is_grid(overrides: Sequence[str]) -> bool:
-    return len(expand_grid(overrides)) > 1

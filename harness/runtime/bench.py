@@ -102,7 +102,7 @@ def device_state_and_activation_bytes(record: Dict[str, Any]) -> int:
     return record["param_bytes"] + record["grad_bytes"] + record["optimizer_bytes"] + record["activation_bytes"]
 
 
-def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, Any], dp_size: int) -> Measured:
+def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, Any]) -> Measured:
     """Across ranks: a step lasts as long as its slowest rank; the loss is the mean over dp ranks."""
     world = len(records)
     n_steps = len(records[0]["step_times_s"])
@@ -159,7 +159,7 @@ def run(run_dir: Path) -> int:
     records: List[Dict[str, Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(records, record)
     if rank == 0:
-        measured = reduce_ranks(records, cfg, plan, session.dp_size)
+        measured = reduce_ranks(records, cfg, plan)
         write_result(run_dir, cfg, plan, measured)
     dist.barrier()
     dist.destroy_process_group()
