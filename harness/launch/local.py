@@ -61,7 +61,8 @@ def classify(run_dir: Path, returncode: Optional[int]) -> Tuple[str, str]:
     if errors:
         first = errors[0]
         return FAILED, f"rank {first['rank']}: {first['type']}: {first['message'][:300]}"
-    return FAILED, f"launcher exited with code {returncode} and no metrics.json (see {LOG_FILE})"
+    written = "after writing metrics.json" if read_metrics(run_dir) is not None else "and no metrics.json"
+    return FAILED, f"launcher exited with code {returncode} {written} (see {LOG_FILE})"
 
 
 def _run_process_group(argv, log, env, timeout_s: int) -> Optional[int]:

@@ -16,6 +16,12 @@ def test_classify_completed_needs_metrics(tmp_path):
     assert classify(tmp_path, 0) == ("COMPLETED", "")
 
 
+def test_classify_nonzero_exit_says_whether_metrics_were_written(tmp_path):
+    assert classify(tmp_path, 1)[1].startswith("launcher exited with code 1 and no metrics.json")
+    write_json_atomic(tmp_path / "metrics.json", {"measured": {}})
+    assert classify(tmp_path, 1) == ("FAILED", "launcher exited with code 1 after writing metrics.json (see launch.log)")
+
+
 def test_classify_out_of_memory_from_rank_error_records(tmp_path):
     class OutOfMemoryError(RuntimeError):
         pass
