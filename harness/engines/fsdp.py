@@ -7,6 +7,12 @@ reads that environment back through Accelerate's own `FullyShardedDataParallelPl
 GPU alike: an `Accelerator` on CPU stays `MULTI_CPU` and is never promoted to FSDP, so preparing the
 model through it silently trains plain DDP (see ../shared/MEASURED.md). One code path for both devices
 means the CPU integration tests exercise what a GPU cluster runs.
+
+Tensor and context parallelism (FSDP2, GPU clusters only) also go through the YAML's `parallelism_config`:
+each rank rebuilds Accelerate's ParallelismConfig and its device mesh, shards the model with transformers'
+own tensor-parallel plan (what `from_pretrained(tp_plan="auto")` applies) on the `tp` dim, and runs
+fully_shard over `dp_shard_cp`, as Accelerate's FSDP2 preparation does. Accelerate's own `prepare` is not
+used for this: its TP step needs a `ReplicateParallel` style that transformers 5.23 no longer has.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ FSDP1_STRATEGIES = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 0: "NO_SHARD"}
 ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 # Same optimizer as the deepspeed engine, so that engines compare on equal terms.
 ADAMW_BETAS, ADAMW_EPS = (0.9, 0.95), 1e-8
+# Ring-attention rotation Accelerate sets for context parallelism (its launcher's default).
+CP_COMM_STRATEGY = "allgather"
+IGNORE_INDEX = -100  # transformers' label for "no loss here"
 # Every fsdp_config key the renderer may write; each is an `accelerate launch --<key>` argument (tested).
 FSDP_KEYS = frozenset(
     {
@@ -60,10 +69,11 @@ def _launch_problems(cfg: RunConfig) -> List[str]:
     if engine.fsdp_version not in (1, 2):
         problems.append(f"engine.fsdp_version={engine.fsdp_version} must be 1 or 2")
     world = cluster.nodes * cluster.accelerators_per_node
-    if layout.dp_replicate * layout.dp_shard != world:
+    if layout.dp_replicate * layout.dp_shard * layout.tp * layout.cp != world:
         problems.append(
-            f"layout.dp_replicate={layout.dp_replicate} x dp_shard={layout.dp_shard} must equal the {world} "
-            f"ranks of cluster.nodes={cluster.nodes} x accelerators_per_node={cluster.accelerators_per_node}"
+            f"layout.dp_replicate={layout.dp_replicate} x dp_shard={layout.dp_shard} x tp={layout.tp} x "
+            f"cp={layout.cp} must equal the {world} ranks of cluster.nodes={cluster.nodes} x "
+            f"accelerators_per_node={cluster.accelerators_per_node}"
         )
     return problems
 
@@ -76,16 +86,45 @@ def _sharding_problems(cfg: RunConfig) -> List[str]:
             f"layout.zero_stage={layout.zero_stage}: FSDP has no optimizer-only sharding level "
             "(0 NO_SHARD, 2 SHARD_GRAD_OP, 3 FULL_SHARD; ZeRO-1 is engine=deepspeed)"
         )
-    for axis in ("tp", "cp", "pp", "ep"):
+    for axis in ("pp", "ep"):
         if getattr(layout, axis) != 1:
             problems.append(
-                f"layout.{axis}={getattr(layout, axis)}: engine=fsdp shards the data axis only "
-                "(tensor, context, pipeline and expert parallelism are engine=nd)"
+                f"layout.{axis}={getattr(layout, axis)}: engine=fsdp has no pipeline or expert parallelism "
+                "(pipeline parallelism is engine=nd)"
             )
+    problems += _parallelism_problems(cfg)
     if engine.fsdp_version == 1 and layout.dp_replicate > 1 and layout.zero_stage != 0:
         problems.append(
             f"layout.dp_replicate={layout.dp_replicate} with engine.fsdp_version=1: FSDP1 HYBRID_SHARD "
             "does not keep its replicas in sync on gloo (measured), hybrid sharding is fsdp_version=2"
+        )
+    return problems
+
+
+def _parallelism_problems(cfg: RunConfig) -> List[str]:
+    """Tensor / context parallelism: Accelerate's ParallelismConfig rules (parallelism_config.py)."""
+    layout, engine, accelerator = cfg.layout, cfg.engine, cfg.cluster.accelerator
+    axes = [f"layout.{axis}={getattr(layout, axis)}" for axis in ("tp", "cp") if getattr(layout, axis) > 1]
+    if not axes:
+        return []
+    named = " and ".join(axes)
+    problems = []
+    if accelerator == "cpu":
+        problems.append(
+            f"{named} on cluster.accelerator='cpu': engine=fsdp runs tensor and context parallelism through "
+            "Accelerate's ParallelismConfig, which needs GPUs (it refuses a MULTI_CPU state; context "
+            "parallelism does not run on CPU); use engine=nd for tensor parallelism on CPU"
+        )
+    if engine.fsdp_version != 2:
+        problems.append(f"{named} with engine.fsdp_version={engine.fsdp_version}: Accelerate composes them with FSDP2 only")
+    if layout.zero_stage == 0:
+        problems.append(
+            f"{named} with layout.zero_stage=0: Accelerate composes them with sharded FSDP2 (zero_stage 2 or 3)"
+        )
+    if layout.dp_shard == 1 and (layout.cp == 1 or layout.dp_replicate > 1):
+        problems.append(
+            f"{named} with layout.dp_shard=1, dp_replicate={layout.dp_replicate}, cp={layout.cp}: FSDP2 needs a "
+            "dp_shard (or, without replicas, cp) axis > 1 to shard across"
         )
     return problems
 
@@ -201,15 +240,26 @@ def accelerate_config(cfg: RunConfig, layer_class: Optional[str] = None) -> Dict
         "fsdp_config": fsdp_config(cfg, layer_class),
     }
     if cfg.engine.fsdp_version == 2:
-        # Accelerate accepts a ParallelismConfig with FSDP2 only; its mesh is (dp_replicate, dp_shard).
-        replicate, shard = mesh_shape(cfg)
-        config["parallelism_config"] = {
-            "parallelism_config_dp_replicate_size": replicate,
-            "parallelism_config_dp_shard_size": shard,
-            "parallelism_config_tp_size": 1,
-            "parallelism_config_cp_size": 1,
-        }
+        config["parallelism_config"] = parallelism_config(cfg)
     return config
+
+
+def parallelism_config(cfg: RunConfig) -> Dict[str, Any]:
+    """The YAML's `parallelism_config` section: `accelerate launch` turns each key into its
+    `--parallelism_config_*` argument and exports PARALLELISM_CONFIG_* (accelerate/utils/launch.py),
+    from which ParallelismConfig() reads its mesh (dp_replicate, dp_shard, cp, tp). Accelerate accepts
+    it with FSDP2 only."""
+    layout = cfg.layout
+    replicate, shard = mesh_shape(cfg)
+    section: Dict[str, Any] = {
+        "parallelism_config_dp_replicate_size": replicate,
+        "parallelism_config_dp_shard_size": shard,
+        "parallelism_config_tp_size": layout.tp,
+        "parallelism_config_cp_size": layout.cp,
+    }
+    if layout.cp > 1:
+        section.update(parallelism_config_cp_backend="torch", parallelism_config_cp_comm_strategy=CP_COMM_STRATEGY)
+    return section
 
 
 def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
@@ -233,10 +283,24 @@ class LaunchedSettings:
     precision: str  # ACCELERATE_MIXED_PRECISION: "bf16", "fp16" or "no"
     replicate: int  # FSDP2 mesh; FSDP1 shards over the whole world
     shard: int
+    parallelism: Any = None  # FSDP2: accelerate.parallelism_config.ParallelismConfig (tp, cp, cp handler)
 
     @property
     def version(self) -> int:
         return self.plugin.fsdp_version
+
+    @property
+    def tp(self) -> int:
+        return self.parallelism.tp_size if self.parallelism is not None else 1
+
+    @property
+    def cp(self) -> int:
+        return self.parallelism.cp_size if self.parallelism is not None else 1
+
+    @property
+    def multi_dim(self) -> bool:
+        """Tensor or context parallelism: Accelerate's N-D mesh instead of the data-parallel one."""
+        return self.tp > 1 or self.cp > 1
 
     @property
     def offload(self) -> bool:
@@ -256,16 +320,17 @@ def launched_settings(world_size: int) -> LaunchedSettings:
             f"{CONFIG_FILE}` sets, and ACCELERATE_USE_FSDP is not 'true' here (started by another launcher?)"
         )
     plugin = FullyShardedDataParallelPlugin()
+    parallelism = None
     if plugin.fsdp_version == 2:
-        mesh = ParallelismConfig()
-        replicate, shard = mesh.dp_replicate_size, mesh.dp_shard_size
+        parallelism = ParallelismConfig()
+        replicate, shard = parallelism.dp_replicate_size, parallelism.dp_shard_size
+        size = parallelism.total_size
     else:
         replicate, shard = 1, world_size
-    if replicate * shard != world_size:
-        raise RuntimeError(
-            f"accelerate.yaml gives a dp_replicate={replicate} x dp_shard={shard} mesh for {world_size} ranks"
-        )
-    return LaunchedSettings(plugin, os.environ.get("ACCELERATE_MIXED_PRECISION", "no"), replicate, shard)
+        size = world_size
+    if size != world_size:
+        raise RuntimeError(f"accelerate.yaml gives a {parallelism} mesh of {size} ranks for {world_size} ranks")
+    return LaunchedSettings(plugin, os.environ.get("ACCELERATE_MIXED_PRECISION", "no"), replicate, shard, parallelism)
 
 
 def compute_dtype(precision: str):
@@ -332,27 +397,75 @@ def checkpoint_layers(model, is_layer) -> None:
 
 def apply_fsdp2(model, settings: LaunchedSettings, kind):
     """fully_shard each decoder layer, then the root (embedding, final norm, lm_head), on a
-    (replicate, shard) mesh: 1-D FSDP when nothing replicates, 2-D HSDP otherwise."""
-    from torch.distributed.device_mesh import init_device_mesh
+    (replicate, shard) mesh: 1-D FSDP when nothing replicates, 2-D HSDP otherwise. With tensor or
+    context parallelism, on Accelerate's N-D mesh instead (returned; None otherwise)."""
     from torch.distributed.fsdp import fully_shard
 
     plugin = settings.plugin
     is_layer = wrap_policy(plugin, model)
+    mesh = None
+    if settings.multi_dim:
+        mesh = settings.parallelism.build_device_mesh(kind.type)
+        if settings.tp > 1:
+            apply_tensor_parallel(model, mesh["tp"], settings.tp)  # module names before checkpoint wrappers
+        if settings.cp > 1:
+            attach_context_parallel_hooks(model)
+        fsdp_mesh = mesh[fsdp_mesh_dims(settings.parallelism)]
+    else:
+        fsdp_mesh = data_parallel_mesh(settings, kind)
     if plugin.activation_checkpointing:
         checkpoint_layers(model, is_layer)  # before sharding, as Accelerate does for FSDP2
-    if settings.replicate > 1:
-        shape, names = (settings.replicate, settings.shard), ("dp_replicate", "dp_shard")
-    else:
-        shape, names = (settings.shard,), ("dp_shard",)
     options = dict(
-        mesh=init_device_mesh(kind.type, shape, mesh_dim_names=names),
+        mesh=fsdp_mesh,
         mp_policy=fsdp2_mixed_precision(settings.precision),
         offload_policy=offload_policy(plugin, kind),
     )
     for layer in outermost(model, is_layer):
         fully_shard(layer, reshard_after_forward=plugin.reshard_after_forward, **options)
     fully_shard(model, **options)  # root: torch keeps it gathered after forward (used first in backward)
-    return model
+    return model, mesh
+
+
+def data_parallel_mesh(settings: LaunchedSettings, kind):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if settings.replicate > 1:
+        shape, names = (settings.replicate, settings.shard), ("dp_replicate", "dp_shard")
+    else:
+        shape, names = (settings.shard,), ("dp_shard",)
+    return init_device_mesh(kind.type, shape, mesh_dim_names=names)
+
+
+def fsdp_mesh_dims(parallelism) -> Tuple[str, ...]:
+    """The dims fully_shard runs over, as Accelerate's fsdp2_prepare_model picks them: dp_shard x cp
+    flattened (context-parallel ranks shard the weights too), under dp_replicate when it replicates."""
+    return tuple(parallelism.fsdp_dim_names)
+
+
+def tensor_parallel_plan(model, tp: int) -> Dict[str, str]:
+    """transformers' own plan for this model, the one `from_pretrained(tp_plan="auto")` applies, resolved
+    to module and parameter names (Llama: q/k/v/gate/up colwise, o/down rowwise, embedding rowwise,
+    lm_head colwise with gathered output)."""
+    from transformers.distributed import DistributedConfig
+
+    tp_plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp, tp_plan="auto"))
+    return tp_plan
+
+
+def apply_tensor_parallel(model, tp_mesh, tp: int) -> None:
+    """Shard in place on the `tp` mesh dim. Every rank built the same seeded weights, so each keeps its
+    own slice (src_data_rank=None in transformers' styles: no broadcast)."""
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    apply_tensor_parallelism(model, tp_mesh, tensor_parallel_plan(model, tp))
+
+
+def attach_context_parallel_hooks(model) -> None:
+    """Accelerate's own hooks (Accelerator._prepare_cp): attention runs causal without a mask, which ring
+    attention needs; models with sliding-window layers are refused there."""
+    from accelerate.big_modeling import _attach_context_parallel_hooks
+
+    _attach_context_parallel_hooks(model)
 
 
 def outermost(model, is_layer) -> List[Any]:
@@ -398,13 +511,15 @@ def torch_device(kind):
 class FsdpSession:
     """One FSDP-wrapped model and its AdamW on one rank: a training step and the bytes it holds."""
 
-    def __init__(self, model, optimizer, settings: LaunchedSettings, cfg: RunConfig, kind):
+    def __init__(self, model, optimizer, settings: LaunchedSettings, cfg: RunConfig, kind, mesh=None):
         import torch.distributed as dist
 
-        self.model, self.optimizer, self.settings, self.cfg = model, optimizer, settings, cfg
+        self.model, self.optimizer, self.settings, self.cfg, self.mesh = model, optimizer, settings, cfg, mesh
         self.device = torch_device(kind)
-        # Data parallelism is the only axis: every rank reads its own batch.
-        self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
+        if mesh is None:  # data parallelism is the only axis: every rank reads its own batch
+            self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
+        else:
+            self.dp_rank, self.dp_size = data_parallel_coordinate(mesh, settings.parallelism)
 
     def _gradient_sync(self, last: bool):
         """Skip the cross-replica part of the gradient reduction on all but the last micro-batch.
@@ -449,8 +564,11 @@ class FsdpSession:
         for index, tokens in enumerate(batches):
             tokens = tokens.to(self.device)
             with self._gradient_sync(index == len(batches) - 1):
-                loss = self.model(input_ids=tokens, labels=tokens).loss
-                (loss / len(batches)).backward()
+                if self.settings.cp > 1:
+                    loss = self._context_parallel_backward(tokens, len(batches))
+                else:
+                    loss = self.model(input_ids=tokens, labels=tokens).loss
+                    (loss / len(batches)).backward()
             losses.append(loss.detach().float())
         if on_boundary is not None:
             on_boundary()
@@ -459,8 +577,53 @@ class FsdpSession:
         self.optimizer.zero_grad(set_to_none=True)
         return torch.stack(losses).mean()
 
+    def _context_parallel_backward(self, tokens, n_micro: int):
+        """Forward and backward of one micro-batch with its sequence split over the `cp` ranks
+        (load-balanced causal chunks, torch's context_parallel as Accelerate's maybe_context_parallel).
+
+        Each rank's loss is its labelled tokens' summed cross-entropy over the micro-batch's mean count per
+        cp rank, so FSDP's gradient mean over dp_shard x cp is the exact micro-batch mean; the returned
+        loss is that mean, on every rank.
+        """
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch.distributed.tensor.experimental import context_parallel
+
+        cp_mesh, cp = self.mesh["cp"], self.settings.cp
+        labels, positions = context_parallel_buffers(tokens)
+        count = (labels != IGNORE_INDEX).sum()
+        buffers = [tokens, labels, positions]
+        with context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)):
+            logits = self.model(input_ids=tokens, position_ids=positions).logits
+            summed = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                     reduction="sum")  # fmt: skip
+            loss = summed * cp / count
+            (loss / n_micro).backward()
+        value = local_shard(loss).detach().float()
+        dist.all_reduce(value, group=cp_mesh.get_group())
+        return value / cp
+
     def state_bytes(self) -> Dict[str, int]:
         return fsdp_state_bytes(self.model, self.optimizer, self.settings.offload)
+
+
+
+def context_parallel_buffers(tokens):
+    """(labels, position ids) for a sequence split across ranks: labels are shifted before the split (the
+    model's own shift would pair tokens across chunk borders), positions are global."""
+    import torch
+
+    labels = torch.full_like(tokens, IGNORE_INDEX)
+    labels[:, :-1] = tokens[:, 1:]
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens).contiguous()
+    return labels, positions
+
+
+def data_parallel_coordinate(mesh, parallelism) -> Tuple[int, int]:
+    """(dp_rank, dp_size): ranks of one tensor / context-parallel group read the same batch."""
+    if not parallelism.dp_dim_names:
+        return 0, 1
+    return mesh["dp"].get_local_rank(), parallelism.data_parallel_size
 
 
 def fsdp_state_bytes(model, optimizer, offload: bool) -> Dict[str, int]:
@@ -516,16 +679,31 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> FsdpSession:
     import torch
 
     settings = launched_settings(int(os.environ["WORLD_SIZE"]))
+    if settings.multi_dim and kind.type != "cuda":
+        raise RuntimeError(
+            f"tp={settings.tp}, cp={settings.cp} on device {kind.type}: engine=fsdp runs Accelerate's "
+            "ParallelismConfig on GPU only (engine=nd runs tensor parallelism on CPU)"
+        )
     init_process_group(kind, settings)
+    mesh = None
     if settings.version == 2:
-        model = apply_fsdp2(model, settings, kind)
+        model, mesh = apply_fsdp2(model, settings, kind)
     else:
         model = apply_fsdp1(model, settings, kind)
+    if settings.cp > 1:
+        set_rotate_method(settings.parallelism.cp_handler.cp_comm_strategy)
     bench = cfg.bench
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=bench.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=bench.weight_decay
     )
-    return FsdpSession(model, optimizer, settings, cfg, kind)
+    return FsdpSession(model, optimizer, settings, cfg, kind, mesh)
+
+
+def set_rotate_method(strategy: str) -> None:
+    """How ring attention passes key/value chunks between cp ranks, as Accelerator._prepare_cp sets it."""
+    from torch.distributed.tensor.experimental._attention import set_rotate_method as set_method
+
+    set_method(strategy)
 
 
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:

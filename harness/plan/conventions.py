@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -28,7 +28,8 @@ class StateConvention:
     gathered_layers: int = 2
     # How a partition is sized: "even" (numel / N, the ZeRO paper), "deepspeed" (flat groups padded to
     # 2 x N elements at ZeRO-1/2, each tensor padded to N at ZeRO-3), "dim0" (FSDP2: each tensor's
-    # dim 0 chunked, padded to ceil(d0 / N) rows).
+    # dim 0 chunked, padded to ceil(d0 / N) rows), "flat" (FSDP1: one flat parameter per wrapped unit,
+    # see flat_shard_numel).
     partition: str = "even"
     # Bytes per parameter of a gradient once offloaded (the CPU optimizer steps in fp32).
     offload_grad: int = 4
@@ -69,9 +70,34 @@ STATE_CONVENTIONS: Dict[Union[Tuple[str, str], Tuple[str, str, int]], StateConve
 }
 
 
-def state_convention(engine: str, precision: str, zero_stage: int) -> Optional[StateConvention]:
-    """The table entry for this engine, precision and stage (stage-specific entries win)."""
-    return STATE_CONVENTIONS.get((engine, precision, zero_stage)) or STATE_CONVENTIONS.get((engine, precision))
+def state_convention(engine: str, precision: str, zero_stage: int, fsdp_version: int = 2) -> Optional[StateConvention]:
+    """The table entry for this engine, precision and stage (stage-specific entries win); FSDP1 keeps
+    the same bytes per parameter as FSDP2 but partitions flat parameters."""
+    conv = STATE_CONVENTIONS.get((engine, precision, zero_stage)) or STATE_CONVENTIONS.get((engine, precision))
+    if conv is not None and engine == "fsdp" and fsdp_version == 1:
+        conv = replace(conv, partition="flat")
+    return conv
+
+
+def flat_shard_numel(param_numels: Sequence[int], group: int, aligned_numel: int = 0) -> int:
+    """Elements each rank of a `group`-rank shard group stores of one FSDP1 unit's FlatParameter.
+
+    torch 2.13, torch/distributed/fsdp/_flat_param.py:
+    - `_init_flat_param_and_metadata` concatenates the unit's parameters (a shared parameter once).
+      With use_orig_params=True every parameter's start is first padded to a multiple of
+      `_get_aligned_numel` = 16 bytes / itemsize of the forward dtype (8 for bf16, 4 for fp32), and the
+      total is then padded to a multiple of the group size; with use_orig_params=False nothing is padded.
+    - `FlatParamHandle._get_shard` takes `flat.chunk(group)[rank]` and pads it to the first chunk's
+      size, ceil(total / group): every rank holds that many elements, the last ones partly zeros.
+    Gradients and Adam moments are shaped like this shard (use_orig_params=False keeps the flat
+    gradient; the optimizer steps the flat parameter).
+    """
+    total = 0
+    for numel in param_numels:
+        if aligned_numel:
+            total = -(-total // aligned_numel) * aligned_numel
+        total += numel
+    return -(-total // group)
 
 
 def partition_numel(rule: str, tensors: Sequence[Tuple[int, int, int]], total: int, group: int, sharded: bool,

@@ -61,7 +61,7 @@ def memory_per_rank(spec: ModelSpec, layout: Any, engine: Any, accelerator: str,
     """
     tok = layout_token_activations(spec, layout, engine, accelerator)
     best = None
-    for st in rank_states(spec, layout, engine.name):
+    for st in rank_states(spec, layout, engine.name, engine.fsdp_version):
         activations, recompute = rank_activation_bytes(tok, layout, st.rank, st.layers, st.first, st.last)
         predicted = (st.param + st.grad + st.master + st.moments + st.optimizer_grad + st.gathered
                      + activations + recompute)

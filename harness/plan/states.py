@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
 from harness.plan.activations import V_SHAPED, rank_stages
-from harness.plan.conventions import StateConvention, partition_numel, state_convention
+from harness.plan.conventions import StateConvention, flat_shard_numel, partition_numel, state_convention
 from harness.plan.model_spec import ModelSpec, ParamTensor, param_tensors
 from harness.plan.support import ENGINE_SUPPORT
 
@@ -21,6 +21,9 @@ class RankParams(NamedTuple):
     layers: int
     first: bool  # holds the embedding
     last: bool  # holds the final norm and lm_head
+    # FSDP1 wrap units as ((parameter numels in module order), count): the decoder layer, `layers`
+    # times, and the root (embedding, final norm, lm_head).
+    units: Tuple[Tuple[Tuple[int, ...], int], ...] = ()
 
 
 _RANK_PARAMS: Dict[tuple, Tuple[ModelSpec, RankParams]] = {}
@@ -50,16 +53,18 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layers: int, first: bool, las
     layer, first_t, last_t = param_tensors(spec)
     dense: List[Tuple[int, int, int]] = []
     expert: List[Tuple[int, int, int]] = []
-    layer_numel = 0
+    layer_numels: List[int] = []
     for t in layer:
         numel, dim0 = _local(t, tp, ep)
         (expert if t.expert else dense).append((numel, dim0, layers))
-        layer_numel += numel
-    largest = layer_numel if layers else 0
+        layer_numels.append(numel)
+    largest = sum(layer_numels) if layers else 0
+    root_numels: List[int] = []
     if first:
         for i, t in enumerate(first_t):
             numel, dim0 = _local(t, tp, ep, split_tp=tp_shards_vocab[0] or i > 0)
             dense.append((numel, dim0, 1))
+            root_numels.append(numel)
             largest = max(largest, numel)
     if last:
         head = list(last_t)
@@ -68,10 +73,13 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layers: int, first: bool, las
         for t in head:
             numel, dim0 = _local(t, tp, ep, split_tp=tp_shards_vocab[1])
             dense.append((numel, dim0, 1))
+            root_numels.append(numel)
             largest = max(largest, numel)
     dense_total = sum(n * c for n, _, c in dense)
     expert_total = sum(n * c for n, _, c in expert)
-    result = RankParams(tuple(dense), dense_total, tuple(expert), expert_total, largest, layers, first, last)
+    units = tuple(unit for unit in ((tuple(layer_numels), layers), (tuple(root_numels), 1)) if unit[0] and unit[1])
+    result = RankParams(tuple(dense), dense_total, tuple(expert), expert_total, largest, layers, first, last,
+                        units)
     _RANK_PARAMS[key] = (spec, result)
     return result
 
@@ -93,6 +101,9 @@ def state_bytes(conv: StateConvention, params: RankParams, zero_stage: int, dens
     numel: Dict[bool, int] = {}
     for sharded in {zero_stage >= conv.param_shard_stage, zero_stage >= conv.grad_shard_stage,
                     zero_stage >= conv.optimizer_shard_stage}:
+        if rule == "flat":  # FSDP1: dense and expert tensors share each unit's flat parameter
+            numel[sharded] = flat_numel(params, dense_shards if sharded else 1)
+            continue
         numel[sharded] = (
             partition_numel(rule, params.dense, params.dense_total, dense_shards, sharded, zero_stage)
             + (partition_numel(rule, params.expert, params.expert_total, expert_shards, sharded, zero_stage)
@@ -108,6 +119,13 @@ def state_bytes(conv: StateConvention, params: RankParams, zero_stage: int, dens
         "optimizer_grad": o_numel * conv.optimizer_grad,
         "grad_numel": g_numel,
     }
+
+
+def flat_numel(params: RankParams, group: int) -> int:
+    """Elements one rank stores of its FSDP1 flat parameters (use_orig_params=False, as rendered)."""
+    if group == 1:
+        return params.dense_total + params.expert_total
+    return sum(count * flat_shard_numel(unit, group) for unit, count in params.units)
 
 
 def gathered_bytes(conv: StateConvention, params: RankParams, zero_stage: int) -> int:
@@ -141,18 +159,19 @@ class RankStates(NamedTuple):
 _RANK_STATES: Dict[tuple, Tuple[ModelSpec, Tuple[RankStates, ...]]] = {}
 
 
-def rank_states(spec: ModelSpec, layout: Any, engine_name: str) -> Tuple[RankStates, ...]:
+def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: int = 2) -> Tuple[RankStates, ...]:
     """States of pipeline rank 0 and of the last rank (one rank without pipelining); memoised, since a
-    sweep repeats the same sharding under many batch shapes."""
+    sweep repeats the same sharding under many batch shapes. `fsdp_version` 1 selects FSDP1's flat
+    parameters for engine=fsdp."""
     pp = layout.pp
     v = layout.pp_virtual_stages if pp > 1 else 1
     key = (id(spec), engine_name, layout.precision, layout.zero_stage, layout.tp, layout.ep, pp, v,
            layout.pp_schedule, tuple(layout.pp_stage_layers), layout.dp_shard, layout.cp,
-           layout.offload_optimizer, layout.offload_params)
+           layout.offload_optimizer, layout.offload_params, fsdp_version)
     hit = _RANK_STATES.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]
-    conv = state_convention(engine_name, layout.precision, layout.zero_stage)
+    conv = state_convention(engine_name, layout.precision, layout.zero_stage, fsdp_version)
     if conv is None:
         raise ValueError(f"no state convention for engine={engine_name!r} precision={layout.precision!r}")
     counts = stage_layer_counts(spec.num_layers, pp, v, layout.pp_stage_layers)

@@ -28,6 +28,9 @@ class EngineSupport:
     # Tensor parallelism splits the vocabulary of (embedding, lm_head).
     tp_shards_vocab: Tuple[bool, bool]
     activation_profile: str  # see harness.plan.activations.PROFILES
+    # Axes ("tp", "cp") the engine runs on GPU clusters only, and why (ends up in the error on CPU).
+    gpu_only_axes: Tuple[str, ...] = ()
+    gpu_only_reason: str = ""
 
 
 ENGINE_SUPPORT: Dict[str, EngineSupport] = {
@@ -44,12 +47,15 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         offload_together=False, tp_shards_vocab=(False, True), activation_profile="hf"),
     # FSDP through Accelerate: 3 FULL_SHARD, 2 SHARD_GRAD_OP, 0 NO_SHARD (no optimizer-only level);
     # no pipeline; CPUOffload moves parameters, gradients and optimizer together, at FULL_SHARD.
-    # Tensor and context parallelism are engine=nd's (Accelerate's ParallelismConfig refuses a MULTI_CPU state).
+    # Tensor and context parallelism through Accelerate's ParallelismConfig on GPU clusters only (it refuses
+    # a MULTI_CPU state; context parallelism does not run on CPU). TP is transformers' own plan (5.23,
+    # Llama: embed_tokens embedding_rowwise, lm_head colwise_gather_output: both split the vocabulary).
     "fsdp": EngineSupport(
         zero_stages=(0, 2, 3), zero_reason="FSDP has no optimizer-only sharding level",
-        tp=False, cp=False, ep=False, pp_schedules=(), pp_zero_stages=(), hybrid_zero_stages=(0, 2, 3),
+        tp=True, cp=True, ep=False, pp_schedules=(), pp_zero_stages=(), hybrid_zero_stages=(0, 2, 3),
         offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)}, offload_together=True,
-        tp_shards_vocab=(False, True), activation_profile="hf"),
+        tp_shards_vocab=(True, True), activation_profile="hf", gpu_only_axes=("tp", "cp"),
+        gpu_only_reason="Accelerate's ParallelismConfig refuses a MULTI_CPU state; engine=nd runs tp on CPU"),
     # Torch-native: DTensor TP (+ sequence parallel, vocab-parallel embedding and lm_head as torchtitan
     # does), torch.distributed.pipelining schedules, FSDP2 on the data axis (3 reshard after forward,
     # 2 keep, 0 replicate).

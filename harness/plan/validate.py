@@ -215,6 +215,9 @@ def check_engine(engine: str, fsdp_version: int, zero: int, dp_replicate: int, t
     for degree, value, ok in (("tp", tp, support.tp), ("cp", cp, support.cp), ("ep", ep, support.ep)):
         if value > 1 and not ok:
             errors.append(f"engine={engine} does not support {degree}={value}")
+        elif value > 1 and accelerator == "cpu" and degree in support.gpu_only_axes:
+            errors.append(f"engine={engine} runs {degree}={value} on GPU only, not accelerator={accelerator} "
+                          f"({support.gpu_only_reason})")
     if pp > 1 and not support.pp_schedules:
         errors.append(f"engine={engine} does not support pp={pp}")
     elif pp > 1:

@@ -250,3 +250,137 @@ def test_multi_node_hsdp_renders_one_launch_line_per_node(tmp_path, fixed_layer_
     settings = fsdp.launched_settings(world_size=64)
     assert (settings.version, settings.replicate, settings.shard, settings.precision) == (2, 8, 8, "bf16")
     assert settings.plugin.reshard_after_forward is True and settings.plugin.activation_checkpointing is True
+
+
+# ------------------------------------------------ tensor / context parallelism (GPU clusters, FSDP2 only)
+
+# (cluster, dp_replicate, dp_shard, tp, cp) -> Accelerate's mesh (dim names, sizes), canonical order
+ND_POINTS = [
+    ("gpu_h100_1x8", 1, 4, 2, 1, ("dp_shard", "tp"), (4, 2)),
+    ("gpu_h100_1x8", 1, 2, 2, 2, ("dp_shard", "cp", "tp"), (2, 2, 2)),
+    ("gpu_h100_1x8", 1, 1, 1, 8, ("cp",), (8,)),
+    ("h100_8x8", 8, 4, 2, 1, ("dp_replicate", "dp_shard", "tp"), (8, 4, 2)),
+    ("h100_8x8", 2, 4, 4, 2, ("dp_replicate", "dp_shard", "cp", "tp"), (2, 4, 2, 4)),
+]  # fmt: skip
+
+
+def nd_config(cluster, replicate, shard, tp, cp):
+    return compose_run_config(
+        ["engine=fsdp", f"cluster={cluster}", "layout.zero_stage=3", f"layout.dp_replicate={replicate}",
+         f"layout.dp_shard={shard}", f"layout.tp={tp}", f"layout.cp={cp}", "layout.seq_len=4096"]
+    )  # fmt: skip
+
+
+def fake_fsdp2_accelerator(world: int):
+    """What ParallelismConfig._validate_accelerator reads of an FSDP2 Accelerator on `world` GPUs."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(multi_device=True, num_processes=world, is_fsdp2=True, is_main_process=True,
+                           distributed_type=DistributedType.FSDP)  # fmt: skip
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("cluster, replicate, shard, tp, cp, names, shape", ND_POINTS)
+def test_parallelism_config_means_the_layout_validated_only(
+    cluster, replicate, shard, tp, cp, names, shape, tmp_path, fixed_layer_class, as_launched
+):
+    cfg = nd_config(cluster, replicate, shard, tp, cp)
+    assert fsdp.layout_problems(cfg) == []
+    rendered = fsdp.render(cfg, tmp_path)
+    world = cfg.cluster.nodes * cfg.cluster.accelerators_per_node
+    loaded = load_config_from_file(str(tmp_path / fsdp.CONFIG_FILE))
+    assert set(loaded.parallelism_config) <= set(vars(launch_command_parser().parse_args(["x.py"])))
+    env = launcher_environment(rendered)
+    assert env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"
+    as_launched(env)
+    settings = fsdp.launched_settings(world_size=world)
+    mesh = settings.parallelism
+    assert (mesh.dp_replicate_size, mesh.dp_shard_size, mesh.tp_size, mesh.cp_size) == (replicate, shard, tp, cp)
+    assert (settings.tp, settings.cp, settings.multi_dim) == (tp, cp, True)
+    assert mesh.total_size == world and mesh._get_mesh() == (names, shape)
+    # FSDP shards over dp_shard x cp (flattened), replicated over dp_replicate; TP/CP ranks share a batch.
+    assert fsdp.fsdp_mesh_dims(mesh) == (("dp_replicate",) if replicate > 1 else ()) + ("dp_shard_cp",)
+    assert mesh.data_parallel_size == replicate * shard
+    if cp > 1:
+        assert mesh.cp_handler.cp_comm_strategy == fsdp.CP_COMM_STRATEGY
+    mesh._validate_accelerator(fake_fsdp2_accelerator(world))  # Accelerate's own checks pass
+
+
+ND_REFUSED = [
+    (["cluster=cpu", "layout.tp=2", "cluster.accelerators_per_node=4"],
+     "layout.tp=2 on cluster.accelerator='cpu': engine=fsdp runs tensor and context parallelism through "
+     "Accelerate's ParallelismConfig, which needs GPUs"),
+    (["cluster=cpu", "layout.cp=2", "cluster.accelerators_per_node=4"], "use engine=nd for tensor parallelism"),
+    (["cluster=gpu_h100_1x8", "layout.dp_shard=4", "layout.tp=2", "engine.fsdp_version=1"],
+     "layout.tp=2 with engine.fsdp_version=1: Accelerate composes them with FSDP2 only"),
+    (["cluster=gpu_h100_1x8", "layout.dp_shard=4", "layout.tp=2", "layout.zero_stage=0"], "zero_stage=0"),
+    (["cluster=gpu_h100_1x8", "layout.dp_shard=1", "layout.tp=8"], "FSDP2 needs a dp_shard"),
+    (["cluster=gpu_h100_1x8", "layout.dp_replicate=2", "layout.dp_shard=1", "layout.tp=2", "layout.cp=2"],
+     "FSDP2 needs a dp_shard"),
+    (["cluster=gpu_h100_1x8", "layout.dp_shard=2", "layout.tp=2"], "x tp=2 x cp=1 must equal the 8 ranks"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides, phrase", ND_REFUSED, ids=[str(i) for i in range(len(ND_REFUSED))])
+def test_tensor_and_context_parallel_layouts_fsdp_cannot_run(overrides, phrase):
+    cfg = compose_run_config(["engine=fsdp", "layout.zero_stage=3", "layout.seq_len=4096", *overrides])
+    problems = fsdp.layout_problems(cfg)
+    assert any(phrase in problem for problem in problems), problems
+
+
+@pytest.mark.gpu_only
+def test_tensor_parallel_plan_is_transformers_own_validated_only():
+    """The plan apply hands transformers' apply_tensor_parallelism (what from_pretrained(tp_plan="auto")
+    applies): Megatron's column / row split per layer, vocabulary-split embedding and lm_head."""
+    from transformers import AutoModelForCausalLM
+
+    from harness.runtime.model import hf_config_object
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config_object(BASE.model.hf_config))
+    plan = fsdp.tensor_parallel_plan(model, tp=2)
+    layers = BASE.model.hf_config["num_hidden_layers"]
+    for i in range(layers):
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            assert plan[f"model.layers.{i}.{name}"] == "colwise"
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            assert plan[f"model.layers.{i}.{name}"] == "rowwise"
+    assert plan["model.embed_tokens"] == "embedding_rowwise" and plan["lm_head"] == "colwise_gather_output"
+    # norms stay whole (FSDP shards them over dp_shard_cp only), matching the planner's table
+    assert not any("norm" in name for name in plan)
+    from harness.plan.support import ENGINE_SUPPORT
+
+    assert ENGINE_SUPPORT["fsdp"].tp_shards_vocab == (True, True)
+
+
+@pytest.mark.gpu_only
+def test_context_parallel_buffers_validated_only():
+    """Labels are shifted before the sequence is split; positions are global."""
+    tokens = torch.arange(12).view(2, 6)
+    labels, positions = fsdp.context_parallel_buffers(tokens)
+    assert labels.tolist() == [[1, 2, 3, 4, 5, -100], [7, 8, 9, 10, 11, -100]]
+    assert positions.tolist() == [list(range(6))] * 2
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("replicate, shard, tp, cp, expected", [(1, 4, 2, 1, (3, 4)), (2, 2, 2, 1, (3, 4)),
+                                                                (1, 1, 2, 4, (0, 1))])  # fmt: skip
+def test_ranks_of_a_tp_or_cp_group_read_one_batch_validated_only(replicate, shard, tp, cp, expected):
+    from types import SimpleNamespace
+
+    from accelerate.parallelism_config import ParallelismConfig
+
+    config = ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp, cp_size=cp)
+    mesh = {"dp": SimpleNamespace(get_local_rank=lambda: 3)}
+    assert fsdp.data_parallel_coordinate(mesh, config) == expected
+
+
+def test_apply_refuses_tensor_parallelism_off_gpu(tmp_path, fixed_layer_class, as_launched, monkeypatch):
+    """The plan refuses it already; a hand-made launch is stopped before any process group starts."""
+    from types import SimpleNamespace
+
+    cfg = nd_config("gpu_h100_1x8", 1, 4, 2, 1)
+    as_launched(launcher_environment(fsdp.render(cfg, tmp_path)))
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with pytest.raises(RuntimeError, match="tp=2, cp=1 on device cpu: engine=fsdp runs"):
+        fsdp.apply(cfg, tmp_path, model=None, kind=SimpleNamespace(type="cpu", backend="gloo"))

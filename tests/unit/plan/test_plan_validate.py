@@ -103,6 +103,17 @@ def test_engine_support_matrix():
         engine=dict(name="fsdp", fsdp_version=1), zero_stage=3, dp_shard=1, tp=2)
 
 
+@pytest.mark.parametrize("axis", ["tp", "cp"])
+def test_fsdp_runs_tensor_and_context_parallelism_on_gpu_only(axis):
+    layout = dict(engine=dict(name="fsdp"), zero_stage=3, seq_len=64, **{axis: 2})
+    errors = errors_of(**layout)
+    assert (f"engine=fsdp runs {axis}=2 on GPU only, not accelerator=cpu (Accelerate's ParallelismConfig refuses "
+            "a MULTI_CPU state; engine=nd runs tp on CPU)") in errors
+    assert errors_of(**layout, cluster=H100 | dict(accelerators_per_node=4)) == []
+    assert errors_of(**{**layout, "engine": dict(name="nd")}, cluster=dict(accelerators_per_node=4)) == (
+        [] if axis == "tp" else ["cp=2 on accelerator=cpu: context parallelism does not run on CPU"])
+
+
 def test_offload_only_where_sharding_supports_it():
     assert ("engine=deepspeed: offload_params=cpu at zero_stage=2 is not supported (zero_stage in 3)"
             in errors_of(zero_stage=2, offload_params="cpu"))
