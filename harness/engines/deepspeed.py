@@ -1,13 +1,17 @@
-"""DeepSpeed: ZeRO 0-3, CPU/NVMe offload and AutoTP from the layout (`render`), and the engine (`apply`)."""
+"""DeepSpeed: ZeRO 0-3, CPU/NVMe offload, AutoTP and PipelineModule stages from the layout (`render`), and the
+engine (`apply`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun, render_launch
+from harness.plan.model_spec import model_spec_from_hf
+from harness.plan.states import stage_layer_counts
 
 CONFIG_FILE = "ds_config.json"
 # Top-level keys this renderer writes; DeepSpeed silently ignores unknown ones, so we check ourselves.
@@ -23,6 +27,18 @@ KNOWN_TOP_LEVEL_KEYS = frozenset(
 def data_parallel_size(cfg: RunConfig) -> int:
     layout = cfg.layout
     return layout.dp_replicate * layout.dp_shard
+
+
+def ranks_in_batch_check(cfg: RunConfig) -> int:
+    """Ranks DeepSpeed's batch check counts: train_batch_size = micro_batch x grad_accum x this.
+
+    Under pipeline parallelism deepspeed.initialize takes the PipelineModule's grid as its mpu and counts
+    data-parallel ranks only (the stages of one pipeline share a batch). Without an mpu it counts every
+    rank, AutoTP ranks included, although the ranks of one TP group share their batch.
+    """
+    if cfg.layout.pp > 1:
+        return data_parallel_size(cfg)
+    return data_parallel_size(cfg) * cfg.layout.tp
 
 
 def ds_config(cfg: RunConfig) -> Dict[str, Any]:
@@ -45,11 +61,9 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
     }
     if not engine.compiled_ops:
         optimizer_params["torch_adam"] = True  # plain torch AdamW: no JIT-compiled FusedAdam / CPUAdam
-    # Without an mpu, DeepSpeed's batch check counts every rank, AutoTP ranks included, although
-    # the ranks of one TP group share their batch (deepspeed.initialize builds its config that way).
-    ranks_in_batch_check = data_parallel_size(cfg) * layout.tp
     config: Dict[str, Any] = {
-        "train_batch_size": layout.micro_batch * layout.grad_accum * ranks_in_batch_check,
+        # Under pipeline parallelism the accumulation steps are the pipeline's micro-batches.
+        "train_batch_size": layout.micro_batch * layout.grad_accum * ranks_in_batch_check(cfg),
         "train_micro_batch_size_per_gpu": layout.micro_batch,
         "gradient_accumulation_steps": layout.grad_accum,
         "gradient_clipping": bench.grad_clip,
@@ -71,12 +85,36 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
 
 
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
-    """(errors, warnings) for engine=deepspeed beyond the planner's support table."""
-    errors = []
-    if cfg.layout.pp > 1:
-        errors.append(f"layout.pp={cfg.layout.pp}: engine=deepspeed runs without DeepSpeed's PipelineModule "
-                      "here; pipeline parallelism is engine=nd's (torch.distributed.pipelining)")
-    return errors, []
+    """(errors, warnings) for engine=deepspeed beyond the planner's support table (which already limits
+    pp > 1 to ZeRO 0-1 and DeepSpeed's own 1F1B schedule)."""
+    return (pipeline_problems(cfg) if cfg.layout.pp > 1 else []), []
+
+
+def pipeline_problems(cfg: RunConfig) -> List[str]:
+    """What runs wrong or unpredicted with pp > 1. Each stage holds the model's own modules, recomputes rotary
+    positions and passes no attention mask: tied tables, learned positions, AutoTP inside a stage and a
+    kernel that is causal only with a mask are out; so is bf16 at ZeRO-0, whose optimizer wrapper differs."""
+    layout, problems = cfg.layout, []
+    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    if layout.tp > 1:
+        problems.append(f"layout.tp={layout.tp} with pp={layout.pp}: engine=deepspeed builds its PipelineModule "
+                        "without AutoTP (use tp=1, or engine=nd for tp x pp)")
+    if spec.tied_embeddings:
+        problems.append(f"tie_word_embeddings=true with pp={layout.pp}: engine=deepspeed places the embedding and "
+                        "the LM head on different stages as separate modules (untie them or use pp=1)")
+    if spec.learned_positions:
+        problems.append(f"model_type={spec.model_type} with pp={layout.pp}: engine=deepspeed's stages recompute "
+                        "rotary positions; a learned position table is not split across stages")
+    if layout.precision == "bf16" and layout.zero_stage == 0:
+        # BF16_Optimizer (0.19.8, runtime/bf16_optimizer.py) partitions the fp32 master over the data-parallel
+        # group, and keeps a flat bf16 gradient-accumulation copy beside each .grad (measured on 2 CPU ranks).
+        problems.append(f"precision=bf16 zero_stage=0 with pp={layout.pp}: DeepSpeed's PipelineEngine steps bf16 "
+                        "through its BF16_Optimizer, which shards optimizer states like ZeRO-1 and keeps a second "
+                        "gradient buffer (use zero_stage=1)")
+    if spec.attn_implementation == "eager":
+        problems.append(f"attn_implementation=eager with pp={layout.pp}: engine=deepspeed's stages pass no "
+                        "attention mask, and eager attention without one is not causal (use sdpa)")
+    return problems
 
 
 def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
@@ -167,7 +205,134 @@ def deepspeed_state_bytes(engine) -> Dict[str, int]:
     return state
 
 
-def apply(cfg: RunConfig, run_dir: Path, model, kind) -> DeepSpeedSession:
+class PipelineSession:
+    """One rank of DeepSpeed's PipelineEngine: its stage, its 1F1B schedule, the bytes of state it holds.
+
+    Stage-major ranks (DeepSpeed's PipeDataParallelTopology): the ranks of one stage are data parallel, and
+    the stages of one pipeline read the same batch.
+    """
+
+    def __init__(self, engine, cfg: RunConfig):
+        from deepspeed.runtime.pipe.schedule import OptimizerStep
+
+        self.engine, self.cfg = engine, cfg
+        self.model = engine.module  # this rank's stage: the weights the activation meter leaves out
+        self.dp_rank, self.dp_size = engine.grid.data_parallel_id, engine.grid.data_parallel_size
+        self._on_boundary = None
+        # train_batch runs the whole schedule, optimizer step included; the boundary hook goes in front of
+        # that step, after the last backward and the gradient reductions (an instance-level instruction map).
+        step = type(engine)._INSTRUCTION_MAP[OptimizerStep]
+        engine._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, OptimizerStep: self._step_after_boundary(step)}
+
+    def _step_after_boundary(self, step):
+        def run(engine, **kwargs):
+            if self._on_boundary is not None:
+                self._on_boundary()
+            return step(engine, **kwargs)
+
+        return run
+
+    def train_step(self, micro_batches, on_boundary=None):
+        """One optimizer step over the step's micro-batches (the pipeline's); the loss is this data-parallel
+        rank's mean, computed on the last stage and broadcast along the pipeline by DeepSpeed."""
+        batches = [(tokens, tokens) for tokens in micro_batches]  # (first stage's input, last stage's labels)
+        if len(batches) != self.engine.micro_batches:
+            raise ValueError(f"{len(batches)} micro-batches for a pipeline of {self.engine.micro_batches}")
+        self._on_boundary = on_boundary
+        try:
+            self.engine.train_batch(data_iter=iter(batches))
+        finally:
+            self._on_boundary = None
+        # train_batch returns the mean over data-parallel ranks; dp_group_loss is this rank's own.
+        return self.engine.dp_group_loss.detach().float().cpu()
+
+    def state_bytes(self) -> Dict[str, int]:
+        return deepspeed_state_bytes(self.engine)
+
+
+@functools.lru_cache(maxsize=None)
+def pipe_stage_class():
+    """The stage module type (built lazily: importing this engine for `render` needs no torch)."""
+    import torch
+
+    class PipeStage(torch.nn.Module):
+        """One pipeline stage of a Hugging Face decoder-only LM, made of the model's own modules: the
+        embedding (first stage), decoder layers, the final norm and LM head (last stage).
+
+        As the model's own forward does, the stage computes rotary embeddings once for its layers, from
+        positions 0..seq-1, and passes no attention mask (SDPA is causal by itself): stages exchange
+        nothing but hidden states.
+        """
+
+        def __init__(self, model, layers: List[int], first: bool, last: bool):
+            super().__init__()
+            inner = model.model
+            self.embed_tokens = inner.embed_tokens if first else None
+            self.layers = torch.nn.ModuleList(inner.layers[i] for i in layers)
+            self.norm = inner.norm if last else None
+            self.lm_head = model.lm_head if last else None
+            self.rotary_emb = inner.rotary_emb
+
+        def forward(self, x):
+            if self.embed_tokens is not None:
+                x = self.embed_tokens(x)
+            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+            rotary = self.rotary_emb(x, positions)
+            for layer in self.layers:
+                x = layer(x, position_embeddings=rotary, attention_mask=None, position_ids=positions)
+            if self.lm_head is not None:
+                x = self.lm_head(self.norm(x))
+            return x
+
+    return PipeStage
+
+
+def stage_layers(cfg: RunConfig, num_layers: int) -> List[List[int]]:
+    """Decoder-layer indices of each stage: the planner's split (harness.plan.states), so the bytes it
+    predicts for a stage are the bytes that stage holds."""
+    counts = stage_layer_counts(num_layers, cfg.layout.pp, 1, cfg.layout.pp_stage_layers)
+    starts = [sum(counts[:stage]) for stage in range(len(counts))]
+    return [list(range(start, start + count)) for start, count in zip(starts, counts)]
+
+
+def pipeline_module(cfg: RunConfig, model):
+    """A PipelineModule of one PipeStage per stage ("uniform" over pp items: stage s builds item s only);
+    the loss is the model's own causal-LM loss (labels shifted inside, mean over labelled tokens)."""
+    from deepspeed.pipe import LayerSpec, PipelineModule
+
+    pp, vocab = cfg.layout.pp, model.config.vocab_size
+    layers = stage_layers(cfg, model.config.num_hidden_layers)
+    specs = [LayerSpec(pipe_stage_class(), model, layers[s], s == 0, s == pp - 1) for s in range(pp)]
+
+    def causal_lm_loss(logits, labels):
+        return model.loss_function(logits=logits, labels=labels, vocab_size=vocab)
+
+    return PipelineModule(layers=specs, num_stages=pp, loss_fn=causal_lm_loss, partition_method="uniform")
+
+
+def release_unowned(model, pipe) -> None:
+    """Move the model's modules that this rank's stage does not hold to the meta device (frees them)."""
+    owned = {id(p) for p in pipe.parameters()}
+    inner = model.model
+    for module in (inner.embed_tokens, *inner.layers, inner.norm, model.lm_head):
+        if not any(id(p) in owned for p in module.parameters()):
+            module.to("meta")
+
+
+def count_every_stage_in_grad_norm(pipe) -> None:
+    """Make ZeRO-0's gradient clipping see every stage.
+
+    deepspeed.runtime.utils.clip_grad_norm_ (0.19.8, the ZeRO-0 fp32 path) sums squared norms over the
+    pipeline's model-parallel group but counts a parameter only on that group's rank 0 (the first stage)
+    unless the parameter is marked model-parallel; unmarked, the clip norm leaves out every later stage
+    (measured: losses leave the single-process ones once clipping acts). With tp = 1 the mark changes
+    nothing else: its other readers test it together with the tensor-parallel rank, 0 on every rank.
+    """
+    for param in pipe.parameters():
+        param.model_parallel = True
+
+
+def apply(cfg: RunConfig, run_dir: Path, model, kind):
     import deepspeed
 
     if not cfg.engine.compiled_ops:
@@ -176,6 +341,13 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> DeepSpeedSession:
     deepspeed.init_distributed(dist_backend=kind.backend)
     config = json.loads((Path(run_dir) / CONFIG_FILE).read_text())
     if cfg.layout.activation_checkpointing == "full":
+        # Each decoder layer recomputes itself, with or without a pipeline around it.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.layout.pp > 1:
+        pipe = pipeline_module(cfg, model)
+        release_unowned(model, pipe)
+        count_every_stage_in_grad_norm(pipe)
+        engine, _, _, _ = deepspeed.initialize(model=pipe, model_parameters=pipe.parameters(), config=config)
+        return PipelineSession(engine, cfg)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     return DeepSpeedSession(engine, cfg)

@@ -97,11 +97,65 @@ def test_cpu_render_skips_jit_ops_and_names_cpu_accelerator(tmp_path):
     assert rendered.argv[-3:] == ["-m", "harness.runtime.bench", str(tmp_path)]
 
 
-def test_pipeline_parallel_is_refused_before_launch(tmp_path):
+PP_GRID = [
+    dict(zero=z, precision=p, dp=dp, accum=ga, offload=oo)
+    for z, p, dp, ga, oo in itertools.product((0, 1), ("bf16", "fp32"), (1, 2), (2, 4), ("none", "cpu"))
+    if not (oo != "none" and z == 0)
+]
+
+
+@pytest.mark.parametrize("point", PP_GRID, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+def test_pipeline_config_passes_deepspeeds_validator(point, monkeypatch):
+    # pp=2 x dp ranks; the PipelineModule's grid is the mpu, so the batch check counts data-parallel ranks.
+    layout = replace(
+        BASE.layout, pp=2, dp_shard=point["dp"], zero_stage=point["zero"], precision=point["precision"],
+        grad_accum=point["accum"], micro_batch=2, offload_optimizer=point["offload"],
+    )  # fmt: skip
+    config = ds_engine.ds_config(replace(BASE, layout=layout))
+    parsed = validate_with_deepspeed(config, point["dp"], monkeypatch)
+    assert parsed.train_batch_size == 2 * point["accum"] * point["dp"]
+    assert parsed.gradient_accumulation_steps == point["accum"]  # the pipeline's micro-batches
+    assert parsed.zero_optimization_stage == point["zero"]
+
+
+PP2 = ["recipes=cpu_zero1_pp2"]
+
+
+def test_pipeline_parallel_renders_for_launch(tmp_path):
+    from harness.launch.prepare import prepare_run
+
+    prepared = prepare_run(compose_run_config(PP2), tmp_path)
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    assert prepared.rendered.argv[:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2"]
+    assert (config["train_batch_size"], config["gradient_accumulation_steps"]) == (4, 4)
+    assert config["zero_optimization"] == {"stage": 1}
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["layout.zero_stage=2"], "engine=deepspeed rejects zero_stage=2 with pp=2"),
+        (["layout.zero_stage=3"], "engine=deepspeed rejects zero_stage=3 with pp=2"),
+        (["model.hf_config.tie_word_embeddings=true"], "tie_word_embeddings=true with pp=2: engine=deepspeed"),
+        (["layout.tp=2", "cluster.accelerators_per_node=4"], "layout.tp=2 with pp=2: engine=deepspeed"),
+        (["model=gpt2"], "model_type=gpt2 with pp=2: engine=deepspeed"),
+        (["layout.zero_stage=0"], "precision=bf16 zero_stage=0 with pp=2: DeepSpeed's PipelineEngine"),
+        (["+model.hf_config.attn_implementation=eager"], "attn_implementation=eager with pp=2: engine=deepspeed"),
+    ],
+)
+def test_pipeline_layouts_deepspeed_cannot_run_are_refused_before_launch(overrides, message, tmp_path):
     from harness.launch.prepare import RunRejected, prepare_run
 
-    run = compose_run_config(["recipes=cpu_zero2", "layout.pp=2", "layout.dp_shard=1", "layout.zero_stage=1",
-                              "layout.grad_accum=2"])
-    with pytest.raises(RunRejected, match="layout.pp=2: engine=deepspeed"):
-        prepare_run(run, tmp_path)
+    with pytest.raises(RunRejected, match=message):
+        prepare_run(compose_run_config([*PP2, *overrides]), tmp_path)
     assert not (tmp_path / "rendered.json").exists()
+
+
+@pytest.mark.parametrize(
+    "layers, explicit, stages",
+    [(2, [], [[0], [1]]), (4, [], [[0, 1], [2, 3]]), (4, [1, 3], [[0], [1, 2, 3]]), (4, [0, 4], [[], [0, 1, 2, 3]])],
+)
+def test_stage_layers_follow_the_planners_split(layers, explicit, stages):
+    run = compose_run_config(PP2)
+    run = replace(run, layout=replace(run.layout, pp_stage_layers=explicit))
+    assert ds_engine.stage_layers(run, layers) == stages
