@@ -18,8 +18,9 @@ V_SHAPED = ("ZBVZeroBubble", "DualPipeV")  # two stages per rank, placed 0 and 2
 class LayerActivations(NamedTuple):
     """Bytes one decoder layer saves per token (one micro-batch), split by how TP/SP divide them."""
 
-    boundary: float  # at the layer's ends (norms, linear inputs, residual dropout masks): TP replicates,
-    # sequence parallelism divides by tp
+    boundary: float  # at the layer's ends (norms, residual dropout masks): TP replicates, sequence
+    # parallelism divides by tp
+    linear_inputs: float  # inputs of the QKV and first MLP projections: TP replicates; see sp_saved_divisor
     sharded: float  # inside attention and MLP (heads, ffn columns): divided by tp
     quadratic: float  # per token *and* per key (softmax and its dropout): x seq_len, divided by tp
     checkpoint: float  # what full recomputation keeps: the layer input
@@ -47,7 +48,7 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     e, m, h, a = dtype_bytes, mask_bytes, spec.hidden_size, spec.num_heads
     q, kv, f = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.ffn_size
     hf = profile == "hf"
-    boundary = 2 * norm_bytes(spec, profile, e) + 2 * e * h + (2 * m * h if spec.hidden_dropout else 0)
+    boundary = 2 * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
 
     attn_dropout = (m + e) * a if spec.attention_dropout else 0
     if spec.attn_implementation == "eager":
@@ -77,7 +78,15 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
         # (40 bytes per routed copy), each routed copy's gathered input and weighted output (2·e·h)
         boundary += 4 * spec.num_experts + 4 + k * (40 + 2 * e * h) if hf else 4 * spec.num_experts + k * e * h
         expert *= k
-    return LayerActivations(boundary, attention + expert, quadratic, e * h)
+    return LayerActivations(boundary, 2 * e * h, attention + expert, quadratic, e * h)
+
+
+def sp_saved_divisor(profile: str, tp: int, sequence_parallel: bool) -> int:
+    """What sequence parallelism divides a column-parallel projection's saved input by. Megatron saves the
+    sequence shard and all-gathers it again in backward (Korthikanti et al. 2022, sec. 4.2.2): / tp.
+    torch's DTensor SequenceParallel -> ColwiseParallel saves the all-gathered input autograd sees: / 1
+    (measured on the tiny Llama, TP2: the q/k/v, gate/up and lm_head inputs are saved full-sequence)."""
+    return tp if sequence_parallel and profile == "megatron" else 1
 
 
 class OutsideActivations(NamedTuple):
@@ -90,7 +99,7 @@ class OutsideActivations(NamedTuple):
 
 
 def outside_layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_bytes: int, seq_len: int,
-                              sequence_parallel: int, loss_divisor: int,
+                              sequence_parallel: int, linear_input_divisor: int, loss_divisor: int,
                               layers_checkpointed: bool) -> OutsideActivations:
     """Korthikanti et al. 2022, sec. 4.3: the embedding's dropout mask on the first stage; the final
     norm, the lm_head input and the fp32 logits (4·s·b·V, vocab-parallel: / tp) on the last. transformers
@@ -98,9 +107,9 @@ def outside_layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, m
     e, m, h = dtype_bytes, mask_bytes, spec.hidden_size
     hf = profile == "hf"
     first = (8 if hf else 0) + (m * h / sequence_parallel if spec.embedding_dropout else 0)
-    # final norm and lm_head input (sequence-parallel), fp32 logits (vocab-parallel), int64 labels
-    last = ((norm_bytes(spec, profile, e) + e * h) / sequence_parallel + 4 * spec.vocab_size / loss_divisor
-            + (8 if hf else 0))
+    # final norm (sequence-parallel), lm_head input, fp32 logits (vocab-parallel), int64 labels
+    last = (norm_bytes(spec, profile, e) / sequence_parallel + e * h / linear_input_divisor
+            + 4 * spec.vocab_size / loss_divisor + (8 if hf else 0))
     if hf and spec.learned_positions:
         per_stage = 8 * seq_len  # GPT-2's position ids (int64)
     elif hf and not layers_checkpointed:
@@ -164,17 +173,19 @@ def token_activations(spec: ModelSpec, profile: str, precision: str, on_cpu: boo
     e = COMPUTE_BYTES[precision]
     act = layer_activations(spec, profile, e, e if on_cpu else 1)  # CPU dropout keeps its mask in dtype
     sp = tp if sequence_parallel else 1
+    ends = act.boundary / sp + act.linear_inputs / sp_saved_divisor(profile, tp, sequence_parallel)
     # Keys per query: the whole sequence (ring attention visits every key block; with CP the s^2 term
     # only exists for non-flash kernels, which validation rejects with cp > 1).
-    full = act.boundary / sp + (act.sharded + act.quadratic * seq_len) / tp
+    full = ends + (act.sharded + act.quadratic * seq_len) / tp
     if checkpointing == "full":
         layer, recompute = act.checkpoint / sp, full
     elif checkpointing == "selective":
-        layer, recompute = act.boundary / sp + act.sharded / tp, 0.0
+        layer, recompute = ends + act.sharded / tp, 0.0
     else:
         layer, recompute = full, 0.0
     loss_divisor = tp if (profile == "megatron" or loss_parallel) else 1
-    outside = outside_layer_activations(spec, profile, e, e if on_cpu else 1, seq_len // cp, sp, loss_divisor,
+    outside = outside_layer_activations(spec, profile, e, e if on_cpu else 1, seq_len // cp, sp,
+                                        sp_saved_divisor(profile, tp, sequence_parallel), loss_divisor,
                                         checkpointing == "full")
     result = TokenActivations(layer, recompute, outside)
     if len(_TOKEN_ACTIVATIONS) > 1_000_000:

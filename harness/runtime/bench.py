@@ -55,17 +55,15 @@ def batch_maker(session, source, cfg: RunConfig):
 
 
 def warm_up(session, batches, warmup_steps: int):
-    """Untimed steps. The first is metered for saved activations; the last (optimizer state exists
-    only after a first step) for the bytes of parameters, gradients and optimizer state."""
+    """Untimed steps. The last one (a steady-state step: optimizer state exists, lazy initialisation and
+    torch.distributed.pipelining's first-step metadata pass are behind) is metered for saved activations
+    and, at its accumulation boundary, for the bytes of parameters, gradients and optimizer state."""
     meter, state, losses = SavedActivationMeter(session.model.parameters()), {}, []
-    for step in range(warmup_steps):
-        if step == 0:
-            with meter.recording():
-                losses.append(session.train_step(batches(step)))
-        elif step == warmup_steps - 1:
-            losses.append(session.train_step(batches(step), on_boundary=lambda: state.update(session.state_bytes())))
-        else:
-            losses.append(session.train_step(batches(step)))
+    for step in range(warmup_steps - 1):
+        losses.append(session.train_step(batches(step)))
+    with meter.recording():
+        losses.append(session.train_step(batches(warmup_steps - 1),
+                                         on_boundary=lambda: state.update(session.state_bytes())))
     return losses, meter.peak_bytes, state
 
 

@@ -204,11 +204,26 @@ def test_gpt2_is_not_an_nd_family():
     assert any("engine=nd supports" in e for e in errors_of(cfg))
 
 
+def test_eager_attention_is_refused_since_stages_pass_no_mask():
+    cfg = with_layout(pp=2, grad_accum=4)
+    cfg = replace(cfg, model=replace(cfg.model, hf_config={**cfg.model.hf_config, "attn_implementation": "eager"}))
+    assert any("attn_implementation=eager" in e and "not causal" in e for e in errors_of(cfg))
+    assert not any("attn_implementation" in e for e in errors_of(with_layout(pp=2, grad_accum=4)))
+
+
 def test_sequence_parallel_without_tp_warns():
     cfg = with_layout()
     cfg = replace(cfg, engine=replace(cfg.engine, sequence_parallel=True, loss_parallel=True))
     assert nd_plans.check(cfg)[1] == ["engine.sequence_parallel has no effect with tp=1",
                                       "engine.loss_parallel has no effect with tp=1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", nd_plans.ZERO_BUBBLE_SCHEDULES)
+def test_zero_bubble_schedules_warn_that_torch_keeps_more_activations(schedule):
+    cfg = with_layout(GPU, pp=2, pp_virtual_stages=2, pp_schedule=schedule, grad_accum=4)
+    errors, warnings = nd_plans.check(cfg)
+    assert errors == [] and any(f"pp_schedule={schedule}: activations are predicted" in w for w in warnings)
+    assert not any("activations are predicted" in w for w in nd_plans.check(with_layout(GPU, pp=2, grad_accum=4))[1])
 
 
 # ------------------------------------------------------------------------------ context parallel
