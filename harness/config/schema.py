@@ -25,6 +25,7 @@ TRACKING_BACKENDS = ("wandb", "disabled")
 TRACKING_MODES = ("offline", "online")
 LAUNCH_BACKENDS = ("local", "slurm")
 FLOP_ATTENTION = ("causal", "full")
+MODEL_INITS = ("auto", "full", "meta")
 
 
 @dataclass
@@ -36,6 +37,10 @@ class ModelConfig:
     hf_config: Dict[str, Any] = field(default_factory=dict)
     # Optional hub id: its config is fetched where the hub is reachable and overrides `hf_config`.
     hub_id: Optional[str] = None
+    # How ranks build the model: `full` (every weight on every rank, then the engine shards: the same
+    # weights in every layout), `meta` (on the meta device; each rank materialises and initialises only
+    # what it holds), `auto` (meta where the engine supports it and full copies would crowd host memory).
+    init: str = "auto"
 
 
 @dataclass

@@ -513,6 +513,7 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> NdSession:
     torch = _torch()
     import torch.distributed as dist
 
+    from harness.engines.materialize import materialize
     from harness.runtime.device import torch_device
 
     plan = json.loads((Path(run_dir) / PLAN_FILE).read_text())
@@ -529,13 +530,19 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> NdSession:
     _release_unowned(model, specs)
     data = plan["data_parallel"]
     dp_mesh = _data_mesh(mesh, data) if data["wrapper"] else None
+    # Built on the meta device (model.init): shard first, then allocate and initialise the local shards.
+    on_meta = any(param.is_meta for param in model.parameters())
     for stage in stages:
-        stage.to(device)
+        if not on_meta:
+            stage.to(device)
         if tp_plan["size"] > 1:
             _apply_tensor_parallel(stage, mesh["tp"], tp_plan)
         _apply_checkpointing(stage, plan["activation_checkpointing"])
         if dp_mesh is not None:
             _apply_data_parallel(stage, dp_mesh, data, kind.type == "cuda")
+        if on_meta:
+            # FSDP2's CPU offload keeps the sharded parameters in host memory.
+            materialize(stage, model, "cpu" if data.get("offload") == "cpu" else device, cfg.bench.seed)
         stage.train()
     schedule = _schedule(plan, stages, specs, mesh, device) if plan["pipeline"] else None
     opt = plan["optimizer"]

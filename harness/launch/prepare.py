@@ -12,6 +12,7 @@ from harness.config.hub import HubUnreachable, fetch_hub_config
 from harness.config.schema import RunConfig
 from harness.engines import engine_module
 from harness.engines.rendered import RenderedRun
+from harness.plan.construction import model_init_mode
 from harness.plan.planner import Plan, make_plan
 from harness.runtime.result import PENDING, PRUNED, write_json_atomic, write_status
 from harness.runtime.sinks import tracking_problem
@@ -60,9 +61,14 @@ def launch_problems(cfg: RunConfig) -> List[str]:
     return problems
 
 
-def plan_record(plan: Plan) -> dict:
-    """plan.json: the whole plan, plus the prediction in the same keys as the measurement."""
+def plan_record(plan: Plan, model_init: str = "auto") -> dict:
+    """plan.json: the whole plan, the prediction in the same keys as the measurement, and how ranks build
+    the model (`full` or `meta`, model.init resolved)."""
     record = plan.to_dict()
+    if plan.model is not None:
+        cluster = plan.cluster
+        record["model_init"] = model_init_mode(plan.engine.name, model_init, plan.model.total_params,
+                                               cluster.accelerators_per_node, cluster.host_memory_gib)
     memory = plan.memory
     record["recompute_flops_per_token"] = (
         plan.hfu_flops_per_token - plan.flops_per_token if plan.flops_per_token is not None else None
@@ -91,7 +97,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
         raise RunRejected(str(error)) from error
     write_json_atomic(run_dir / CONFIG_FILE, run_config_to_dict(cfg))
     plan = make_plan(cfg)
-    write_json_atomic(run_dir / PLAN_FILE, plan_record(plan))
+    write_json_atomic(run_dir / PLAN_FILE, plan_record(plan, cfg.model.init))
     engine = engine_module(cfg.engine.name)
     engine_errors = engine.check(cfg)[0] if hasattr(engine, "check") and not plan.errors else []
     errors = [*plan.errors, *engine_errors, *launch_problems(cfg)]

@@ -135,7 +135,8 @@ def clear_caches() -> None:
                   states._RANK_STATES, activations._TOKEN_ACTIVATIONS):
         cache.clear()
     for rule in (rules.check_enums, rules.check_world, rules.check_tensor_parallel, rules.check_pipeline,
-                 rules.check_sequence, rules.check_experts, rules.check_engine, rules.check_offload):
+                 rules.check_sequence, rules.check_experts, rules.check_engine, rules.check_offload,
+                 rules.check_model_init):
         rule.cache_clear()
 
 

@@ -31,6 +31,8 @@ class EngineSupport:
     # Axes ("tp", "cp") the engine runs on GPU clusters only, and why (ends up in the error on CPU).
     gpu_only_axes: Tuple[str, ...] = ()
     gpu_only_reason: str = ""
+    # Builds the model on the meta device and materialises each rank's share (model.init=meta).
+    meta_init: bool = False
 
 
 ENGINE_SUPPORT: Dict[str, EngineSupport] = {
@@ -63,7 +65,7 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         zero_stages=(0, 2, 3), zero_reason="FSDP2 has no optimizer-only sharding level",
         tp=True, cp=True, ep=False, pp_schedules=ALL_SCHEDULES, pp_zero_stages=(0, 2, 3),
         hybrid_zero_stages=(0, 2, 3), offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)},
-        offload_together=True, tp_shards_vocab=(True, True), activation_profile="hf"),
+        offload_together=True, tp_shards_vocab=(True, True), activation_profile="hf", meta_init=True),
     # Megatron-LM command line (export only): zero_stage 1 is --use-distributed-optimizer; 1F1B and
     # interleaved 1F1B (--num-layers-per-virtual-pipeline-stage); experts via --expert-model-parallel-size.
     "megatron_lm": EngineSupport(

@@ -6,6 +6,7 @@ from functools import lru_cache
 from typing import Any, List, Optional, Tuple
 
 from harness.config import schema
+from harness.plan.construction import check_model_init
 from harness.plan.conventions import state_convention
 from harness.plan.model_spec import ModelSpec
 from harness.plan.support import ENGINE_SUPPORT
@@ -47,6 +48,8 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
                      layout.pp, layout.cp, layout.ep, layout.pp_schedule, layout.precision, cluster.accelerator),
         check_offload(engine.name, layout.zero_stage, layout.offload_optimizer, layout.offload_params,
                       bool(layout.nvme_path)),
+        check_model_init(engine.name, cfg.model.init, spec.total_params, cluster.accelerators_per_node,
+                         cluster.host_memory_gib),
     ]
     return _merge(found)
 

@@ -147,7 +147,7 @@ def run(run_dir: Path) -> int:
     if rank == 0:
         write_status(run_dir, RUNNING)
     engine = engine_module(cfg.engine.name)
-    model = build_model(cfg.model.hf_config, cfg.bench.seed)
+    model = build_model(cfg.model.hf_config, cfg.bench.seed, on_meta=plan.get("model_init") == "meta")
     session = engine.apply(cfg, run_dir, model, kind)
     # Measured on every rank at once, so the figure includes the contention of the real run.
     peak = measure_matmul_peak_flops(device.dtype_of(cfg.layout.precision)) if cfg.cluster.accelerator == "cpu" else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Dict
 
 import torch
@@ -18,12 +19,16 @@ def hf_config_object(fields: Dict[str, Any]):
     return AutoConfig.for_model(model_type, attn_implementation=attn_implementation, **fields)
 
 
-def build_model(fields: Dict[str, Any], seed: int) -> torch.nn.Module:
-    """Same seed, same weights on every rank and in every layout: losses compare across layouts."""
+def build_model(fields: Dict[str, Any], seed: int, on_meta: bool = False) -> torch.nn.Module:
+    """Same seed, same weights on every rank and in every layout: losses compare across layouts.
+
+    `on_meta` builds shapes only (no storage, no initialisation cost): the engine shards the model, then
+    materialises and initialises each rank's share (harness.engines.materialize)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config_object(fields), dtype=torch.float32)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_config(hf_config_object(fields), dtype=torch.float32)
     model.config.use_cache = False
     return model
 

@@ -1,0 +1,30 @@
+"""Give a meta-built, already sharded module real storage and initialise it as the model's own init does.
+
+A rank of a large model never holds more than its share: the model is built on the meta device
+(harness.runtime.model.build_model(on_meta=True)), the engine splits and shards it (pipeline stages,
+DTensor TP, FSDP2), and only then does each rank allocate and initialise the local tensors it owns.
+"""
+
+from __future__ import annotations
+
+
+def materialize(module, model, device, seed: int) -> None:
+    """Allocate `module`'s parameters and buffers on `device` (local shards for DTensors) and initialise
+    them with `model._init_weights` (transformers' per-module init: normal(0, initializer_range) for
+    linear and embedding weights, ones for norms, rotary inverse frequencies recomputed).
+
+    Every rank seeds alike: DTensor's random ops draw each shard from its offset of one global stream
+    where the device has an RNG tracker (CUDA), so a sharded weight equals the unsharded init and replicas
+    agree; on CPU each shard draws the same local stream (replicas still agree; shards repeat values,
+    which changes nothing a benchmark measures)."""
+    import torch
+
+    module.to_empty(device=device)
+    for tensor in (*module.parameters(), *module.buffers()):
+        # transformers marks tensors it initialised at construction (here: on meta) and skips them later.
+        if hasattr(tensor, "_is_hf_initialized"):
+            del tensor._is_hf_initialized
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for sub in module.modules():
+            model._init_weights(sub)

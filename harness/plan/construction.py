@@ -1,0 +1,61 @@
+"""Where ranks build the model: every weight on every rank, or on the meta device with each rank then
+materialising only its own share (models whose full fp32 copy per local rank would crowd the host)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Tuple
+
+from harness.config.schema import MODEL_INITS
+from harness.plan.support import ENGINE_SUPPORT
+
+GIB = 2**30
+# `auto` builds on the meta device once the full copies would take more than this share of host memory:
+# the rest is the engine's own host state (offload, buffers), the data loader and the OS.
+FULL_BUILD_HOST_FRACTION = 0.5
+
+Found = Tuple[Tuple[str, ...], Tuple[str, ...]]
+
+
+def full_build_bytes(total_params: int, ranks_per_node: int) -> int:
+    """Host bytes of `model.init=full` on one node: each local rank builds every weight in fp32
+    (from_config initialises in fp32, 4 bytes per parameter) before the engine shards it."""
+    return 4 * total_params * ranks_per_node
+
+
+def _crowds_host(total_params: int, ranks_per_node: int, host_memory_gib: float) -> bool:
+    return full_build_bytes(total_params, ranks_per_node) > FULL_BUILD_HOST_FRACTION * host_memory_gib * GIB
+
+
+def model_init_mode(engine: str, requested: str, total_params: int, ranks_per_node: int,
+                    host_memory_gib: float) -> str:
+    """`full` or `meta`: the requested mode, or for `auto` meta exactly when the engine supports it and
+    the full copies would take more than FULL_BUILD_HOST_FRACTION of host memory."""
+    if requested != "auto":
+        return requested
+    support = ENGINE_SUPPORT.get(engine)
+    if support is not None and support.meta_init and _crowds_host(total_params, ranks_per_node, host_memory_gib):
+        return "meta"
+    return "full"
+
+
+@lru_cache(maxsize=None)
+def check_model_init(engine: str, requested: str, total_params: int, ranks_per_node: int,
+                     host_memory_gib: float) -> Found:
+    """model.init against the engine, and the host memory a full build would take."""
+    if requested not in MODEL_INITS:
+        return (f"model.init={requested!r} must be one of {', '.join(MODEL_INITS)}",), ()
+    support = ENGINE_SUPPORT.get(engine)
+    if support is None:
+        return (), ()
+    if requested == "meta" and not support.meta_init:
+        meta_engines = ", ".join(name for name, s in ENGINE_SUPPORT.items() if s.meta_init)
+        return (f"model.init=meta: engine={engine} builds the full model on every rank before sharding it "
+                f"(meta-device construction: engine={meta_engines})",), ()
+    if model_init_mode(engine, requested, total_params, ranks_per_node, host_memory_gib) == "full" and \
+            _crowds_host(total_params, ranks_per_node, host_memory_gib):
+        need = full_build_bytes(total_params, ranks_per_node) / GIB
+        return (), (f"model.init={requested}: {ranks_per_node} ranks per node each build all "
+                    f"{total_params / 1e9:.2f}B parameters in fp32 ({need:.1f} GiB) before sharding, more than "
+                    f"{FULL_BUILD_HOST_FRACTION:.0%} of cluster.host_memory_gib={host_memory_gib:g}",)
+    return (), ()

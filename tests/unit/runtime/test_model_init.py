@@ -1,0 +1,40 @@
+"""Meta-device construction: no storage at build time; materialising gives the model's own initialisation."""
+
+import math
+
+import torch
+
+from harness.config.compose import compose_run_config
+from harness.engines.materialize import materialize
+from harness.runtime.model import build_model
+
+FIELDS = compose_run_config([]).model.hf_config
+
+
+def test_build_on_meta_allocates_no_parameter():
+    model = build_model(FIELDS, 0, on_meta=True)
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_materialised_model_is_initialised_like_a_full_build():
+    full = build_model(FIELDS, 0)
+    model = build_model(FIELDS, 0, on_meta=True)
+    materialize(model, model, torch.device("cpu"), seed=0)
+    assert not any(p.is_meta for p in (*model.parameters(), *model.buffers()))
+    std = FIELDS["initializer_range"]
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            assert torch.equal(param, torch.ones_like(param)), name
+        else:
+            assert abs(param.std().item() - std) < 0.15 * std, name  # normal(0, initializer_range)
+    assert torch.equal(model.model.rotary_emb.inv_freq, full.model.rotary_emb.inv_freq)
+    tokens = torch.randint(0, FIELDS["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
+    loss = model(input_ids=tokens, labels=tokens).loss.item()
+    assert abs(loss - math.log(FIELDS["vocab_size"])) < 0.02 * math.log(FIELDS["vocab_size"])  # untrained: ln V
+
+
+def test_materialising_only_a_part_leaves_the_rest_on_meta():
+    model = build_model(FIELDS, 0, on_meta=True)
+    materialize(model.model.layers[0], model, torch.device("cpu"), seed=0)
+    assert not any(p.is_meta for p in model.model.layers[0].parameters())
+    assert all(p.is_meta for p in model.model.layers[1].parameters())
