@@ -12,3 +12,9 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 @pytest.fixture
 def no_wandb_key(monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that load a JIT-built DeepSpeed op go last (stable order otherwise): `make test` compiles the op
+    in the background from the start, so its minutes of compile overlap the rest of the suite."""
+    items.sort(key=lambda item: item.get_closest_marker("jit_ops") is not None)

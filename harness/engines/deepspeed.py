@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Tuple
 
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun, render_launch
-from harness.plan.model_spec import model_spec_from_hf
+from harness.plan.model_spec import model_spec_from_hf, param_tensors
 from harness.plan.states import stage_layer_counts
 
 CONFIG_FILE = "ds_config.json"
@@ -20,8 +20,18 @@ KNOWN_TOP_LEVEL_KEYS = frozenset(
         "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
         "gradient_clipping", "bf16", "fp16", "zero_optimization", "optimizer", "tensor_parallel",
         "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+        "aio",
     }
 )  # fmt: skip
+# DeepSpeed's async I/O settings for NVMe offload (its defaults, deepspeed/runtime/swap_tensor/constants.py,
+# written out so that the run directory says what was used). DeepSpeed 0.19.8 swaps a tensor only when it
+# holds at least max(1 MiB, block_size) bytes; smaller ones stay in host memory.
+AIO_CONFIG = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+              "overlap_events": True, "use_gds": False}
+# Swap buffers per rank: for parameters read back from NVMe (DeepSpeed's default count) and for one optimizer
+# sub-group's tensors (fp32 partition, gradient, two Adam moments).
+NVME_PARAM_BUFFERS = 5
+NVME_OPTIMIZER_BUFFERS = 4
 
 
 def data_parallel_size(cfg: RunConfig) -> int:
@@ -53,6 +63,25 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
             zero[key] = {"device": target, "pin_memory": on_gpu}
             if target == "nvme":
                 zero[key]["nvme_path"] = layout.nvme_path
+    if layout.offload_params == "nvme":
+        # max_in_cpu 0: with DeepSpeed's default (1e9 elements) every partition that fits is read back into
+        # host memory when the optimizer is built, and NVMe holds nothing between steps. A swap buffer holds
+        # one parameter partition: sized to the largest, not DeepSpeed's 1e8 elements (x 5, page-locked).
+        zero["offload_param"].update(max_in_cpu=0, buffer_count=NVME_PARAM_BUFFERS,
+                                     buffer_size=largest_param_partition(cfg))
+        # No prefetch: DeepSpeed 0.19.8's NVMe prefetch re-reads a partition the optimizer step has just
+        # written back while it still holds a swap buffer ("param N already assigned swap buffer id M" in the
+        # second step's forward).
+        zero["stage3_prefetch_bucket_size"] = 0
+    if layout.offload_optimizer == "nvme":
+        # Plain swap-in, step, swap-out per sub-group (no tile pipelining).
+        zero["offload_optimizer"].update(buffer_count=NVME_OPTIMIZER_BUFFERS, pipeline_read=False,
+                                         pipeline_write=False)
+        # One optimizer sub-group per parameter. DeepSpeed 0.19.8 reads a swapped gradient (O_DIRECT) straight
+        # into the sub-group's flat gradient at the parameter's offset; at an offset that is not I/O-aligned the
+        # read silently leaves stale data (wrong updates, no error). In its own sub-group a parameter starts at
+        # offset 0, and each parameter's optimizer states go to NVMe iff its fp32 partition reaches 1 MiB.
+        zero["sub_group_size"] = 1
     optimizer_params = {
         "lr": bench.lr,
         "betas": [0.9, 0.95],
@@ -79,9 +108,24 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
         config["zero_force_ds_cpu_optimizer"] = False
     if layout.tp > 1:
         config["tensor_parallel"] = {"autotp_size": layout.tp}
+    if "nvme" in (layout.offload_optimizer, layout.offload_params):
+        config["aio"] = dict(AIO_CONFIG)
     unknown = set(config) - KNOWN_TOP_LEVEL_KEYS
     assert not unknown, f"renderer wrote unknown DeepSpeed keys {sorted(unknown)}"
     return config
+
+
+def largest_param_partition(cfg: RunConfig) -> int:
+    """Elements of the largest parameter partition a rank holds at ZeRO-3: ceil(numel / dp) of the largest
+    tensor (an upper bound under AutoTP, which splits some tensors first)."""
+    layer, first, last = param_tensors(model_spec_from_hf(cfg.model.name, cfg.model.hf_config))
+    largest = 1
+    for tensor in (*layer, *first, *last):
+        numel = 1
+        for size in tensor.shape:
+            numel *= size
+        largest = max(largest, numel)
+    return -(-largest // data_parallel_size(cfg))
 
 
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
@@ -170,7 +214,11 @@ def deepspeed_state_bytes(engine) -> Dict[str, int]:
     optimizer = engine.optimizer
     base = getattr(optimizer, "optimizer", optimizer)
     if stage == 3:
-        param_bytes = sum_tensor_bytes(p.ds_tensor for p in params)
+        # A partition offloaded to NVMe is counted in nvme_bytes; swapped out, its ds_tensor points at a
+        # 1-element placeholder that is no state.
+        param_bytes = sum_tensor_bytes(
+            p.ds_tensor for p in params if getattr(p.ds_tensor, "final_location", None) != "nvme"
+        )
         grad_bytes = sum_tensor_bytes([optimizer.grad_partitions_flat_buffer])
         master_bytes = sum_tensor_bytes(optimizer.fp32_partitioned_groups_flat)
     else:
@@ -191,6 +239,7 @@ def deepspeed_state_bytes(engine) -> Dict[str, int]:
         "grad_bytes": grad_bytes,
         "optimizer_bytes": optimizer_state_bytes(base) + master_bytes,
         "host_bytes": 0,
+        "nvme_bytes": nvme_swap_bytes(engine, params),
     }
     # Offloaded states live in host memory: counted there, not on the device, wherever torch says the
     # tensor is (on a CPU-only machine both are the same memory).
@@ -332,13 +381,63 @@ def count_every_stage_in_grad_norm(pipe) -> None:
         param.model_parallel = True
 
 
-def apply(cfg: RunConfig, run_dir: Path, model, kind):
+def _init_deepspeed(cfg: RunConfig, kind) -> None:
     import deepspeed
 
     if not cfg.engine.compiled_ops:
         # Skip the JIT-built shared-memory collective op: gloo does the work without a compile.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=kind.backend)
+
+
+# transformers holds the HfDeepSpeedConfig through a weak reference: it must outlive construction.
+_HF_DEEPSPEED_CONFIG: List[Any] = []
+
+
+def construct(cfg: RunConfig, run_dir: Path, kind):
+    """The model built partitioned (model.init=meta at ZeRO-3): with an HfDeepSpeedConfig alive,
+    transformers wraps from_config in deepspeed.zero.Init (modeling_utils, is_deepspeed_zero3_enabled), so
+    each parameter is partitioned as soon as its module is built and no rank ever holds all of them.
+    transformers initialises each module gathered (its ZeRO-3 path): a proper init, but drawn in a different
+    order than a full build, so losses do not equal the full-build reference."""
+    from transformers.integrations import HfDeepSpeedConfig
+
+    from harness.runtime.model import build_model
+
+    _init_deepspeed(cfg, kind)
+    config = json.loads((Path(run_dir) / CONFIG_FILE).read_text())
+    _HF_DEEPSPEED_CONFIG[:] = [HfDeepSpeedConfig(config)]
+    model = build_model(cfg.model.hf_config, cfg.bench.seed)
+    # zero.Init tags every parameter it partitions; a full build here would defeat model.init=meta.
+    whole = [name for name, param in model.named_parameters() if not hasattr(param, "ds_id")]
+    if whole:
+        raise RuntimeError(f"model.init=meta: {len(whole)} parameters were built whole, not by zero.Init "
+                           f"(first: {whole[0]})")
+    return model
+
+
+def nvme_swap_bytes(engine, params) -> int:
+    """Bytes of this rank's NVMe swap files: one per swapped parameter partition (its own folder), and per
+    swapped optimizer sub-group its fp32 partition, Adam moments and gradient fragments, each I/O-aligned
+    (deepspeed/runtime/swap_tensor). Only files the swappers hold count: a reused nvme_path may keep others."""
+    import os
+
+    paths = set()
+    param_swapper = next((p.nvme_swapper for p in params if getattr(p, "nvme_swapper", None) is not None), None)
+    if param_swapper is not None:
+        paths.update(param_swapper.id_to_path.values())
+    optimizer_swapper = getattr(engine.optimizer, "optimizer_swapper", None)
+    if optimizer_swapper is not None:
+        for info in optimizer_swapper.swap_params_info.values():
+            paths.update(t.swap_path for t in info.tensors)
+            paths.update(g.path for g in info.swapped_gradients.values())
+    return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
+
+
+def apply(cfg: RunConfig, run_dir: Path, model, kind):
+    import deepspeed
+
+    _init_deepspeed(cfg, kind)
     config = json.loads((Path(run_dir) / CONFIG_FILE).read_text())
     if cfg.layout.activation_checkpointing == "full":
         # Each decoder layer recomputes itself, with or without a pipeline around it.

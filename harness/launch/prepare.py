@@ -67,8 +67,9 @@ def plan_record(plan: Plan, model_init: str = "auto") -> dict:
     record = plan.to_dict()
     if plan.model is not None:
         cluster = plan.cluster
-        record["model_init"] = model_init_mode(plan.engine.name, model_init, plan.model.total_params,
-                                               cluster.accelerators_per_node, cluster.host_memory_gib)
+        record["model_init"] = model_init_mode(plan.engine.name, plan.layout.zero_stage, model_init,
+                                               plan.model.total_params, cluster.accelerators_per_node,
+                                               cluster.host_memory_gib)
     memory = plan.memory
     record["recompute_flops_per_token"] = (
         plan.hfu_flops_per_token - plan.flops_per_token if plan.flops_per_token is not None else None
@@ -80,6 +81,7 @@ def plan_record(plan: Plan, model_init: str = "auto") -> dict:
         "activation_bytes": memory.activation_bytes,
         "total_bytes": memory.total_bytes,
         "host_bytes": memory.host_bytes,
+        "nvme_bytes": memory.nvme_bytes,
         "device_memory_bytes": plan.device_memory_bytes,
         "fits": plan.fits,
         "margin_bytes": plan.margin_bytes,

@@ -27,32 +27,36 @@ def _crowds_host(total_params: int, ranks_per_node: int, host_memory_gib: float)
     return full_build_bytes(total_params, ranks_per_node) > FULL_BUILD_HOST_FRACTION * host_memory_gib * GIB
 
 
-def model_init_mode(engine: str, requested: str, total_params: int, ranks_per_node: int,
+def _builds_sharded(engine: str, zero_stage: int) -> bool:
+    support = ENGINE_SUPPORT.get(engine)
+    return support is not None and zero_stage in support.meta_init_stages
+
+
+def model_init_mode(engine: str, zero_stage: int, requested: str, total_params: int, ranks_per_node: int,
                     host_memory_gib: float) -> str:
-    """`full` or `meta`: the requested mode, or for `auto` meta exactly when the engine supports it and
-    the full copies would take more than FULL_BUILD_HOST_FRACTION of host memory."""
+    """`full` or `meta`: the requested mode, or for `auto` meta exactly when the engine builds sharded at
+    this ZeRO stage and the full copies would take more than FULL_BUILD_HOST_FRACTION of host memory."""
     if requested != "auto":
         return requested
-    support = ENGINE_SUPPORT.get(engine)
-    if support is not None and support.meta_init and _crowds_host(total_params, ranks_per_node, host_memory_gib):
+    if _builds_sharded(engine, zero_stage) and _crowds_host(total_params, ranks_per_node, host_memory_gib):
         return "meta"
     return "full"
 
 
 @lru_cache(maxsize=None)
-def check_model_init(engine: str, requested: str, total_params: int, ranks_per_node: int,
+def check_model_init(engine: str, zero_stage: int, requested: str, total_params: int, ranks_per_node: int,
                      host_memory_gib: float) -> Found:
     """model.init against the engine, and the host memory a full build would take."""
     if requested not in MODEL_INITS:
         return (f"model.init={requested!r} must be one of {', '.join(MODEL_INITS)}",), ()
-    support = ENGINE_SUPPORT.get(engine)
-    if support is None:
+    if engine not in ENGINE_SUPPORT:
         return (), ()
-    if requested == "meta" and not support.meta_init:
-        meta_engines = ", ".join(name for name, s in ENGINE_SUPPORT.items() if s.meta_init)
-        return (f"model.init=meta: engine={engine} builds the full model on every rank before sharding it "
-                f"(meta-device construction: engine={meta_engines})",), ()
-    if model_init_mode(engine, requested, total_params, ranks_per_node, host_memory_gib) == "full" and \
+    if requested == "meta" and not _builds_sharded(engine, zero_stage):
+        where = "; ".join(f"engine={name} at zero_stage {', '.join(map(str, s.meta_init_stages))}"
+                          for name, s in ENGINE_SUPPORT.items() if s.meta_init_stages)
+        return (f"model.init=meta: engine={engine} with zero_stage={zero_stage} builds the full model on every "
+                f"rank before sharding it (sharded construction: {where})",), ()
+    if model_init_mode(engine, zero_stage, requested, total_params, ranks_per_node, host_memory_gib) == "full" and \
             _crowds_host(total_params, ranks_per_node, host_memory_gib):
         need = full_build_bytes(total_params, ranks_per_node) / GIB
         return (), (f"model.init={requested}: {ranks_per_node} ranks per node each build all "

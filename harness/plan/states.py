@@ -139,6 +139,27 @@ def gathered_bytes(conv: StateConvention, params: RankParams, zero_stage: int) -
     return (params.dense_total + params.expert_total) * conv.working
 
 
+# DeepSpeed 0.19.8 NVMe offload (deepspeed/runtime/swap_tensor/utils.py): a tensor is swapped only when it
+# holds at least MIN_AIO_BYTES (max with aio.block_size, rendered at 1 MiB too); each swap file is padded to
+# AIO_ALIGNED_BYTES (x aio.intra_op_parallelism, rendered 1).
+NVME_MIN_SWAP_BYTES = 1 << 20
+NVME_ALIGNED_BYTES = 1024
+
+
+def nvme_split(tensors: Sequence[Tuple[int, int, int]], shards: int, element_bytes: int, files: int) -> Tuple[int, int]:
+    """(bytes in NVMe swap files, bytes left in host memory) of `files` states of `element_bytes` per element,
+    partitioned per tensor as ZeRO-3 does (ceil(numel / shards)): a partition of >= 1 MiB goes to NVMe, one
+    I/O-aligned file per state; a smaller one stays in host memory."""
+    nvme = host = 0
+    for numel, _, count in tensors:
+        part = -(-numel // shards) * element_bytes
+        if part >= NVME_MIN_SWAP_BYTES:
+            nvme += count * files * (-(-part // NVME_ALIGNED_BYTES) * NVME_ALIGNED_BYTES)
+        else:
+            host += count * files * part
+    return nvme, host
+
+
 class RankStates(NamedTuple):
     """Training-state bytes of one pipeline rank: what stays on the device, what moves off it."""
 
@@ -207,12 +228,23 @@ def place_states(conv: StateConvention, params: RankParams, layout: Any, rank: i
         if layout.offload_optimizer == "cpu":
             host += moved
         else:
-            nvme += moved
+            # DeepSpeed ZeRO-3 (the only NVMe engine), rendered with one optimizer sub-group per parameter: a
+            # parameter's fp32 master, Adam moments and fp32 gradient copy go to NVMe iff its fp32 partition
+            # reaches 1 MiB, otherwise they stay in host memory; the gradient partition buffer (accumulation
+            # dtype, offload_grad bytes) stays in host memory for every parameter.
+            fp32_states = conv.master // 4 + conv.moments // 4
+            swapped, kept = nvme_split(params.dense, dense_shards, 4, fp32_states)
+            swapped_grads, _ = nvme_split(params.dense, dense_shards, 4, 1)
+            nvme += swapped + swapped_grads
+            host += kept + states["grad_numel"] * conv.offload_grad
     if layout.offload_params != "none":
         if layout.offload_params == "cpu":
             host += param
         else:
-            nvme += param
+            # max_in_cpu 0 (rendered): every partition of >= 1 MiB lives on NVMe, smaller ones in host memory.
+            swapped, kept = nvme_split(params.dense, dense_shards, conv.param, 1)
+            nvme += swapped
+            host += kept
         param = 0
     return RankStates(rank, params.layers, params.first, params.last, param, grad, master, moments,
                       optimizer_grad, gathered_bytes(conv, params, zero), host, nvme)

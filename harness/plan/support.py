@@ -31,8 +31,9 @@ class EngineSupport:
     # Axes ("tp", "cp") the engine runs on GPU clusters only, and why (ends up in the error on CPU).
     gpu_only_axes: Tuple[str, ...] = ()
     gpu_only_reason: str = ""
-    # Builds the model on the meta device and materialises each rank's share (model.init=meta).
-    meta_init: bool = False
+    # ZeRO stages at which the engine builds the model without any rank holding all of it
+    # (model.init=meta): on the meta device then materialised per rank, or partitioned as built.
+    meta_init_stages: Tuple[int, ...] = ()
 
 
 ENGINE_SUPPORT: Dict[str, EngineSupport] = {
@@ -41,12 +42,14 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
     # optimizer to cpu at stage >= 1, ZeRO-Infinity moves parameters (stage 3) and NVMe (stage 3).
     # AutoTP (training mode, module_inject/auto_tp.py) makes the lm_head a column-parallel layer with
     # gathered output and keeps the embedding whole (measured with 0.19.8: embed_tokens (256, 64) and
-    # lm_head (128, 64) on each of 2 TP ranks of the tiny Llama).
+    # lm_head (128, 64) on each of 2 TP ranks of the tiny Llama). ZeRO-3 builds the model partitioned
+    # (transformers' zero.Init path).
     "deepspeed": EngineSupport(
         zero_stages=(0, 1, 2, 3), zero_reason="", tp=True, cp=False, ep=False,
         pp_schedules=("1F1B",), pp_zero_stages=(0, 1), hybrid_zero_stages=(0, 3),
         offload_optimizer={"cpu": (1, 2, 3), "nvme": (3,)}, offload_params={"cpu": (3,), "nvme": (3,)},
-        offload_together=False, tp_shards_vocab=(False, True), activation_profile="hf"),
+        offload_together=False, tp_shards_vocab=(False, True), activation_profile="hf",
+        meta_init_stages=(3,)),
     # FSDP through Accelerate: 3 FULL_SHARD, 2 SHARD_GRAD_OP, 0 NO_SHARD (no optimizer-only level);
     # no pipeline; CPUOffload moves parameters, gradients and optimizer together, at FULL_SHARD.
     # Tensor and context parallelism through Accelerate's ParallelismConfig on GPU clusters only (it refuses
@@ -65,7 +68,7 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         zero_stages=(0, 2, 3), zero_reason="FSDP2 has no optimizer-only sharding level",
         tp=True, cp=True, ep=False, pp_schedules=ALL_SCHEDULES, pp_zero_stages=(0, 2, 3),
         hybrid_zero_stages=(0, 2, 3), offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)},
-        offload_together=True, tp_shards_vocab=(True, True), activation_profile="hf", meta_init=True),
+        offload_together=True, tp_shards_vocab=(True, True), activation_profile="hf", meta_init_stages=(0, 2, 3)),
     # Megatron-LM command line (export only): zero_stage 1 is --use-distributed-optimizer; 1F1B and
     # interleaved 1F1B (--num-layers-per-virtual-pipeline-stage); experts via --expert-model-parallel-size.
     "megatron_lm": EngineSupport(

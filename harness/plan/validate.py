@@ -48,8 +48,8 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
                      layout.pp, layout.cp, layout.ep, layout.pp_schedule, layout.precision, cluster.accelerator),
         check_offload(engine.name, layout.zero_stage, layout.offload_optimizer, layout.offload_params,
                       bool(layout.nvme_path)),
-        check_model_init(engine.name, cfg.model.init, spec.total_params, cluster.accelerators_per_node,
-                         cluster.host_memory_gib),
+        check_model_init(engine.name, layout.zero_stage, cfg.model.init, spec.total_params,
+                         cluster.accelerators_per_node, cluster.host_memory_gib),
     ]
     return _merge(found)
 

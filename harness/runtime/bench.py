@@ -131,6 +131,7 @@ def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, 
         optimizer_bytes=worst["optimizer_bytes"],
         activation_bytes=worst["activation_bytes"],
         host_bytes=worst.get("host_bytes", 0),
+        nvme_bytes=worst.get("nvme_bytes", 0),
         peak_allocated_bytes=max(peak_alloc) if peak_alloc else None,
         losses=losses,
         loss_first=losses[0],
@@ -147,7 +148,11 @@ def run(run_dir: Path) -> int:
     if rank == 0:
         write_status(run_dir, RUNNING)
     engine = engine_module(cfg.engine.name)
-    model = build_model(cfg.model.hf_config, cfg.bench.seed, on_meta=plan.get("model_init") == "meta")
+    on_meta = plan.get("model_init") == "meta"
+    if on_meta and hasattr(engine, "construct"):
+        model = engine.construct(cfg, run_dir, kind)  # the engine builds it sharded (DeepSpeed's zero.Init)
+    else:
+        model = build_model(cfg.model.hf_config, cfg.bench.seed, on_meta=on_meta)
     session = engine.apply(cfg, run_dir, model, kind)
     # Measured on every rank at once, so the figure includes the contention of the real run.
     peak = measure_matmul_peak_flops(device.dtype_of(cfg.layout.precision)) if cfg.cluster.accelerator == "cpu" else None

@@ -53,6 +53,7 @@ class Measured:
     loss_first: float
     loss_final: float
     per_rank: List[Dict[str, Any]] = field(default_factory=list)
+    nvme_bytes: int = 0  # offloaded states in this rank's NVMe swap files (their sizes on disk)
 
 
 @dataclass

@@ -23,22 +23,25 @@ def test_full_build_bytes_is_fp32_weights_on_every_local_rank():
 def test_auto_builds_on_meta_exactly_when_full_copies_crowd_the_host(recipe, mode):
     cfg = compose_run_config([f"recipes={recipe}"])
     spec = spec_for(cfg.model)
-    assert model_init_mode(cfg.engine.name, "auto", spec.total_params, cfg.cluster.accelerators_per_node,
-                           cfg.cluster.host_memory_gib) == mode  # fmt: skip
+    assert model_init_mode(cfg.engine.name, cfg.layout.zero_stage, "auto", spec.total_params,
+                           cfg.cluster.accelerators_per_node, cfg.cluster.host_memory_gib) == mode  # fmt: skip
 
 
-def test_auto_stays_full_on_an_engine_without_meta_construction_and_warns_with_the_numbers():
-    errors, warnings = check_model_init("deepspeed", "auto", 70_553_706_496, 8, 2048.0)
+def test_auto_stays_full_where_the_engine_builds_full_models_and_warns_with_the_numbers():
+    errors, warnings = check_model_init("deepspeed", 2, "auto", 70_553_706_496, 8, 2048.0)
     assert errors == ()
     assert warnings == (f"model.init=auto: 8 ranks per node each build all 70.55B parameters in fp32 (2102.7 GiB) "
                         f"before sharding, more than {FULL_BUILD_HOST_FRACTION:.0%} of cluster.host_memory_gib=2048",)
-    assert model_init_mode("deepspeed", "auto", 70_553_706_496, 8, 2048.0) == "full"
+    assert model_init_mode("deepspeed", 2, "auto", 70_553_706_496, 8, 2048.0) == "full"
+    assert model_init_mode("deepspeed", 3, "auto", 70_553_706_496, 8, 2048.0) == "meta"  # zero.Init
+    assert model_init_mode("fsdp", 3, "auto", 70_553_706_496, 8, 2048.0) == "full"
 
 
 def test_meta_on_an_engine_that_builds_full_models_is_refused_at_plan_time():
     plan = make_plan(compose_run_config(["recipes=cpu_zero2", "model.init=meta"]))
-    assert any("model.init=meta: engine=deepspeed builds the full model on every rank" in e and "engine=nd" in e
-               for e in plan.errors)
+    assert any("model.init=meta: engine=deepspeed with zero_stage=2 builds the full model on every rank" in e
+               and "engine=deepspeed at zero_stage 3" in e for e in plan.errors)
+    assert make_plan(compose_run_config(["recipes=cpu_zero3", "model.init=meta"])).errors == ()
 
 
 def test_unknown_init_is_refused_naming_the_choices():
@@ -47,5 +50,5 @@ def test_unknown_init_is_refused_naming_the_choices():
 
 
 def test_explicit_choices_are_kept():
-    assert model_init_mode("nd", "full", 10**12, 8, 2048.0) == "full"
-    assert model_init_mode("nd", "meta", 10, 1, 2048.0) == "meta"
+    assert model_init_mode("nd", 0, "full", 10**12, 8, 2048.0) == "full"
+    assert model_init_mode("nd", 0, "meta", 10, 1, 2048.0) == "meta"
