@@ -527,11 +527,12 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> NdSession:
     tp_plan = plan["tensor_parallel"]
     seq_scale = tp_plan["size"] if tp_plan["sequence_parallel"] else 1
     stages = [Stage.module(model, s["layers"], s["embedding"], s["head"], seq_scale) for s in specs]
+    # Built on the meta device (model.init): shard first, then allocate and initialise the local shards.
+    # Asked before _release_unowned, which moves other stages' modules to meta.
+    on_meta = all(param.is_meta for param in model.parameters())
     _release_unowned(model, specs)
     data = plan["data_parallel"]
     dp_mesh = _data_mesh(mesh, data) if data["wrapper"] else None
-    # Built on the meta device (model.init): shard first, then allocate and initialise the local shards.
-    on_meta = any(param.is_meta for param in model.parameters())
     for stage in stages:
         if not on_meta:
             stage.to(device)

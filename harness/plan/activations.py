@@ -13,6 +13,8 @@ from harness.plan.support import ENGINE_SUPPORT
 # Korthikanti et al. 2022 (norms save their input only, softmax in the compute dtype).
 PROFILES = ("hf", "megatron")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")  # two stages per rank, placed 0 and 2p-1 on rank 0
+# Schedules that split backward into an input pass and a deferred weight pass (torch's I / W actions).
+SPLIT_BACKWARD = ("InterleavedZeroBubble", *V_SHAPED)
 
 
 class LayerActivations(NamedTuple):
@@ -96,6 +98,7 @@ class OutsideActivations(NamedTuple):
     last_per_token: float  # on the stage holding the final norm, lm_head and loss
     per_stage: float  # per micro-batch on every stage, whatever the batch size (rotary tables)
     last_constant: float  # the loss scalar
+    loss_per_token: float = 0.0  # the part of last_per_token only the loss's backward reads (logits, labels)
 
 
 def outside_layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_bytes: int, seq_len: int,
@@ -116,7 +119,8 @@ def outside_layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, m
         per_stage = 2 * seq_len * spec.head_dim * e  # rotary cos/sin, saved by the layers that use them
     else:
         per_stage = 0
-    return OutsideActivations(first, last, per_stage, 4 if hf else 0)
+    loss = 4 * spec.vocab_size / loss_divisor + (8 if hf else 0)
+    return OutsideActivations(first, last, per_stage, 4 if hf else 0, loss)
 
 
 def inflight_microbatches(schedule: str, pp: int, virtual_stages: int, microbatches: int, rank: int) -> float:
@@ -129,17 +133,64 @@ def inflight_microbatches(schedule: str, pp: int, virtual_stages: int, microbatc
         return float(m)  # all forwards before any backward (Huang et al. 2019)
     if schedule == "1F1B":
         return float(min(p - rank, m))  # PipeDream-Flush: rank r warms up p - r (Narayanan et al. 2021)
-    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+    if schedule == "Interleaved1F1B":
         # torch's interleaved warm-up: (v-1)·per_round + 2·(p-1-r) model chunks, plus the steady one;
         # each chunk is 1/v of the rank's layers (Korthikanti et al. 2022: rank 0 holds L·(1+(p-1)/(p·v))).
         per_round = m // max(1, m // p)
         chunks = min((v - 1) * per_round + 2 * (p - 1 - rank) + 1, m * v)
         return chunks / v
-    if schedule == "ZBVZeroBubble":
-        return float(min(p, m))  # ZB-V keeps 1F1B's peak, balanced over ranks (Qi et al. 2024, table 1)
-    if schedule == "DualPipeV":
-        return float(min(p + 1, m))  # DeepSeek-V3 report, table 2: PP + 1 micro-batches
+    if schedule in SPLIT_BACKWARD:
+        moments = split_backward_moments(schedule, p, v, m, rank)
+        return max(sum(counts) for counts, _ in moments) / len(moments[0][0])
     raise ValueError(f"pp_schedule={schedule!r} is not a known schedule")
+
+
+def split_backward_moments(schedule: str, pp: int, virtual_stages: int, microbatches: int,
+                           rank: int) -> Tuple[Tuple[Tuple[int, ...], int], ...]:
+    """The moments a split-backward schedule's peak can fall on, for one rank: (chunks held by each of
+    its local stages, in rank_stages order; chunks of the pipeline's last stage still holding the loss).
+
+    torch 2.13 (pipelining/_backward.py) runs the input pass with retain_graph=True, so it frees only
+    what the loss alone reads (logits, labels: the graph above the stage output is detached); the
+    weight pass then releases the rest of the micro-batch when its autograd graph is dropped. Stage 0
+    skips the input pass and runs a full backward at W. A chunk is thus held from its F to its W (or
+    full B), the loss part from F to I, and peaks follow an F. The orders are torch 2.13's:
+    ZB-V (schedules.py, ScheduleZBVZeroBubble) peaks after its chunk-0 or chunk-1 forwards with
+    (2p-r, r) or (2p-r-1, r+1) chunks (each capped at m); DualPipeV's overlapped F0B1 / F1B0 steps
+    hold (2p-r, r+1), 2p+1 chunks where its paper counts whole micro-batches. InterleavedZeroBubble
+    warms up (v-1)·per_round + p-1-r forwards, then per op runs F, I and, r ops late, W: replayed
+    below by its stage-index arithmetic (forwards in rounds of per_round through the local stages,
+    backwards in reverse stage order)."""
+    m, p, v, r = microbatches, pp, virtual_stages, rank
+    if schedule == "ZBVZeroBubble":
+        holds_loss = r == 0  # the V puts the last stage on rank 0, as its second local stage
+        return tuple(((min(2 * p - c1, m), min(c1, m)), int(holds_loss and c1 > r and c1 <= m))
+                     for c1 in (r, r + 1))
+    if schedule == "DualPipeV":
+        return (((2 * p - r, r + 1), int(r == 0)),)
+    if schedule != "InterleavedZeroBubble":
+        raise ValueError(f"pp_schedule={schedule!r} does not split its backward")
+    per_round = m // max(1, m // p)
+    warmup = min((v - 1) * per_round + p - 1 - r, m * v)
+    loss_stage = v - 1 if r == p - 1 else -1
+
+    def forward_stage(j):
+        return (j // per_round) % v
+
+    def backward_stage(b):
+        return v - 1 - (b // per_round) % v
+
+    counts, loss, moments = [0] * v, 0, []
+    for j in range(m * v):
+        counts[forward_stage(j)] += 1
+        loss += forward_stage(j) == loss_stage
+        moments.append((tuple(counts), loss))
+        op = j - warmup  # steady op: this forward, input pass #op, weight pass #(op - r)
+        if op >= 0:
+            loss -= backward_stage(op) == loss_stage
+            if op >= r:
+                counts[backward_stage(op - r)] -= 1
+    return tuple(moments)
 
 
 def rank_stages(schedule: str, pp: int, virtual_stages: int, rank: int) -> tuple:
@@ -208,9 +259,29 @@ def rank_activation_bytes(tok: TokenActivations, layout: Any, rank: int, layers:
     micro-batches in flight (sec. 4.2.3) x the rank's layers and outside-layer tensors."""
     tokens = layout.micro_batch * (layout.seq_len // layout.cp)
     out = tok.outside
+    recompute = int(tokens * tok.recompute)
+    if layout.pp > 1 and layout.pp_schedule in SPLIT_BACKWARD:
+        return split_backward_bytes(tok, layout, rank, layers, tokens), recompute
     one_microbatch = (tokens * (layers * tok.layer + (out.first_per_token if first else 0)
                                 + (out.last_per_token if last else 0))
                       + out.per_stage + (out.last_constant if last else 0))
     inflight = 1.0 if layout.pp == 1 else inflight_microbatches(layout.pp_schedule, layout.pp,
                                                                 layout.pp_virtual_stages, layout.grad_accum, rank)
-    return int(inflight * one_microbatch), int(tokens * tok.recompute)
+    return int(inflight * one_microbatch), recompute
+
+
+def split_backward_bytes(tok: TokenActivations, layout: Any, rank: int, layers: int, tokens: int) -> int:
+    """Peak over split_backward_moments of the chunks each local stage holds, each stage weighed by its
+    own layers and outside-layer tensors; the loss part counts only until the input pass."""
+    p, v, out = layout.pp, layout.pp_virtual_stages, tok.outside
+    stages = rank_stages(layout.pp_schedule, p, v, rank)
+    explicit = list(layout.pp_stage_layers)
+    chunk = []
+    for stage in stages:
+        stage_layers = explicit[stage] if explicit else layers / len(stages)
+        per_token = (stage_layers * tok.layer + (out.first_per_token if stage == 0 else 0)
+                     + (out.last_per_token - out.loss_per_token if stage == p * v - 1 else 0))
+        chunk.append(tokens * per_token + out.per_stage)
+    loss = tokens * out.loss_per_token + out.last_constant
+    moments = split_backward_moments(layout.pp_schedule, p, v, layout.grad_accum, rank)
+    return int(max(sum(n * b for n, b in zip(counts, chunk)) + held * loss for counts, held in moments))

@@ -105,7 +105,10 @@ class SavedActivationMeter:
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         else:
             entry[0] += 1
-        return _Saved(tensor, self, key)
+        # Keep a detached alias: a tensor a node saves from its own output has that node as grad_fn, and
+        # holding it would close a node -> saved tensor -> node cycle that only running the node breaks
+        # (a split backward's input pass keeps the graph, its weight pass never runs the input-only nodes).
+        return _Saved(tensor.detach(), self, key)
 
     def _release(self, key: int) -> None:
         entry = self.live.get(key)

@@ -218,14 +218,6 @@ def test_sequence_parallel_without_tp_warns():
                                       "engine.loss_parallel has no effect with tp=1"]  # fmt: skip
 
 
-@pytest.mark.parametrize("schedule", nd_plans.ZERO_BUBBLE_SCHEDULES)
-def test_zero_bubble_schedules_warn_that_torch_keeps_more_activations(schedule):
-    cfg = with_layout(GPU, pp=2, pp_virtual_stages=2, pp_schedule=schedule, grad_accum=4)
-    errors, warnings = nd_plans.check(cfg)
-    assert errors == [] and any(f"pp_schedule={schedule}: activations are predicted" in w for w in warnings)
-    assert not any("activations are predicted" in w for w in nd_plans.check(with_layout(GPU, pp=2, grad_accum=4))[1])
-
-
 # ------------------------------------------------------------------------------ context parallel
 @pytest.mark.gpu_only
 def test_context_parallel_is_planned_on_gpu():

@@ -32,6 +32,20 @@ def test_saved_activation_peak_is_the_in_flight_maximum():
     assert meter.peak_bytes == single
 
 
+def test_a_saved_output_is_released_when_its_graph_is_dropped_unrun():
+    """A node that saves its own output (exp, rsqrt, SDPA) and is never run, as a zero-bubble input pass
+    leaves the input-only nodes: dropping the graph must release the output's bytes (the meter holding
+    the tensor itself, grad_fn included, would keep node and bytes alive in a cycle)."""
+    meter = SavedActivationMeter()
+    x = torch.randn(1000, requires_grad=True)
+    with meter.recording():
+        y = x.exp() * 2  # ExpBackward0 saves its output; MulBackward0 saves nothing of it
+    assert meter.live_bytes == 4000
+    torch.autograd.grad(y.sum(), y, retain_graph=True)  # reaches no node that would free the output
+    del y
+    assert meter.live_bytes == 0
+
+
 def test_state_bytes_are_exact_and_deduplicated():
     w = torch.zeros(10, 10)
     assert sum_tensor_bytes([w, w, w[0]]) == 400 + 40  # a view with another size counts separately
