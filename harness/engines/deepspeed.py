@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -119,12 +120,7 @@ def largest_param_partition(cfg: RunConfig) -> int:
     """Elements of the largest parameter partition a rank holds at ZeRO-3: ceil(numel / dp) of the largest
     tensor (an upper bound under AutoTP, which splits some tensors first)."""
     layer, first, last = param_tensors(model_spec_from_hf(cfg.model.name, cfg.model.hf_config))
-    largest = 1
-    for tensor in (*layer, *first, *last):
-        numel = 1
-        for size in tensor.shape:
-            numel *= size
-        largest = max(largest, numel)
+    largest = max(math.prod(tensor.shape) for tensor in (*layer, *first, *last))
     return -(-largest // data_parallel_size(cfg))
 
 
@@ -359,15 +355,6 @@ def pipeline_module(cfg: RunConfig, model):
     return PipelineModule(layers=specs, num_stages=pp, loss_fn=causal_lm_loss, partition_method="uniform")
 
 
-def release_unowned(model, pipe) -> None:
-    """Move the model's modules that this rank's stage does not hold to the meta device (frees them)."""
-    owned = {id(p) for p in pipe.parameters()}
-    inner = model.model
-    for module in (inner.embed_tokens, *inner.layers, inner.norm, model.lm_head):
-        if not any(id(p) in owned for p in module.parameters()):
-            module.to("meta")
-
-
 def count_every_stage_in_grad_norm(pipe) -> None:
     """Make ZeRO-0's gradient clipping see every stage.
 
@@ -437,6 +424,8 @@ def nvme_swap_bytes(engine, params) -> int:
 def apply(cfg: RunConfig, run_dir: Path, model, kind):
     import deepspeed
 
+    from harness.engines.materialize import release_unowned
+
     _init_deepspeed(cfg, kind)
     config = json.loads((Path(run_dir) / CONFIG_FILE).read_text())
     if cfg.layout.activation_checkpointing == "full":
@@ -444,7 +433,7 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.layout.pp > 1:
         pipe = pipeline_module(cfg, model)
-        release_unowned(model, pipe)
+        release_unowned(model, [pipe])
         count_every_stage_in_grad_norm(pipe)
         engine, _, _, _ = deepspeed.initialize(model=pipe, model_parameters=pipe.parameters(), config=config)
         return PipelineSession(engine, cfg)

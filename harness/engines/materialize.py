@@ -1,4 +1,5 @@
-"""Give a meta-built, already sharded module real storage and initialise it as the model's own init does.
+"""Meta-device placement of a Hugging Face causal LM's modules: free what a rank does not hold, and give a
+meta-built, already sharded module real storage initialised as the model's own init does.
 
 A rank of a large model never holds more than its share: the model is built on the meta device
 (harness.runtime.model.build_model(on_meta=True)), the engine splits and shards it (pipeline stages,
@@ -28,3 +29,13 @@ def materialize(module, model, device, seed: int) -> None:
     with torch.no_grad():
         for sub in module.modules():
             model._init_weights(sub)
+
+
+def release_unowned(model, owned) -> None:
+    """Move the model's modules that hold none of the parameters of `owned` (this rank's stage modules) to
+    the meta device, freeing them; a meta-built model stays as it is."""
+    kept = {id(param) for module in owned for param in module.parameters()}
+    inner = model.model
+    for module in (inner.embed_tokens, *inner.layers, inner.norm, model.lm_head):
+        if not any(id(param) in kept for param in module.parameters()):
+            module.to("meta")

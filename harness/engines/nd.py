@@ -479,19 +479,6 @@ def _stage_specs(plan: Dict[str, Any], num_layers: int, pp_rank: int) -> List[Di
     return [spec for spec in plan["pipeline"]["stages"] if spec["pp_rank"] == pp_rank]
 
 
-def _release_unowned(model, specs: List[Dict[str, Any]]) -> None:
-    """Move the weights this rank's stages do not hold to the meta device (frees their memory)."""
-    owned = {i for spec in specs for i in spec["layers"]}
-    for index, layer in enumerate(model.model.layers):
-        if index not in owned:
-            layer.to("meta")
-    if not any(spec["embedding"] for spec in specs):
-        model.model.embed_tokens.to("meta")
-    if not any(spec["head"] for spec in specs):
-        model.model.norm.to("meta")
-        model.lm_head.to("meta")
-
-
 def _schedule(plan: Dict[str, Any], stages, specs, mesh, device):
     from torch.distributed import pipelining
 
@@ -513,7 +500,7 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> NdSession:
     torch = _torch()
     import torch.distributed as dist
 
-    from harness.engines.materialize import materialize
+    from harness.engines.materialize import materialize, release_unowned
     from harness.runtime.device import torch_device
 
     plan = json.loads((Path(run_dir) / PLAN_FILE).read_text())
@@ -528,9 +515,9 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> NdSession:
     seq_scale = tp_plan["size"] if tp_plan["sequence_parallel"] else 1
     stages = [Stage.module(model, s["layers"], s["embedding"], s["head"], seq_scale) for s in specs]
     # Built on the meta device (model.init): shard first, then allocate and initialise the local shards.
-    # Asked before _release_unowned, which moves other stages' modules to meta.
+    # Asked before release_unowned, which moves other stages' modules to meta.
     on_meta = all(param.is_meta for param in model.parameters())
-    _release_unowned(model, specs)
+    release_unowned(model, stages)
     data = plan["data_parallel"]
     dp_mesh = _data_mesh(mesh, data) if data["wrapper"] else None
     for stage in stages:
