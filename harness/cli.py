@@ -10,6 +10,7 @@ USAGE = """usage: harness COMMAND [hydra overrides...]
 
   run     compose one config (or a Hydra -m grid), plan, render, launch, measure; prints the summary
   plan    predict memory / FLOPs / validity for one layout or a grid (no launch)
+          [--why] every message, [--json | --csv] every column; layout.dp_shard=-1 fills the world
   sweep   run a grid: [sweep=<hydra_configs/sweep/NAME>] [multirun overrides] [launcher=slurm_local]
           [--dry-run] [--submit-pruned]; `sweep status|resume|cancel DIR` follow or mend one
   report  sweep dir(s) -> summary.csv/.parquet, report.html, W&B report spec (several dirs: compare)
@@ -92,23 +93,9 @@ def run_command(args: List[str]) -> int:
 
 
 def plan_command(args: List[str]) -> int:
-    from harness.config.compose import compose_run_config
-    from harness.config.grid import expand_grid
-    from harness.engines import engine_module
-    from harness.plan.planner import make_plan, plan_rows
-    from harness.report.table import print_rows
+    from harness.report.plan_view import plan_main
 
-    runs = [compose_run_config(point) for point in expand_grid(args)]
-    plans = [make_plan(run) for run in runs]
-    print_rows(plan_rows(plans), title=f"{len(plans)} layout(s)")
-    refused = 0
-    for run, plan in zip(runs, plans):
-        engine = engine_module(run.engine.name)
-        engine_errors = engine.check(run)[0] if hasattr(engine, "check") and plan.valid else []
-        refused += bool(plan.errors or engine_errors)
-        for message in [*plan.errors, *engine_errors, *plan.warnings]:
-            print(f"  {plan.layout.name}: {message}")
-    return 1 if refused else 0
+    return plan_main(args)
 
 
 def sweep_command(args: List[str]) -> int:

@@ -10,6 +10,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from harness import REPO_ROOT
+from harness.config.fill import fill_data_parallel
 from harness.config.schema import RunConfig
 
 CONFIG_DIR = REPO_ROOT / "hydra_configs"
@@ -34,7 +35,7 @@ def compose_config(overrides: Iterable[str] = ()) -> DictConfig:
 def to_run_config(cfg: DictConfig) -> RunConfig:
     """The typed object behind a composed config (interpolations resolved)."""
     node = OmegaConf.merge(OmegaConf.structured(RunConfig), _without_hydra(cfg))
-    return OmegaConf.to_object(node)
+    return fill_data_parallel(OmegaConf.to_object(node))
 
 
 def run_config_from_dict(payload: Dict[str, Any]) -> RunConfig:

@@ -1,0 +1,263 @@
+"""`harness plan`: a grid of layouts judged before launch, as a table that fits the terminal, or JSON / CSV."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import pandas as pd
+
+from harness.plan.units import memory_unit
+
+FIT_ORDER = {"fits": 0, "fit?": 1, "OOM": 2, "invalid": 3}
+# rich draws " cell |" per column plus one outer edge.
+COLUMN_CHROME = 3
+MIN_REASON_WIDTH = 24
+
+
+@dataclass(frozen=True)
+class PlannedPoint:
+    """One grid point: its label, its plan (None when the config itself was refused) and every message."""
+
+    label: str
+    plan: Any
+    errors: List[str]
+    warnings: List[str]
+    row: Dict[str, Any]
+
+    @property
+    def fit(self) -> str:
+        if self.errors:
+            return "invalid"
+        return {True: "fits", False: "OOM"}.get(self.plan.fits, "fit?")
+
+    @property
+    def throughput(self) -> Optional[float]:
+        return getattr(self.plan, "tokens_per_s", None) if self.plan is not None else None
+
+
+def sort_points(points: Sequence[PlannedPoint]) -> List[PlannedPoint]:
+    """Fitting layouts first, then by predicted tokens/s (where the plan has one), then by memory margin."""
+    def key(point: PlannedPoint):
+        margin = point.plan.margin_bytes if point.plan is not None else None
+        speed = point.throughput
+        return (FIT_ORDER[point.fit], -(speed or 0.0), -(margin if margin is not None else float("-inf")))
+
+    return sorted(points, key=key)
+
+
+def point_labels(runs: Sequence[Any]) -> List[str]:
+    """Each layout named by the values that differ across the grid (one layout: all of its values)."""
+    from harness.config.naming import run_label
+    from harness.report.table import LABEL_AXES, layout_labels
+
+    if len(runs) == 1:
+        return [run_label(runs[0])]
+    frame = pd.DataFrame([{
+        "engine": run.engine.name, "model": run.model.name, "cluster": run.cluster.name,
+        **{column: getattr(run.layout, column) for column, _ in LABEL_AXES if hasattr(run.layout, column)},
+        "layout": run_label(run), "run": run_label(run),
+    } for run in runs])
+    return layout_labels(frame).tolist()
+
+
+def _fmt(value: Optional[float], pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def _unit_of(values: List[Optional[int]]) -> tuple:
+    return memory_unit(max((abs(value) for value in values if value is not None), default=0))
+
+
+def table_columns(points: Sequence[PlannedPoint]) -> List[tuple]:
+    """(header, priority, cell function): higher priority numbers are dropped first when the terminal is narrow;
+    each memory column has the unit its largest value reads best in."""
+    plans = [point.plan for point in points if point.plan is not None and not point.errors]
+    mem_unit, mem_scale = _unit_of([plan.memory.total_bytes for plan in plans if plan.memory])
+    dev_unit, dev_scale = _unit_of([plan.device_memory_bytes for plan in plans])
+    margin_unit, margin_scale = _unit_of([plan.margin_bytes for plan in plans])
+
+    def valid(cell: Callable[[Any], Optional[float]], pattern: str) -> Callable[[PlannedPoint], str]:
+        return lambda point: "-" if point.plan is None or point.errors else _fmt(cell(point.plan), pattern)
+
+    def scaled(value: Optional[int], scale: int) -> Optional[float]:
+        return None if value is None else value / scale
+
+    columns = [
+        ("layout", 0, lambda p: p.label),
+        ("fit", 0, lambda p: p.fit),
+        ("ranks", 3, lambda p: _fmt(p.row.get("world"), "{}")),
+        (f"mem/rank ({mem_unit})", 1, valid(lambda plan: scaled(plan.memory.total_bytes, mem_scale), "{:,.2f}")),
+        (f"device ({dev_unit})", 3, valid(lambda plan: scaled(plan.device_memory_bytes, dev_scale), "{:,.2f}")),
+        (f"margin ({margin_unit})", 2, valid(lambda plan: scaled(plan.margin_bytes, margin_scale), "{:+,.2f}")),
+        ("GFLOP/token", 4, valid(lambda plan: plan.flops_per_token / 1e9, "{:,.3g}")),
+        ("tokens/step", 5, lambda p: _fmt(p.row.get("tokens_per_step"), "{:,}")),
+    ]
+    if any(getattr(plan, "tokens_per_s", None) for plan in plans):
+        columns.insert(3, ("pred tokens/s", 1, valid(lambda plan: plan.tokens_per_s, "{:,.0f}")))
+        columns.insert(4, ("pred MFU (%)", 2, valid(lambda plan: plan.predicted_mfu and 100 * plan.predicted_mfu,
+                                                    "{:.1f}")))
+    columns.append(("first problem (--why: all)", 0, _first_problem))
+    return columns
+
+
+def _first_problem(point: PlannedPoint) -> str:
+    if not point.errors:
+        return ""
+    more = len(point.errors) - 1
+    return point.errors[0] + (f" (+{more} more)" if more else "")
+
+
+def fit_columns(headers: List[str], priorities: List[int], cells: List[List[str]], width: int) -> Dict[int, int]:
+    """{column index: width} of the columns shown: the least useful are dropped until the rest fit `width`
+    at their natural widths; the last column (the first problem) takes what is left, cut with an ellipsis."""
+    natural = [max([len(headers[i])] + [len(row[i]) for row in cells]) for i in range(len(headers))]
+    reason = len(headers) - 1
+    shown = [i for i in range(len(headers)) if i != reason or any(row[reason] for row in cells)]
+
+    def total(indices: List[int]) -> int:
+        return sum(COLUMN_CHROME + (min(natural[i], MIN_REASON_WIDTH) if i == reason else natural[i])
+                   for i in indices)
+
+    while total(shown) > width:
+        droppable = [i for i in shown if priorities[i] > 0]
+        if not droppable:
+            break
+        shown.remove(max(droppable, key=lambda i: (priorities[i], i)))
+    widths = {i: natural[i] for i in shown}
+    if reason in widths:
+        rest = width - total([i for i in shown if i != reason]) - COLUMN_CHROME
+        widths[reason] = max(min(natural[reason], rest), min(natural[reason], MIN_REASON_WIDTH))
+    return widths
+
+
+def print_plan_table(points: Sequence[PlannedPoint], console: Any = None) -> None:
+    """The compact table: the most useful columns that fit the console's width (COLUMNS is honoured)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    columns = table_columns(points)
+    cells = [[cell(point) for _, _, cell in columns] for point in points]
+    widths = fit_columns([c[0] for c in columns], [c[1] for c in columns], cells, console.width)
+    counts = pd.Series([point.fit for point in points]).value_counts()
+    title = f"{len(points)} layout(s): " + ", ".join(f"{counts[k]} {k}" for k in FIT_ORDER if k in counts)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
+    for index, column_width in widths.items():
+        table.add_column(columns[index][0], no_wrap=True, overflow="ellipsis", width=column_width,
+                         justify="left" if index < 2 or index == len(columns) - 1 else "right")
+    for row in cells:
+        table.add_row(*(row[index] for index in widths))
+    console.print(table)
+
+
+def print_messages(points: Sequence[PlannedPoint], why: bool, out: Callable[[str], None] = print) -> None:
+    """Warnings shared by every layout once; with --why every error and warning of every layout."""
+    warnings = [set(point.warnings) for point in points if point.plan is not None]
+    shared = set.intersection(*warnings) if warnings else set()
+    for message in sorted(shared):
+        out(f"note (all layouts): {message}")
+    if why:
+        for point in points:
+            for kind, messages in (("error", point.errors), ("warning", [w for w in point.warnings
+                                                                          if w not in shared])):
+                for message in messages:
+                    out(f"  {point.label}: {kind}: {message}")
+        return
+    hidden = sum(len(point.errors) + len(set(point.warnings) - shared) for point in points)
+    if hidden:
+        out(f"{hidden} more message(s): add --why to see every error and warning")
+
+
+def export_rows(points: Sequence[PlannedPoint]) -> List[Dict[str, Any]]:
+    """Every column of every point (for --json / --csv), in the table's order."""
+    return [{"label": point.label, "fit": point.fit, **point.row, "errors": "; ".join(point.errors),
+             "warnings": "; ".join(point.warnings)} for point in points]
+
+
+def write_export(rows: List[Dict[str, Any]], kind: str, stream: Any) -> None:
+    if kind == "json":
+        json.dump(rows, stream, indent=1, default=str)
+        stream.write("\n")
+        return
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else [])
+    writer.writeheader()
+    writer.writerows(rows)
+    stream.write(buffer.getvalue())
+
+
+def resolve_hub_model(run: Any) -> Any:
+    """A `model.hub_id` replaces the preset's fields with the hub's config.json (or refuses clearly)."""
+    from harness.config.hub import fetch_hub_config
+
+    if not run.model.hub_id:
+        return run
+    fields = fetch_hub_config(run.model.hub_id)
+    return replace(run, model=replace(run.model, name=run.model.hub_id,
+                                      hf_config={**run.model.hf_config, **fields}))
+
+
+def plan_points(overrides: List[str]) -> List[PlannedPoint]:
+    """Compose, resolve and plan every grid point; a point the config refuses becomes an invalid row."""
+    from harness.config.compose import compose_run_config
+    from harness.config.fill import DegreeFillError
+    from harness.config.grid import expand_grid
+    from harness.engines import engine_module
+    from harness.plan.planner import make_plan, plan_rows
+
+    composed, refused = [], []
+    grid = expand_grid(overrides)
+    swept = {item for point in grid for item in point if sum(item in other for other in grid) < len(grid)}
+    for point in grid:
+        try:
+            composed.append(resolve_hub_model(compose_run_config(point)))
+        except DegreeFillError as error:
+            label = " ".join(item.split(".")[-1] for item in point if item in swept) or "(defaults)"
+            refused.append(PlannedPoint(label, None, [str(error)], [], {}))
+    labels = point_labels(composed) if composed else []
+    points = []
+    for run, label in zip(composed, labels):
+        plan = make_plan(run)
+        engine = engine_module(run.engine.name)
+        engine_errors = engine.check(run)[0] if hasattr(engine, "check") and plan.valid else []
+        points.append(PlannedPoint(label, plan, [*plan.errors, *engine_errors], list(plan.warnings),
+                                   plan_rows([plan])[0]))
+    return [*points, *refused]
+
+
+def parse_args(args: List[str]) -> tuple:
+    parser = argparse.ArgumentParser(prog="harness plan", add_help=True,
+                                     description="Predict memory / FLOPs / validity of layouts (no launch).")
+    parser.add_argument("--why", action="store_true", help="every error and warning of every layout")
+    parser.add_argument("--json", action="store_true", help="every column as JSON on stdout (no table)")
+    parser.add_argument("--csv", action="store_true", help="every column as CSV on stdout (no table)")
+    return parser.parse_known_args(args)
+
+
+def plan_main(args: List[str]) -> int:
+    """Exit 0 when at least one layout is valid, 1 when none is, 2 when the model cannot be resolved."""
+    from harness.config.hub import HubUnreachable
+
+    options, overrides = parse_args(args)
+    try:
+        points = sort_points(plan_points(overrides))
+    except HubUnreachable as error:
+        print(f"harness plan: {error}", file=sys.stderr)
+        return 2
+    if options.json or options.csv:
+        write_export(export_rows(points), "json" if options.json else "csv", sys.stdout)
+    else:
+        from rich.console import Console
+
+        console = Console()
+        print_plan_table(points, console)
+        # One layout: every message is worth its lines.
+        print_messages(points, options.why or len(points) == 1, lambda line: console.print(line, markup=False, highlight=False))
+    return 0 if any(not point.errors for point in points) else 1

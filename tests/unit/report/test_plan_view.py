@@ -1,0 +1,118 @@
+"""`harness plan`: a table that fits the terminal, sorted by fit, -1 filling the world, labels from values."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from harness import REPO_ROOT
+from harness.config.compose import compose_run_config
+from harness.config.fill import DegreeFillError, fill_data_parallel
+from harness.report import plan_view
+from harness.plan.units import format_bytes, memory_unit
+
+
+def harness_plan(*args, columns=100, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", "plan", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "COLUMNS": str(columns), **(env or {})},
+    )  # fmt: skip
+
+
+def test_minus_one_fills_the_world_left_by_the_other_degrees():
+    run = compose_run_config(["layout.dp_shard=-1", "layout.tp=2"])
+    assert (run.layout.dp_shard, run.layout.tp) == (1, 2)
+    run = compose_run_config(["layout.dp_replicate=-1", "layout.dp_shard=1", "cluster.accelerators_per_node=4"])
+    assert run.layout.dp_replicate == 4
+
+
+def test_minus_one_that_cannot_fill_names_the_numbers():
+    run = compose_run_config([])
+    with pytest.raises(DegreeFillError, match=r"= 2 is not a multiple of .*tp=4 .* = 4"):
+        fill_data_parallel(replace(run, layout=replace(run.layout, dp_shard=-1, tp=4)))
+    with pytest.raises(DegreeFillError, match="only one degree"):
+        fill_data_parallel(replace(run, layout=replace(run.layout, dp_shard=-1, dp_replicate=-1)))
+
+
+def test_memory_unit_by_magnitude():
+    assert memory_unit(3 * 2**30) == ("GiB", 2**30)
+    assert memory_unit(5 * 2**20) == ("MiB", 2**20)
+    assert format_bytes(1.5 * 2**30) == "1.50 GiB" and format_bytes(812.25 * 2**20) == "812.2 MiB"
+    assert format_bytes(None) == "-"
+
+
+def _point(fit, tokens=None, margin=None, label="x"):
+    plan = SimpleNamespace(fits=fit, tokens_per_s=tokens, margin_bytes=margin)
+    return plan_view.PlannedPoint(label, plan, [] if fit is not None else [], [], {})
+
+
+def test_sort_fits_first_then_throughput_then_margin():
+    invalid = plan_view.PlannedPoint("bad", None, ["rule"], [], {})
+    points = [invalid, _point(False, label="oom", margin=-5), _point(True, margin=1, label="small"),
+              _point(True, margin=9, label="roomy"), _point(True, tokens=10.0, margin=0, label="fast")]
+    assert [p.label for p in plan_view.sort_points(points)] == ["fast", "roomy", "small", "oom", "bad"]
+
+
+def test_sweeping_tp_with_filled_dp_keeps_every_layout_valid_and_fits_100_columns():
+    out = harness_plan("layout.tp=1,2", "layout.zero_stage=1,3", "layout.dp_shard=-1")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, out.stdout
+    assert "4 layout(s): 4 fits" in out.stdout
+    header = next(line for line in lines if line.lstrip().startswith("layout"))
+    assert "mem/rank (MiB)" in header and "fit" in header
+    # Labels come from the values that differ, never from the preset's name.
+    assert "dp2_zero2" not in out.stdout and "dp1 tp2 zero3" in out.stdout
+
+
+def test_invalid_layouts_collapse_to_one_line_and_why_shows_all():
+    args = ("model=llama3_1_70b", "cluster=h100_8x8", "engine=nd", "layout.tp=8", "layout.pp=4",
+            "layout.dp_shard=-1", "layout.grad_accum=8", "layout.zero_stage=1,3")
+    short, full = harness_plan(*args), harness_plan(*args, "--why")
+    assert short.returncode == 0, short.stderr
+    invalid_rows = [line for line in short.stdout.splitlines() if line.startswith(" zero1")]
+    assert len(invalid_rows) == 1 and "engine=nd" in invalid_rows[0]
+    assert "add --why" in short.stdout
+    assert "zero1: error: engine=nd rejects zero_stage=1 with pp=4" in full.stdout
+    rows = [line for line in short.stdout.splitlines() if line.startswith(" zero")]
+    assert rows[0].startswith(" zero3") and "fits" in rows[0]  # the fitting layout is listed first
+
+
+def test_json_and_csv_carry_every_column():
+    as_json = harness_plan("layout.tp=1,2", "layout.dp_shard=-1", "--json")
+    rows = json.loads(as_json.stdout)
+    assert [row["fit"] for row in rows] == ["fits", "fits"]
+    assert {"memory_per_rank(GiB)", "flops_per_token(GFLOP)", "errors", "warnings", "label"} <= set(rows[0])
+    as_csv = list(csv.DictReader(io.StringIO(harness_plan("layout.tp=1,2", "layout.dp_shard=-1", "--csv").stdout)))
+    assert [row["label"] for row in as_csv] == [row["label"] for row in rows]
+
+
+def test_no_valid_layout_exits_one():
+    out = harness_plan("layout.tp=4")
+    assert out.returncode == 1
+    assert "must equal cluster.nodes=1" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_hub_id_unreachable_is_refused_clearly():
+    out = harness_plan("model.hub_id=meta-llama/Llama-3.1-8B", env={"HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 2
+    assert "model.hub_id='meta-llama/Llama-3.1-8B'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_hub_id_fields_are_planned_not_the_preset(monkeypatch):
+    import harness.config.hub as hub
+
+    base = plan_view.plan_points([])[0]
+    wider = {"hidden_size": 128, "intermediate_size": 256}
+    monkeypatch.setattr(hub, "fetch_hub_config", lambda hub_id: wider)
+    point = plan_view.plan_points(["model.hub_id=org/wider"])[0]
+    assert point.row["model"] == "org/wider"
+    assert point.plan.model.total_params > base.plan.model.total_params
