@@ -13,8 +13,9 @@ from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun, render_launch
 from harness.plan.model_spec import model_spec_from_hf, param_tensors
 from harness.plan.states import stage_layer_counts
+from harness.rundir import DS_CONFIG_FILE, write_text
 
-CONFIG_FILE = "ds_config.json"
+CONFIG_FILE = DS_CONFIG_FILE
 # Top-level keys this renderer writes; DeepSpeed silently ignores unknown ones, so we check ourselves.
 KNOWN_TOP_LEVEL_KEYS = frozenset(
     {
@@ -159,7 +160,7 @@ def pipeline_problems(cfg: RunConfig) -> List[str]:
 
 def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
     run_dir = Path(run_dir)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(ds_config(cfg), indent=2) + "\n")
+    write_text(run_dir / CONFIG_FILE, json.dumps(ds_config(cfg), indent=2) + "\n")
     env = {"DS_ACCELERATOR": "cpu"} if cfg.cluster.accelerator == "cpu" else {}
     return render_launch(cfg, run_dir, cfg.engine.launcher, [CONFIG_FILE], env=env)
 

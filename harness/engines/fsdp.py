@@ -28,8 +28,9 @@ import yaml
 
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun, render_launch
+from harness.rundir import ACCELERATE_CONFIG_FILE, write_text
 
-CONFIG_FILE = "accelerate.yaml"
+CONFIG_FILE = ACCELERATE_CONFIG_FILE
 # layout.zero_stage -> FSDP1 sharding strategy (FSDP2 spells the same as reshard_after_forward + mesh).
 FSDP1_STRATEGIES = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 0: "NO_SHARD"}
 # layout.precision -> Accelerate's `mixed_precision` (fp32 is "no": no mixed precision policy at all).
@@ -268,7 +269,7 @@ def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
         raise ValueError("engine=fsdp cannot run this layout:\n  - " + "\n  - ".join(problems))
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
-    path.write_text(yaml.safe_dump(accelerate_config(cfg), sort_keys=False))
+    write_text(path, yaml.safe_dump(accelerate_config(cfg), sort_keys=False))
     return render_launch(cfg, run_dir, "accelerate", [CONFIG_FILE], extra=["--config_file", str(path)])
 
 

@@ -16,11 +16,12 @@ from typing import Any, Dict, List, Optional, Tuple
 from harness.config.schema import RunConfig
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, RenderedRun
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
+from harness.rundir import MEGATRON_ARGS_FILE, MEGATRON_SCRIPT_FILE, write_text
 
 # The planner and launchers refuse to start this engine: it has no `apply`.
 EXPORT_ONLY = True
-SCRIPT_FILE = "megatron_args.sh"
-ARGS_FILE = "megatron_args.json"
+SCRIPT_FILE = MEGATRON_SCRIPT_FILE
+ARGS_FILE = MEGATRON_ARGS_FILE
 # Megatron-LM schedules: 1F1B without virtual stages, interleaved 1F1B with them.
 SCHEDULES = ("1F1B", "Interleaved1F1B")
 MEGATRON_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "gpt2")
@@ -242,9 +243,8 @@ def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
     run_dir = Path(run_dir)
     flags = megatron_flags(cfg)
     script = run_dir / SCRIPT_FILE
-    script.write_text(_script(cfg, flags))
-    script.chmod(0o755)
-    (run_dir / ARGS_FILE).write_text(json.dumps({"flags": flags, "argv": flags_to_argv(flags)}, indent=2) + "\n")
+    write_text(script, _script(cfg, flags), executable=True)
+    write_text(run_dir / ARGS_FILE, json.dumps({"flags": flags, "argv": flags_to_argv(flags)}, indent=2) + "\n")
     cluster = cfg.cluster
     # Documentation only: EXPORT_ONLY tells the launchers never to run this line.
     argv = [

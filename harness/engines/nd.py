@@ -17,8 +17,9 @@ from typing import Any, Dict, List, Tuple
 from harness.config.schema import RunConfig
 from harness.engines import nd_plans
 from harness.engines.rendered import RenderedRun, render_launch
+from harness.rundir import ND_PLAN_FILE, write_text
 
-PLAN_FILE = "nd_plan.json"
+PLAN_FILE = ND_PLAN_FILE
 # Runs through `apply` (unlike the megatron_lm export).
 EXPORT_ONLY = False
 # Label of ignored positions (the last token of each row has no next token), as in transformers' loss.
@@ -35,7 +36,7 @@ def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
     if cfg.engine.launcher != "torchrun":
         raise ValueError(f"engine=nd launches with torchrun, not engine.launcher={cfg.engine.launcher!r}")
     plan = nd_plans.nd_plan(cfg)  # raises, naming every problem, on a layout nd cannot run
-    (run_dir / PLAN_FILE).write_text(json.dumps(plan, indent=2) + "\n")
+    write_text(run_dir / PLAN_FILE, json.dumps(plan, indent=2) + "\n")
     return render_launch(cfg, run_dir, "torchrun", [PLAN_FILE])
 
 

@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
-RENDERED_FILE = "rendered.json"
+from harness.rundir import RENDERED_FILE, write_text
+
 # Placeholders in `argv` that the launcher fills: locally with concrete values, on Slurm with env vars.
 NODE_RANK, MASTER_ADDR, MASTER_PORT = "{node_rank}", "{master_addr}", "{master_port}"
 RANK_PROGRAM = ["-m", "harness.runtime.bench"]
@@ -37,8 +38,7 @@ class RenderedRun:
 
     def save(self) -> Path:
         path = Path(self.run_dir) / RENDERED_FILE
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        return path
+        return write_text(path, json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def load(cls, run_dir: Path) -> "RenderedRun":

@@ -11,18 +11,18 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from harness.engines.rendered import RenderedRun
-from harness.runtime.result import (
+from harness.rundir import (
     COMPLETED,
     FAILED,
-    OOM,
+    LAUNCH_LOG,
     TIMEOUT,
-    read_errors,
-    read_metrics,
+    metrics_written,
     read_status,
+    state_from_files,
     write_status,
 )
 
-LOG_FILE = "launch.log"
+LOG_FILE = LAUNCH_LOG
 
 
 def free_port() -> int:
@@ -52,16 +52,11 @@ def classify(run_dir: Path, returncode: Optional[int]) -> Tuple[str, str]:
     """Final state from structured files and the exit code (never from log text)."""
     if returncode is None:
         return TIMEOUT, "local time limit reached (launcher.timeout_s)"
-    if returncode == 0 and read_metrics(run_dir) is not None:
-        return COMPLETED, ""
-    errors = read_errors(run_dir)
-    if any(error["out_of_memory"] for error in errors):
-        first = next(error for error in errors if error["out_of_memory"])
-        return OOM, f"rank {first['rank']}: {first['type']}: {first['message'][:300]}"
-    if errors:
-        first = errors[0]
-        return FAILED, f"rank {first['rank']}: {first['type']}: {first['message'][:300]}"
-    written = "after writing metrics.json" if read_metrics(run_dir) is not None else "and no metrics.json"
+    # A non-zero exit after metrics.json is still a failure here (the launcher saw a rank die).
+    from_files = state_from_files(run_dir, metrics_count=returncode == 0)
+    if from_files is not None:
+        return from_files
+    written = "after writing metrics.json" if metrics_written(run_dir) else "and no metrics.json"
     return FAILED, f"launcher exited with code {returncode} {written} (see {LOG_FILE})"
 
 
@@ -95,6 +90,6 @@ def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str
     with open(run_dir / LOG_FILE, "w") as log:
         returncode = _run_process_group(argv, log, rank_environment(rendered, extra_env), timeout_s)
     state, reason = classify(run_dir, returncode)
-    if state != COMPLETED or read_status(run_dir)["state"] != COMPLETED:
+    if state != COMPLETED or read_status(run_dir).state != COMPLETED:
         write_status(run_dir, state, reason)
     return state, reason

@@ -14,11 +14,8 @@ from harness.engines import engine_module
 from harness.engines.rendered import RenderedRun
 from harness.plan.construction import model_init_mode
 from harness.plan.planner import Plan, make_plan
-from harness.runtime.result import PENDING, PRUNED, write_json_atomic, write_status
+from harness.rundir import CONFIG_FILE, PENDING, PLAN_FILE, PRUNED, Predicted, write_json, write_status
 from harness.runtime.sinks import tracking_problem
-
-CONFIG_FILE = "config.json"
-PLAN_FILE = "plan.json"
 
 
 class RunRejected(ValueError):
@@ -70,23 +67,26 @@ def plan_record(plan: Plan, model_init: str = "auto") -> dict:
         record["model_init"] = model_init_mode(plan.engine.name, plan.layout.zero_stage, model_init,
                                                plan.model.total_params, cluster.accelerators_per_node,
                                                cluster.host_memory_gib)
-    memory = plan.memory
     record["recompute_flops_per_token"] = (
         plan.hfu_flops_per_token - plan.flops_per_token if plan.flops_per_token is not None else None
     )
-    record["predicted"] = {
-        "param_bytes": memory.param_bytes,
-        "grad_bytes": memory.grad_bytes,
-        "optimizer_bytes": memory.master_bytes + memory.moment_bytes + memory.optimizer_grad_bytes,
-        "activation_bytes": memory.activation_bytes,
-        "total_bytes": memory.total_bytes,
-        "host_bytes": memory.host_bytes,
-        "nvme_bytes": memory.nvme_bytes,
-        "device_memory_bytes": plan.device_memory_bytes,
-        "fits": plan.fits,
-        "margin_bytes": plan.margin_bytes,
-    } if memory else {}
+    record["predicted"] = prediction(plan).to_dict() if plan.memory else {}
     return record
+
+
+def prediction(plan: Plan) -> Predicted:
+    """The plan's prediction in the measurement's keys (the planner splits the optimizer into master
+    weights, moments and an fp32 gradient copy; the meter measures them as one `optimizer_bytes`)."""
+    memory = plan.memory
+    step_time_s = plan.tokens_per_step / plan.tokens_per_s if plan.tokens_per_s else None
+    return Predicted(
+        param_bytes=memory.param_bytes, grad_bytes=memory.grad_bytes,
+        optimizer_bytes=memory.master_bytes + memory.moment_bytes + memory.optimizer_grad_bytes,
+        activation_bytes=memory.activation_bytes, total_bytes=memory.total_bytes, host_bytes=memory.host_bytes,
+        nvme_bytes=memory.nvme_bytes, device_memory_bytes=plan.device_memory_bytes, fits=plan.fits,
+        margin_bytes=plan.margin_bytes, mfu=plan.predicted_mfu, hfu=plan.predicted_hfu,
+        step_time_s=step_time_s, tokens_per_s=plan.tokens_per_s,
+    )
 
 
 def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedRun:
@@ -97,9 +97,9 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
         cfg = resolve_model(cfg)
     except HubUnreachable as error:
         raise RunRejected(str(error)) from error
-    write_json_atomic(run_dir / CONFIG_FILE, run_config_to_dict(cfg))
+    write_json(run_dir / CONFIG_FILE, run_config_to_dict(cfg))
     plan = make_plan(cfg)
-    write_json_atomic(run_dir / PLAN_FILE, plan_record(plan, cfg.model.init))
+    write_json(run_dir / PLAN_FILE, plan_record(plan, cfg.model.init))
     engine = engine_module(cfg.engine.name)
     engine_errors = engine.check(cfg)[0] if hasattr(engine, "check") and not plan.errors else []
     errors = [*plan.errors, *engine_errors, *launch_problems(cfg)]

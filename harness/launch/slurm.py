@@ -28,22 +28,23 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from harness import REPO_ROOT
 from harness.config.schema import RunConfig
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, RenderedRun
-from harness.runtime.result import (
+from harness.rundir import (
+    ATTEMPTS_DIR,
     COMPLETED,
     ERRORS_DIR,
+    JOB_RECORD_FILE,
+    JOB_SCRIPT,
     METRICS_FILE,
     RUNNING,
+    SUBMISSION_FILE,
+    SWEEP_SLURM_DIR,
     read_status,
-    write_json_atomic,
+    write_json,
     write_status,
+    write_text,
 )
 
 TEMPLATE_DIR = REPO_ROOT / "slurm" / "templates"
-JOB_SCRIPT = "job.sbatch"
-SUBMISSION_FILE = "slurm.json"  # written by the submitter
-JOB_RECORD_FILE = "slurm_job.json"  # written inside the job
-ATTEMPTS_DIR = "attempts"
-SWEEP_SLURM_DIR = "slurm"
 # Rendezvous ports: 20000 + job id mod 10000 stays below Linux's ephemeral range (32768-60999), so a
 # port is never taken by an outgoing connection; two jobs collide only if their ids differ by 10000.
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -241,8 +242,7 @@ def render_job_script(cfg: RunConfig, rendered: RenderedRun, extra_env: Optional
 
 def write_job_script(cfg: RunConfig, rendered: RenderedRun, extra_env: Optional[Dict[str, str]] = None) -> Path:
     path = Path(rendered.run_dir) / JOB_SCRIPT
-    path.write_text(render_job_script(cfg, rendered, extra_env))
-    path.chmod(0o755)
+    write_text(path, render_job_script(cfg, rendered, extra_env), executable=True)
     return path
 
 
@@ -334,10 +334,9 @@ def write_group(group: ArrayGroup, sweep_dir: Path, sweep_name: str) -> Submissi
     log_dir.mkdir(parents=True, exist_ok=True)
     name = f"array-{next_array_index(log_dir):03d}"
     manifest = log_dir / f"{name}.manifest"
-    manifest.write_text("".join(f"{run_dir}\n" for run_dir in group.run_dirs))
+    write_text(manifest, "".join(f"{run_dir}\n" for run_dir in group.run_dirs))
     script = log_dir / f"{name}.sbatch"
-    script.write_text(render_array_script(group, sweep_name, name, manifest, log_dir))
-    script.chmod(0o755)
+    write_text(script, render_array_script(group, sweep_name, name, manifest, log_dir), executable=True)
     return Submission(name, script, None, group.run_dirs, is_array=True)
 
 
@@ -353,7 +352,7 @@ def submit(submission: Submission) -> Submission:
 
 def record_submission(run_dir: Path, submission: Submission, index: int, submitted: float) -> None:
     previous = read_submission(run_dir)
-    write_json_atomic(Path(run_dir) / SUBMISSION_FILE, {
+    write_json(Path(run_dir) / SUBMISSION_FILE, {
         "job_key": submission.job_key(index),
         "job_id": submission.job_id if not submission.is_array else None,
         "array_job_id": submission.job_id if submission.is_array else None,
@@ -387,7 +386,7 @@ def note_previous_attempt(run_dir: Path, state: str, reason: str) -> None:
         return
     record["history"] = [*record.get("history", []),
                          {"job_key": record.get("job_key"), "state": state, "reason": reason}]
-    write_json_atomic(Path(run_dir) / SUBMISSION_FILE, record)
+    write_json(Path(run_dir) / SUBMISSION_FILE, record)
 
 
 def archive_attempt(run_dir: Path) -> Optional[Path]:
@@ -460,7 +459,7 @@ def job_start(run_dir: Path) -> None:
         "master_port": env.get("MASTER_PORT"),
         "started": time.time(),
     }
-    write_json_atomic(run_dir / JOB_RECORD_FILE, record)
+    write_json(run_dir / JOB_RECORD_FILE, record)
     key = f"{record['array_job_id']}_{record['array_task_id']}" if record["array_job_id"] else record["job_id"]
     write_status(run_dir, RUNNING, f"slurm job {key} on {record['nodes']}")
 
@@ -474,7 +473,7 @@ def job_end(run_dir: Path, returncode: int) -> None:
     from harness.launch.status import classify_files
 
     state, reason = classify_files(Path(run_dir), returncode)
-    if state != COMPLETED or read_status(run_dir)["state"] != COMPLETED:
+    if state != COMPLETED or read_status(run_dir).state != COMPLETED:
         write_status(run_dir, state, reason)
 
 

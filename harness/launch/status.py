@@ -14,9 +14,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from harness.runtime.result import (
+from harness.rundir import (
     CANCELLED,
     COMPLETED,
+    CORRUPT,
     FAILED,
     FINAL_STATES,
     OOM,
@@ -24,9 +25,13 @@ from harness.runtime.result import (
     PRUNED,
     RUNNING,
     TIMEOUT,
+    CorruptFile,
+    RankError,
+    metrics_written,
+    rank_failure,
     read_errors,
-    read_metrics,
     read_status,
+    state_from_files,
     write_status,
 )
 
@@ -111,20 +116,11 @@ def _colon_pair(text: str) -> Tuple[int, int]:
         return 0, 0
 
 
-def _rank_reason(error: Mapping[str, Any]) -> str:
-    return f"rank {error.get('rank')}: {error.get('type')}: {str(error.get('message', ''))[:300]}"
-
-
 def classify_files(run_dir: Path, returncode: int) -> Tuple[str, str]:
     """Final state from the run's own files and srun's exit code (the job-end hook; no Slurm query)."""
-    if read_metrics(run_dir) is not None:
-        return COMPLETED, ""
-    errors = read_errors(run_dir)
-    for error in errors:
-        if error.get("out_of_memory"):
-            return OOM, _rank_reason(error)
-    if errors:
-        return FAILED, _rank_reason(errors[0])
+    from_files = state_from_files(run_dir)
+    if from_files is not None:
+        return from_files
     log = f"slurm-{os.environ.get('SLURM_JOB_ID', '<job id>')}.out"
     how = f"srun exited with code {returncode}"
     if returncode == 128 + SIGKILL:
@@ -132,7 +128,7 @@ def classify_files(run_dir: Path, returncode: int) -> Tuple[str, str]:
     return FAILED, f"{how} and no metrics.json was written (see {log})"
 
 
-def classify(view: SlurmView, has_metrics: bool, errors: Sequence[Mapping[str, Any]]) -> Tuple[str, str]:
+def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError]) -> Tuple[str, str]:
     """A run's state from Slurm's view of its job and the run's own files.
 
     Precedence: a measurement (metrics.json) is COMPLETED whatever happened after it; then what Slurm
@@ -151,15 +147,15 @@ def classify(view: SlurmView, has_metrics: bool, errors: Sequence[Mapping[str, A
         return CANCELLED, f"slurm job {view.job_id} was cancelled (scancel)"
     if view.state in ("TIMEOUT", "DEADLINE"):
         return TIMEOUT, f"slurm job {view.job_id} reached its time limit ({view.state})"
-    for error in errors:
-        if error.get("out_of_memory"):
-            return OOM, _rank_reason(error)
+    failure = rank_failure(errors)
+    if failure is not None and failure[0] == OOM:
+        return failure
     if view.state == "OUT_OF_MEMORY":
         return OOM, f"slurm job {view.job_id}: OUT_OF_MEMORY (over its --mem, killed by the memory cgroup)"
     if SIG_OOM in (view.exit_signal, view.derived_signal):
         return OOM, f"slurm job {view.job_id}: a step was killed by the memory cgroup (exit signal {SIG_OOM} = SIG_OOM)"
-    if errors:
-        return FAILED, _rank_reason(errors[0])
+    if failure is not None:
+        return failure
     if view.state in ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL"):
         return FAILED, f"slurm job {view.job_id}: {view.state} and not requeued (no metrics.json)"
     if view.state == "COMPLETED":
@@ -293,7 +289,7 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
              slurm: Optional[SlurmView], slurm_answered: bool) -> Tuple[RunView, bool]:
     """(where the run stands, whether that is a final state to write into its status.json)."""
     status = read_status(run_dir)
-    state, reason = status.get("state", "UNKNOWN"), status.get("reason", "")
+    state, reason = status.state, status.reason
     if submission is None or state == PRUNED:
         note = reason or ("not submitted" if state == PENDING else "")
         return RunView(run_dir, state, note), False
@@ -303,8 +299,11 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
             return RunView(run_dir, state, reason, key), False
         lost = f"slurm job {key} ended without a final state and Slurm no longer knows it (squeue, sacct)"
         return RunView(run_dir, FAILED, lost, key), True
-    has_metrics = read_metrics(run_dir) is not None
-    new_state, new_reason = classify(slurm, has_metrics, read_errors(run_dir))
+    try:
+        errors = read_errors(run_dir)
+    except CorruptFile as error:
+        return RunView(run_dir, CORRUPT, f"corrupt run directory: {error}", key), False
+    new_state, new_reason = classify(slurm, metrics_written(run_dir), errors)
     seen = dict(job_key=key, slurm_state=slurm.state, start=slurm.start, end=slurm.end)
     if not slurm.final:
         requeued = slurm.restart_count > int((job_record or {}).get("restart_count") or 0)
@@ -332,7 +331,7 @@ def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]
         except SlurmError as error:
             print(f"[harness] squeue failed, showing the run directories' own state: {error}")
         missing = [run for run, sub in submissions.items() if sub and answered and index.squeue_view(sub) is None
-                   and read_status(run)["state"] not in FINAL_STATES]
+                   and read_status(run).state not in FINAL_STATES]
         if missing:
             keys = sorted({key for run in missing for key in sacct_keys(submissions[run], records[run])})
             try:
@@ -390,7 +389,7 @@ def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[
     for column in ("run", "layout", "state", "slurm job", "slurm state", "reason"):
         table.add_column(column, overflow="fold", max_width=70 if column == "reason" else None)
     styles = {COMPLETED: "green", FAILED: "red", OOM: "red", TIMEOUT: "red", CANCELLED: "yellow",
-              RUNNING: "cyan", PENDING: "white", PRUNED: "dim"}
+              RUNNING: "cyan", PENDING: "white", PRUNED: "dim", CORRUPT: "magenta"}
     for view in views:
         name = view.run_dir.name
         table.add_row(name, (labels or {}).get(name, ""), f"[{styles.get(view.state, 'white')}]{view.state}[/]",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from harness.runtime.result import (
+from harness.rundir import (
     CANCELLED,
     COMPLETED,
     FAILED,
@@ -20,9 +20,11 @@ from harness.runtime.result import (
     PENDING,
     PRUNED,
     RUNNING,
+    SWEEP_FILE,
     TIMEOUT,
     read_status,
-    write_json_atomic,
+    run_dirs,
+    write_json,
     write_status,
 )
 
@@ -60,7 +62,6 @@ examples:
   harness sweep resume results/cpu_grid/20260101-120000
 """
 
-SWEEP_FILE = "sweep.json"
 SUBCOMMANDS = ("status", "resume", "cancel")
 RESUBMIT_STATES = (FAILED, OOM, TIMEOUT, CANCELLED)
 
@@ -195,7 +196,7 @@ def prepare_point(cfg: "RunConfig", run_dir: Path, overrides: List[str]) -> Poin
         run_dir.mkdir(parents=True, exist_ok=True)
         write_status(run_dir, PRUNED, str(error))
         return Point(run_dir, overrides, cfg, None, str(error))
-    reason = read_status(run_dir).get("reason", "") if prepared.pruned else ""
+    reason = read_status(run_dir).reason if prepared.pruned else ""
     return Point(run_dir, overrides, prepared.cfg, prepared.rendered, reason)
 
 
@@ -231,7 +232,7 @@ def expand(opts: Options) -> Tuple[Path, List[Point], str]:
         for name in names_of_runs:
             check_run_dir(Path(sweep_dir).resolve() / name)
     root = make_unique_dir(Path(sweep_dir).resolve())
-    write_json_atomic(root / SWEEP_FILE, {
+    write_json(root / SWEEP_FILE, {
         "sweep_name": configs[0].sweep_name, "launcher": configs[0].launcher.backend, "created": time.time(),
         "args": list(opts.overrides), "params": params,
         "points": [{"run": name, "overrides": point} for name, point in zip(names_of_runs, points)],
@@ -330,7 +331,7 @@ def finish(sweep_dir: Path, since: float = 0.0, query_slurm: bool = True) -> int
     from harness.launch.slurm import read_submission
     from harness.launch.status import print_status, refresh, timing
     from harness.report.build import build_report
-    from harness.report.table import run_dirs, summary_frame
+    from harness.report.table import summary_frame
 
     views = refresh(run_dirs(sweep_dir), query_slurm=query_slurm)
     frame = summary_frame([sweep_dir])
@@ -388,7 +389,6 @@ def sweep_record(sweep_dir: Path) -> Dict:
 
 def status(opts: Options) -> int:
     from harness.launch.status import refresh
-    from harness.report.table import run_dirs
 
     sweep_dir = opts.target.resolve()
     runs = run_dirs(sweep_dir)
@@ -428,7 +428,6 @@ def load_point(run_dir: Path, state: str, reason: str) -> Point:
 def resume(opts: Options) -> int:
     from harness.launch.slurm import archive_attempt, note_previous_attempt
     from harness.launch.status import refresh
-    from harness.report.table import run_dirs
 
     sweep_dir = opts.target.resolve()
     record = sweep_record(sweep_dir)
@@ -459,7 +458,6 @@ def resume(opts: Options) -> int:
 def cancel(opts: Options) -> int:
     from harness.launch.slurm import scancel
     from harness.launch.status import refresh
-    from harness.report.table import run_dirs
 
     views = refresh(run_dirs(opts.target.resolve()))
     keys = [v.job_key for v in views if v.job_key and not v.final]

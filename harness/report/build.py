@@ -9,17 +9,10 @@ from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
-from harness.report.html import REPORT_HTML, write_html
+from harness.report.html import write_html
 from harness.report.table import print_table, summary_frame, write_frame
-from harness.report.wandb_report import (
-    PUBLISH_TIMEOUT_S,
-    WANDB_REPORT_JSON,
-    WANDB_REPORT_URL,
-    online,
-    publish_with_timeout,
-    report_spec,
-    write_spec,
-)
+from harness.report.wandb_report import PUBLISH_TIMEOUT_S, online, publish_with_timeout, report_spec, write_spec
+from harness.rundir import REPORT_HTML, WANDB_REPORT_JSON, WANDB_REPORT_URL, write_text
 
 
 def build_report(roots: List[Path], out_dir: Path, publish_timeout_s: float = PUBLISH_TIMEOUT_S,
@@ -39,7 +32,7 @@ def build_report(roots: List[Path], out_dir: Path, publish_timeout_s: float = PU
     if online(frame, os.environ):
         url = publish_with_timeout(paths["wandb_report"], publish_timeout_s)
         if url:
-            (out_dir / WANDB_REPORT_URL).write_text(url + "\n")
+            write_text(out_dir / WANDB_REPORT_URL, url + "\n")
             paths["wandb_report_url"] = out_dir / WANDB_REPORT_URL
     return paths
 

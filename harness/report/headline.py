@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 import pandas as pd
 
-from harness.runtime.result import COMPLETED, FINAL_STATES
+from harness.rundir import COMPLETED, FINAL_STATES
 
 
 # Throughputs closer than this are called level: step times of one run vary by more than that.

@@ -12,9 +12,8 @@ import pandas as pd
 from harness.report import svg
 from harness.report.headline import Headline, format_bytes, headlines
 from harness.report.table import STATUS_ORDER
-from harness.runtime.result import COMPLETED
+from harness.rundir import COMPLETED, REPORT_HTML, write_text
 
-REPORT_HTML = "report.html"
 TITLES = {
     "throughput": "Tokens/s per device by layout",
     "mfu": "MFU by layout",
@@ -372,7 +371,4 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
 
 def write_html(frame: pd.DataFrame, roots: Sequence[Path], path: Path) -> Path:
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render_html(frame, roots), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text(path, render_html(frame, roots))

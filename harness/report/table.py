@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
@@ -11,23 +10,26 @@ import pandas as pd
 
 from harness.plan.peak import device_memory_gib
 from harness.report.predicted import GIB, plan_messages, prediction
-from harness.runtime.result import (
+from harness.rundir import (
+    CANCELLED,
     COMPLETED,
+    CORRUPT,
     FAILED,
     OOM,
     PENDING,
     PRUNED,
     RUNNING,
-    STATUS_FILE,
-    read_errors,
-    read_metrics,
-    read_status,
+    SUMMARY_CSV,
+    SUMMARY_PARQUET,
+    TIMEOUT,
+    Measured,
+    Predicted,
+    RunFiles,
+    read_run,
+    run_dirs,
+    write_with,
 )
 
-SUMMARY_CSV = "summary.csv"
-SUMMARY_PARQUET = "summary.parquet"
-CONFIG_FILE = "config.json"
-PLAN_FILE = "plan.json"
 LAYOUT_COLUMNS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch",
                   "grad_accum", "seq_len", "activation_checkpointing", "precision")
 # Layout fields beyond the degrees that change what a run measures.
@@ -41,19 +43,13 @@ LABEL_AXES = (("engine", ""), ("model", ""), ("cluster", ""), ("dp_replicate", "
 # Columns holding lists: kept in Parquet, left out of the CSV.
 LIST_COLUMNS = ("step_times_s",)
 # Order in which statuses are listed: what needs attention first.
-STATUS_ORDER = {COMPLETED: 0, RUNNING: 1, PENDING: 2, OOM: 3, FAILED: 4, "TIMEOUT": 5, "CANCELLED": 6, PRUNED: 7}
-
-
-def run_dirs(root: Path) -> List[Path]:
-    """Every run directory below `root` (a run directory is one holding a status file)."""
-    return sorted(path.parent for path in Path(root).rglob(STATUS_FILE))
-
-
-def _read_json(path: Path) -> Dict[str, Any]:
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except (json.JSONDecodeError, OSError):
-        return {}
+STATUS_ORDER = {COMPLETED: 0, RUNNING: 1, PENDING: 2, OOM: 3, FAILED: 4, TIMEOUT: 5, CANCELLED: 6, CORRUPT: 7,
+                PRUNED: 8}
+# Measured scalars copied as they are.
+MEASURED_COLUMNS = ("tokens_per_s", "tokens_per_s_per_device", "step_time_s", "tflops_per_device", "mfu", "hfu",
+                    "peak_flops_per_device", "peak_flops_source", "param_bytes", "grad_bytes", "optimizer_bytes",
+                    "activation_bytes", "loss_first", "loss_final")
+PREDICTED_BYTES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
 
 
 def _gib(value: Optional[float]) -> Optional[float]:
@@ -66,123 +62,142 @@ def _ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional
     return numerator / denominator
 
 
-def status_reason(run_dir: Path, status: Mapping[str, Any], plan: Mapping[str, Any]) -> str:
-    """The status file's reason; else the first failing rank's error; else the plan's errors."""
-    if status.get("reason"):
-        return str(status["reason"])
-    if status.get("state") in (FAILED, OOM, "TIMEOUT", "CANCELLED"):
-        errors = read_errors(run_dir)
-        if errors:
-            first = errors[0]
-            return f"rank {first.get('rank')}: {first.get('type')}: {first.get('message', '')[:300]}"
-    if status.get("state") == PRUNED:
-        return "; ".join(plan_messages(plan))
+def status_reason(files: RunFiles) -> str:
+    """The status file's reason (or the unreadable files); else the first failing rank's error; else the
+    plan's errors."""
+    if files.reason:
+        return files.reason
+    if files.state in (FAILED, OOM, TIMEOUT, CANCELLED) and files.errors:
+        return files.errors[0].reason()
+    if files.state == PRUNED:
+        return "; ".join(plan_messages(files.plan))
     return ""
 
 
-def measured_memory(measured: Mapping[str, Any]) -> Dict[str, Optional[float]]:
+def measured_memory(measured: Optional[Measured]) -> Dict[str, Optional[float]]:
     """Per-rank memory: the largest rank's params + grads + optimizer + saved activations, and the allocator peak.
 
     The sum is taken rank by rank before the max, so one rank's activations are never added to another
     rank's parameters (pipeline stages differ); without per-rank records the maxima are summed.
     """
-    parts = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
-    per_rank = [r for r in measured.get("per_rank") or [] if all(r.get(p) is not None for p in parts)]
+    if measured is None:
+        return {"state_activation_bytes": None, "allocated_peak_bytes": None}
+    per_rank = [r for r in measured.per_rank if all(r.get(p) is not None for p in PREDICTED_BYTES)]
     if per_rank:
-        state_activation = max(sum(r[p] for p in parts) for r in per_rank)
-    elif all(measured.get(p) is not None for p in parts):
-        state_activation = sum(measured[p] for p in parts)
+        state_activation = max(sum(r[p] for p in PREDICTED_BYTES) for r in per_rank)
     else:
-        state_activation = None
-    return {"state_activation_bytes": state_activation, "allocated_peak_bytes": measured.get("peak_allocated_bytes")}
+        state_activation = sum(getattr(measured, p) for p in PREDICTED_BYTES)
+    return {"state_activation_bytes": state_activation, "allocated_peak_bytes": measured.peak_allocated_bytes}
 
 
-def _device_memory_gib(cluster: Mapping[str, Any], predicted: Mapping[str, Any]) -> Optional[float]:
+def _device_memory_gib(cluster: Mapping[str, Any], predicted: Predicted) -> Optional[float]:
     """The plan's figure (config, datasheet or host share, as the planner resolved it), else the config's,
     else the datasheet's."""
-    if predicted.get("device_memory_bytes"):
-        return predicted["device_memory_bytes"] / GIB
+    if predicted.device_memory_bytes:
+        return predicted.device_memory_bytes / GIB
     if cluster.get("memory_per_accelerator_gib"):
         return float(cluster["memory_per_accelerator_gib"])
     return device_memory_gib(cluster.get("accelerator", "")) if cluster.get("accelerator") else None
 
 
-def run_row(run_dir: Path) -> Dict[str, Any]:
-    """One run as a flat record; a missing file leaves its columns empty (a partial sweep still reads)."""
-    run_dir = Path(run_dir)
-    status = read_status(run_dir)
-    config = _read_json(run_dir / CONFIG_FILE)
-    plan = _read_json(run_dir / PLAN_FILE)
-    metrics = read_metrics(run_dir) or {}
-    measured = metrics.get("measured") or {}
-    layout = {**(metrics.get("layout") or {}), **(config.get("layout") or {})}
-    cluster = {**(metrics.get("cluster") or {}), **(config.get("cluster") or {})}
-    tracking = config.get("tracking") or {}
-    predicted = prediction(plan, metrics)
-    memory = measured_memory(measured)
-    step_times = measured.get("step_times_s") or []
-    mem_measured = memory["allocated_peak_bytes"] or memory["state_activation_bytes"]
-    device_gib = _device_memory_gib(cluster, predicted)
-    world = metrics.get("world_size") or (cluster.get("nodes", 1) * cluster.get("accelerators_per_node", 1)
-                                          if cluster else None)
-    row: Dict[str, Any] = {
-        "sweep": config.get("sweep_name") or metrics.get("sweep"),
-        "run": run_dir.name,
-        "status": status.get("state"),
-        "reason": status_reason(run_dir, status, plan),
-        "status_time": status.get("time"),
-        "engine": (config.get("engine") or {}).get("name") or metrics.get("engine"),
-        "model": (config.get("model") or {}).get("name") or metrics.get("model"),
+def _identity_columns(files: RunFiles, layout: Mapping[str, Any], cluster: Mapping[str, Any]) -> Dict[str, Any]:
+    """What the run is: sweep, names, cluster and layout (config.json first, metrics.json's copy second)."""
+    config, metrics = files.config, files.metrics
+
+    def named(section: str, fallback: Optional[str]) -> Optional[str]:
+        return (config.get(section) or {}).get("name") or fallback
+
+    world = metrics.world_size if metrics else (
+        cluster.get("nodes", 1) * cluster.get("accelerators_per_node", 1) if cluster else None)
+    return {
+        "sweep": config.get("sweep_name") or (metrics.sweep if metrics else None),
+        "run": files.run_dir.name,
+        "status": files.state.value,
+        "reason": status_reason(files),
+        "status_time": files.status.time,
+        "engine": named("engine", metrics.engine if metrics else None),
+        "model": named("model", metrics.model if metrics else None),
         "cluster": cluster.get("name"),
         "accelerator": cluster.get("accelerator"),
         "nodes": cluster.get("nodes"),
         "world_size": world,
         "layout": layout.get("name"),
         **{column: layout.get(column) for column in (*LAYOUT_COLUMNS, *EXTRA_LAYOUT_COLUMNS)},
-        "tokens_per_step": metrics.get("tokens_per_step") or plan.get("tokens_per_step"),
-        "tokens_per_s": measured.get("tokens_per_s"),
-        "tokens_per_s_per_device": measured.get("tokens_per_s_per_device"),
-        "step_time_s": measured.get("step_time_s"),
+    }
+
+
+def _measured_columns(files: RunFiles) -> Dict[str, Any]:
+    """The measurement and the FLOP convention it was counted in (empty until metrics.json exists)."""
+    metrics, plan = files.metrics, files.plan
+    measured = metrics.measured if metrics else None
+    step_times = list(measured.step_times_s) if measured else []
+    return {
+        "tokens_per_step": metrics.tokens_per_step if metrics else plan.get("tokens_per_step"),
+        **{column: getattr(measured, column) if measured else None for column in MEASURED_COLUMNS},
         "step_time_min_s": min(step_times) if step_times else None,
         "step_time_max_s": max(step_times) if step_times else None,
-        "tflops_per_device": measured.get("tflops_per_device"),
-        "mfu": measured.get("mfu"),
-        "hfu": measured.get("hfu"),
-        "peak_flops_per_device": measured.get("peak_flops_per_device"),
-        "peak_flops_source": measured.get("peak_flops_source"),
-        "flop_convention": metrics.get("flop_convention") or plan.get("flop_convention"),
-        "flops_per_token": metrics.get("flops_per_token") or plan.get("flops_per_token"),
-        "param_bytes": measured.get("param_bytes"),
-        "grad_bytes": measured.get("grad_bytes"),
-        "optimizer_bytes": measured.get("optimizer_bytes"),
-        "activation_bytes": measured.get("activation_bytes"),
+        "flop_convention": metrics.flop_convention if metrics else plan.get("flop_convention"),
+        "flops_per_token": metrics.flops_per_token if metrics else plan.get("flops_per_token"),
+        "step_times_s": step_times or None,
+    }
+
+
+def _memory_columns(measured: Optional[Measured], predicted: Predicted, device_gib: Optional[float]) -> Dict[str, Any]:
+    """Measured memory beside the prediction. Like with like: the measured sum against the predicted sum of
+    the same four terms, and the allocator's peak (GPU) against the predicted device total (which includes
+    the allowance)."""
+    memory = measured_memory(measured)
+    mem_measured = memory["allocated_peak_bytes"] or memory["state_activation_bytes"]
+    return {
         "mem_state_activation_gib": _gib(memory["state_activation_bytes"]),
         "mem_allocated_peak_gib": _gib(memory["allocated_peak_bytes"]),
         "mem_measured_gib": _gib(mem_measured),
-        "pred_param_bytes": predicted["param_bytes"],
-        "pred_grad_bytes": predicted["grad_bytes"],
-        "pred_optimizer_bytes": predicted["optimizer_bytes"],
-        "pred_activation_bytes": predicted["activation_bytes"],
-        "mem_predicted_state_activation_gib": _gib(predicted["state_activation_bytes"]),
-        "mem_predicted_gib": _gib(predicted["total_bytes"]),
-        # Like with like: the measured sum against the predicted sum of the same four terms, and the
-        # allocator's peak (GPU) against the predicted device total (which includes the allowance).
-        "mem_ratio": _ratio(memory["state_activation_bytes"], predicted["state_activation_bytes"]),
-        "mem_peak_ratio": _ratio(memory["allocated_peak_bytes"], predicted["total_bytes"]),
+        **{f"pred_{name}": getattr(predicted, name) for name in PREDICTED_BYTES},
+        "mem_predicted_state_activation_gib": _gib(predicted.state_activation_bytes),
+        "mem_predicted_gib": _gib(predicted.total_bytes),
+        "mem_ratio": _ratio(memory["state_activation_bytes"], predicted.state_activation_bytes),
+        "mem_peak_ratio": _ratio(memory["allocated_peak_bytes"], predicted.total_bytes),
         "device_memory_gib": device_gib,
-        "fits_predicted": predicted["fits"],
-        "mfu_predicted": predicted["mfu"],
-        "mfu_ratio": _ratio(measured.get("mfu"), predicted["mfu"]),
-        "step_time_predicted_s": predicted["step_time_s"],
-        "tokens_per_s_predicted": predicted["tokens_per_s"],
-        "loss_first": measured.get("loss_first"),
-        "loss_final": measured.get("loss_final"),
+    }
+
+
+def _prediction_columns(measured: Optional[Measured], predicted: Predicted) -> Dict[str, Any]:
+    return {
+        "fits_predicted": predicted.fits,
+        "mfu_predicted": predicted.mfu,
+        "mfu_ratio": _ratio(measured.mfu if measured else None, predicted.mfu),
+        "step_time_predicted_s": predicted.step_time_s,
+        "tokens_per_s_predicted": predicted.tokens_per_s,
+    }
+
+
+def _tracking_columns(files: RunFiles) -> Dict[str, Any]:
+    tracking = files.config.get("tracking") or {}
+    recorded = (files.metrics.tracking if files.metrics else None) or {}
+    return {
         "wandb_project": tracking.get("project"),
         "wandb_entity": tracking.get("entity"),
         "wandb_mode": tracking.get("mode") if tracking.get("backend", "wandb") == "wandb" else "disabled",
-        "wandb_run_id": (metrics.get("tracking") or {}).get("wandb_run_id"),
-        "run_dir": str(run_dir),
-        "step_times_s": list(step_times) or None,
+        "wandb_run_id": recorded.get("wandb_run_id"),
+    }
+
+
+def run_row(run_dir: Path) -> Dict[str, Any]:
+    """One run as a flat record; a missing file leaves its columns empty (a partial sweep still reads) and an
+    unreadable one makes the run CORRUPT, naming the file."""
+    files = read_run(run_dir)
+    metrics = files.metrics
+    layout = {**(metrics.layout if metrics else {}), **(files.config.get("layout") or {})}
+    cluster = {**(metrics.cluster if metrics else {}), **(files.config.get("cluster") or {})}
+    measured = metrics.measured if metrics else None
+    predicted = prediction(files.plan, metrics)
+    row: Dict[str, Any] = {
+        **_identity_columns(files, layout, cluster),
+        **_measured_columns(files),
+        **_memory_columns(measured, predicted, _device_memory_gib(cluster, predicted)),
+        **_prediction_columns(measured, predicted),
+        **_tracking_columns(files),
+        "run_dir": str(files.run_dir),
     }
     row["fits"] = _fits(row)
     return row
@@ -243,24 +258,14 @@ def summary_frame(roots: Iterable[Path]) -> pd.DataFrame:
     return frame
 
 
-def _write_atomic(frame: pd.DataFrame, target: Path, writer) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        writer(frame, tmp)
-        tmp.replace(target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def write_frame(frame: pd.DataFrame, out_dir: Path) -> Dict[str, Path]:
     """summary.csv (scalar columns) and summary.parquet (all columns), each replaced atomically."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv, parquet = out_dir / SUMMARY_CSV, out_dir / SUMMARY_PARQUET
     scalar = frame.drop(columns=[c for c in LIST_COLUMNS if c in frame])
-    _write_atomic(scalar, csv, lambda f, p: f.to_csv(p, index=False))
-    _write_atomic(frame, parquet, lambda f, p: f.to_parquet(p, index=False))
+    write_with(csv, lambda path: scalar.to_csv(path, index=False))
+    write_with(parquet, lambda path: frame.to_parquet(path, index=False))
     return {"csv": csv, "parquet": parquet}
 
 

@@ -23,9 +23,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from harness.report.headline import headline
+from harness.rundir import WANDB_REPORT_JSON, WANDB_REPORT_URL, write_text
 
-WANDB_REPORT_JSON = "wandb_report.json"
-WANDB_REPORT_URL = "wandb_report.url"
 PUBLISH_TIMEOUT_S = 120
 # Summary keys the runtime writes (harness/runtime/bench.py `_flat_summary`: the scalar fields of `Measured`).
 THROUGHPUT_KEY = "tokens_per_s_per_device"
@@ -143,10 +142,7 @@ def spec_dict(report) -> Dict:
 
 def write_spec(report, path: Path) -> Path:
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(spec_dict(report), indent=1) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text(path, json.dumps(spec_dict(report), indent=1) + "\n")
 
 
 def load_spec(path: Path):

@@ -23,20 +23,19 @@ from harness.runtime import device
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.meter import SavedActivationMeter, StepTimer, measure_matmul_peak_flops
 from harness.runtime.model import build_model
-from harness.runtime.result import (
+from harness.rundir import (
     COMPLETED,
+    CONFIG_FILE,
     METRICS_FILE,
+    PLAN_FILE,
     RUNNING,
     Measured,
     RunResult,
     write_error,
-    write_json_atomic,
+    write_json,
     write_status,
 )
 from harness.runtime.sinks import WandbRun
-
-CONFIG_FILE = "config.json"
-PLAN_FILE = "plan.json"
 
 
 def load_run(run_dir: Path):
@@ -187,7 +186,7 @@ def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: 
     )
     payload = result.to_dict()
     # Local results first: a tracking failure or hang must never cost the measurement.
-    write_json_atomic(run_dir / METRICS_FILE, payload)
+    write_json(run_dir / METRICS_FILE, payload)
     write_status(run_dir, COMPLETED)
     tracker = WandbRun(run_dir, cfg.tracking, name=f"{run_dir.name}: {run_label(cfg)}", group=cfg.sweep_name, job_type=cfg.engine.name,
                        config=json.loads((run_dir / CONFIG_FILE).read_text()))
@@ -195,7 +194,7 @@ def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: 
     tracker.log_steps([{"loss": loss, **({"step_time_s": t} if t else {})} for loss, t in zip(measured.losses, timed)])
     tracker.finish(_flat_summary(payload))
     payload["tracking"] = {"wandb_error": tracker.error, "wandb_run_id": getattr(tracker.run, "id", None)}
-    write_json_atomic(run_dir / METRICS_FILE, payload)
+    write_json(run_dir / METRICS_FILE, payload)
 
 
 def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from harness.config.schema import TrackingConfig
-
-WANDB_DIR = "wandb"
+from harness.rundir import WANDB_DIR
 
 
 def wandb_environment(run_dir: Path, tracking: TrackingConfig) -> Dict[str, str]:

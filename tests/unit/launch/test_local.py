@@ -7,18 +7,18 @@ from pathlib import Path
 from harness.cli import split_hydra_flags
 from harness.engines.rendered import RenderedRun
 from harness.launch.local import classify, launch_local
-from harness.runtime.result import write_error, write_json_atomic
+from harness.rundir import write_error, write_json
 
 
 def test_classify_completed_needs_metrics(tmp_path):
     assert classify(tmp_path, 0)[0] == "FAILED"
-    write_json_atomic(tmp_path / "metrics.json", {"measured": {}})
+    write_json(tmp_path / "metrics.json", {"measured": {}})
     assert classify(tmp_path, 0) == ("COMPLETED", "")
 
 
 def test_classify_nonzero_exit_says_whether_metrics_were_written(tmp_path):
     assert classify(tmp_path, 1)[1].startswith("launcher exited with code 1 and no metrics.json")
-    write_json_atomic(tmp_path / "metrics.json", {"measured": {}})
+    write_json(tmp_path / "metrics.json", {"measured": {}})
     assert classify(tmp_path, 1) == ("FAILED", "launcher exited with code 1 after writing metrics.json (see launch.log)")
 
 

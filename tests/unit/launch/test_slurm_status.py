@@ -11,7 +11,7 @@ import pytest
 from harness.launch import slurm as slurm_mod
 from harness.launch import status as status_mod
 from harness.launch.status import SlurmIndex, SlurmView, classify, classify_files, refresh, run_view, task_ids
-from harness.runtime.result import read_status, write_error, write_json_atomic, write_status
+from harness.rundir import RankError, read_status, write_error, write_json, write_status
 
 # Recorded from `squeue --json` on the local cluster (trimmed to the fields the harness reads).
 SQUEUE = {
@@ -97,7 +97,7 @@ def view(name: str) -> SlurmView:
     ("job_running", False, [], "RUNNING", "running"),
 ])
 def test_classify_recorded_squeue(record, metrics, errors, state, reason):
-    got_state, got_reason = classify(view(record), metrics, errors)
+    got_state, got_reason = classify(view(record), metrics, [RankError.from_dict(e) for e in errors])
     assert got_state == state
     assert reason in got_reason
 
@@ -153,7 +153,7 @@ def make_run(root: Path, name: str, state: str = "PENDING", submission=None) -> 
     run.mkdir(parents=True)
     write_status(run, state)
     if submission:
-        write_json_atomic(run / slurm_mod.SUBMISSION_FILE, submission)
+        write_json(run / slurm_mod.SUBMISSION_FILE, submission)
     return run
 
 
@@ -191,7 +191,7 @@ def test_refresh_writes_only_final_states_into_each_runs_own_file(tmp_path, monk
     queued = make_run(tmp_path, "002-queued", "PENDING", {"job_key": "1_2", "array_job_id": "1", "array_task_id": 2})
     # Forgotten by squeue, found in sacct -c through the raw id the job recorded.
     old = make_run(tmp_path, "003-old", "RUNNING", {"job_key": "50_0", "array_job_id": "50", "array_task_id": 0})
-    write_json_atomic(old / slurm_mod.JOB_RECORD_FILE, {"job_id": "20", "array_job_id": "50", "array_task_id": "0"})
+    write_json(old / slurm_mod.JOB_RECORD_FILE, {"job_id": "20", "array_job_id": "50", "array_task_id": "0"})
     asked = []
     monkeypatch.setattr(slurm_mod, "squeue_jobs", lambda: list(SQUEUE.values()))
     monkeypatch.setattr(slurm_mod, "sacct_rows", lambda keys: asked.extend(keys) or SACCT_ROWS)
@@ -199,9 +199,9 @@ def test_refresh_writes_only_final_states_into_each_runs_own_file(tmp_path, monk
     views = {v.run_dir.name: v for v in refresh([ok, bad, queued, old])}
     assert {k: v.state for k, v in views.items()} == {
         "000-ok": "COMPLETED", "001-bad": "FAILED", "002-queued": "PENDING", "003-old": "OOM"}
-    assert read_status(bad)["state"] == "FAILED" and "FileNotFoundError" in read_status(bad)["reason"]
-    assert read_status(old)["state"] == "OOM"
-    assert read_status(ok)["state"] == "COMPLETED"  # metrics.json and a finished job
+    assert read_status(bad).state == "FAILED" and "FileNotFoundError" in read_status(bad).reason
+    assert read_status(old).state == "OOM"
+    assert read_status(ok).state == "COMPLETED"  # metrics.json and a finished job
     assert {p: p.stat().st_mtime_ns for p in queued.iterdir()} == before
     assert "50_0" in asked and "20" in asked
 
@@ -221,9 +221,9 @@ def test_job_hooks(tmp_path, monkeypatch):
     assert (run / "attempts" / "1" / "metrics.json").exists() and (run / "attempts" / "1" / "errors").is_dir()
     record = json.loads((run / "slurm_job.json").read_text())
     assert (record["job_id"], record["array_task_id"], record["restart_count"]) == ("77", "3", 1)
-    assert read_status(run) == {**read_status(run), "state": "RUNNING", "reason": "slurm job 70_3 on n[1-2]"}
+    assert read_status(run).to_dict() == {**read_status(run).to_dict(), "state": "RUNNING", "reason": "slurm job 70_3 on n[1-2]"}
     slurm_mod.job_end(run, 137)
-    status = read_status(run)
+    status = read_status(run).to_dict()
     assert status["state"] == "FAILED" and "SIGKILL" in status["reason"] and "slurm-77.out" in status["reason"]
 
 
@@ -247,8 +247,8 @@ def test_a_job_sbatch_resubmitted_by_hand_is_followed(tmp_path, monkeypatch):
     """The sweep's job (9_1) failed; the user ran `sbatch <run>/job.sbatch` (job 34, running): the
     run follows job 34, and the old failure does not overwrite the running attempt's status."""
     run = make_run(tmp_path, "run", "RUNNING", {"job_key": "9_1", "array_job_id": "9", "array_task_id": 1})
-    write_json_atomic(run / slurm_mod.JOB_RECORD_FILE, {"job_id": "34", "array_job_id": None, "array_task_id": None})
+    write_json(run / slurm_mod.JOB_RECORD_FILE, {"job_id": "34", "array_job_id": None, "array_task_id": None})
     monkeypatch.setattr(slurm_mod, "squeue_jobs", lambda: list(SQUEUE.values()))
     (view,) = refresh([run])
     assert (view.state, view.job_key, view.slurm_state) == ("RUNNING", "34", "RUNNING")
-    assert read_status(run)["state"] == "RUNNING"
+    assert read_status(run).state == "RUNNING"

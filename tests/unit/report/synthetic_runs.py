@@ -1,4 +1,4 @@
-"""Synthetic sweeps written with the runtime's own writers (result.py), as a real sweep leaves them."""
+"""Synthetic sweeps written with the runtime's own writers (harness.rundir), as a real sweep leaves them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from harness.config.schema import RunConfig
-from harness.runtime.result import (
+from harness.rundir import (
     COMPLETED,
     FAILED,
     METRICS_FILE,
@@ -19,7 +19,7 @@ from harness.runtime.result import (
     Measured,
     RunResult,
     write_error,
-    write_json_atomic,
+    write_json,
     write_status,
 )
 
@@ -89,9 +89,9 @@ def make_run(sweep_dir: Path, name: str, state: str, sweep: str = "synthetic", s
     """One run directory in the given state, with the files the harness leaves at that point."""
     run_dir = Path(sweep_dir) / name
     cfg = run_config(sweep, **layout)
-    write_json_atomic(run_dir / "config.json", dataclasses.asdict(cfg))
+    write_json(run_dir / "config.json", dataclasses.asdict(cfg))
     plan = plan_record(cfg, plan_errors, fits, predicted_mfu=predicted_mfu)
-    write_json_atomic(run_dir / "plan.json", plan)
+    write_json(run_dir / "plan.json", plan)
     if state == COMPLETED:
         world = plan["world_size"]
         result = RunResult(
@@ -102,7 +102,7 @@ def make_run(sweep_dir: Path, name: str, state: str, sweep: str = "synthetic", s
             measured=measured(step_time_s, world, plan["tokens_per_step"], seed=len(name),
                               peak_allocated_bytes=peak_allocated_bytes),
             predicted=plan["predicted"])
-        write_json_atomic(run_dir / METRICS_FILE, result.to_dict())
+        write_json(run_dir / METRICS_FILE, result.to_dict())
     if error is not None:
         write_error(run_dir, 1, error)
     write_status(run_dir, state, reason)

@@ -19,7 +19,7 @@ from harness.report.table import (
     write_frame,
     write_summary,
 )
-from harness.runtime.result import write_status
+from harness.rundir import write_status
 from tests.unit.report.synthetic_runs import GIB, make_run, make_sweep
 
 EXPECTED_COLUMNS = [

@@ -19,7 +19,7 @@ from harness.report.wandb_offline import (
     wait_until_finished,
 )
 from harness.report.wandb_report import HISTORY_KEYS, MEMORY_KEYS, THROUGHPUT_KEY, UTILIZATION_KEYS
-from harness.runtime.result import COMPLETED, RUNNING
+from harness.rundir import COMPLETED, RUNNING
 from harness.runtime.sinks import WandbRun, wandb_environment
 
 from tests.unit.report.synthetic_runs import make_run

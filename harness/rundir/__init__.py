@@ -1,0 +1,44 @@
+"""The run directory as a contract: file names, run states, typed records, one atomic writer, tolerant readers.
+
+The bottom layer: it imports nothing else of the harness, and every other package reads and writes run
+directories through it.
+"""
+
+from harness.rundir.files import *  # noqa: F401,F403 (the file names are the contract)
+from harness.rundir.readers import (  # noqa: F401
+    CorruptFile,
+    RunFiles,
+    load_json,
+    metrics_written,
+    rank_failure,
+    read_errors,
+    read_metrics,
+    read_run,
+    read_status,
+    run_dirs,
+    state_from_files,
+)
+from harness.rundir.records import (  # noqa: F401
+    SCHEMA_VERSION,
+    Measured,
+    Predicted,
+    RankError,
+    RecordError,
+    RunResult,
+    Status,
+)
+from harness.rundir.states import (  # noqa: F401
+    CANCELLED,
+    COMPLETED,
+    CORRUPT,
+    FAILED,
+    FINAL_STATES,
+    OOM,
+    PENDING,
+    PRUNED,
+    RUNNING,
+    TIMEOUT,
+    RunState,
+)
+from harness.rundir.store import write_error, write_metrics, write_status  # noqa: F401
+from harness.rundir.writer import atomic_path, file_mode, write_bytes, write_json, write_text, write_with  # noqa: F401
