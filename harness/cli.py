@@ -77,6 +77,32 @@ def split_hydra_flags(args: List[str]) -> Tuple[List[str], List[str]]:
     return flags, overrides
 
 
+COMMAND_USAGE = {
+    "run": "usage: harness run [hydra overrides...] [-m] [--cfg job|hydra|all]\n\n"
+           "  Compose one config (or, with -m, a Hydra grid), plan, render and launch each point locally.",
+    "plan": "usage: harness plan [hydra overrides...]   (comma lists expand to a grid)\n\n"
+            "  Predict memory, FLOPs and validity per layout; nothing is launched. Exit 1 if any is refused.",
+    "report": "usage: harness report [SWEEP_DIR ...]\n\n"
+              "  Build summary.csv/.parquet, report.html and the W&B report spec (newest sweep by default).",
+}
+
+
+def check_points(command: str, flags: List[str], overrides: List[str]) -> bool:
+    """Compose and check every point before anything is written; one line per refusal on stderr."""
+    from harness.config.compose import compose_run_config
+    from harness.config.errors import explain
+    from harness.config.grid import expand_grid
+
+    try:
+        points = expand_grid(overrides) if {"-m", "--multirun"} & set(flags) else [overrides]
+        for point in points:
+            compose_run_config(point)
+    except Exception as error:  # every composition and value error becomes one line
+        print(f"harness {command}: {explain(error)}", file=sys.stderr)
+        return False
+    return True
+
+
 def run_command(args: List[str]) -> int:
     import hydra
 
@@ -84,6 +110,9 @@ def run_command(args: List[str]) -> int:
 
     register_schemas()
     flags, overrides = split_hydra_flags(args)
+    # Hydra creates the run directory before the task runs: refuse bad input before Hydra starts.
+    if not check_points("run", flags, overrides):
+        return 2
     sys.argv = ["harness run", *flags, SEARCHPATH_OVERRIDE, *overrides]
     hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
     if _failed_runs:
@@ -95,6 +124,9 @@ def run_command(args: List[str]) -> int:
 def plan_command(args: List[str]) -> int:
     from harness.report.plan_view import plan_main
 
+    # Flags (--why, --json, --csv) are the plan view's; every other argument is an override.
+    if not check_points("plan", ["-m"], [arg for arg in args if not arg.startswith("-")]):
+        return 2
     return plan_main(args)
 
 
@@ -126,7 +158,11 @@ def main() -> int:
     if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
         print(USAGE)
         return 0 if not args or args[0] in ("-h", "--help") else 2
-    return COMMANDS[args[0]](args[1:])
+    command, rest = args[0], args[1:]
+    if command in COMMAND_USAGE and {"-h", "--help"} & set(rest):
+        print(COMMAND_USAGE[command])
+        return 0
+    return COMMANDS[command](rest)
 
 
 if __name__ == "__main__":

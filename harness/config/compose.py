@@ -10,8 +10,10 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from harness import REPO_ROOT
+from harness.config.checks import check_run_config
+from harness.config.errors import ConfigRejected, nearest
 from harness.config.fill import fill_data_parallel
-from harness.config.schema import RunConfig
+from harness.config.schema import ENGINE_OPTIONS, EngineName, RunConfig, allowed
 
 CONFIG_DIR = REPO_ROOT / "hydra_configs"
 PRIMARY_CONFIG = "config"
@@ -21,7 +23,11 @@ SEARCHPATH_OVERRIDE = f"hydra.searchpath=[file://{REPO_ROOT}]"
 
 def register_schemas() -> None:
     """Put the dataclass schema behind config.yaml, so unknown keys and wrong types fail at composition."""
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for engine, options in ENGINE_OPTIONS.items():
+        # hydra_configs/engine/<name>.yaml start from these, so another engine's option is an unknown key.
+        store.store(group="engine", name=f"{engine.value}_schema", node=options)
 
 
 def compose_config(overrides: Iterable[str] = ()) -> DictConfig:
@@ -33,14 +39,27 @@ def compose_config(overrides: Iterable[str] = ()) -> DictConfig:
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
-    """The typed object behind a composed config (interpolations resolved)."""
-    node = OmegaConf.merge(OmegaConf.structured(RunConfig), _without_hydra(cfg))
-    return fill_data_parallel(OmegaConf.to_object(node))
+    """The typed object behind a composed config (interpolations resolved), its values checked."""
+    return run_config_from_dict(_without_hydra(cfg))
 
 
 def run_config_from_dict(payload: Dict[str, Any]) -> RunConfig:
-    """Read back a resolved config written by `run_config_to_dict` (type-checked again)."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), payload))
+    """A typed, checked RunConfig from plain values (a composed config, or a config.json read back)."""
+    node = OmegaConf.merge(_schema_for(payload), payload)
+    run = fill_data_parallel(OmegaConf.to_object(node))
+    check_run_config(run)
+    return run
+
+
+def _schema_for(payload: Dict[str, Any]) -> DictConfig:
+    """RunConfig with the option dataclass of the engine the payload names."""
+    name = (payload.get("engine") or {}).get("name", EngineName.deepspeed.value)
+    if name not in allowed(EngineName):
+        raise ConfigRejected("engine.name", name,
+                             f"must be one of {', '.join(allowed(EngineName))}{nearest(name, allowed(EngineName))}")
+    schema = OmegaConf.structured(RunConfig)
+    schema.engine = OmegaConf.structured(ENGINE_OPTIONS[EngineName(name)])
+    return schema
 
 
 def run_config_to_dict(run: RunConfig) -> Dict[str, Any]:
@@ -51,7 +70,7 @@ def compose_run_config(overrides: Optional[List[str]] = None) -> RunConfig:
     return to_run_config(compose_config(overrides or []))
 
 
-def _without_hydra(cfg: DictConfig) -> DictConfig:
-    plain = OmegaConf.to_container(cfg, resolve=True)
+def _without_hydra(cfg: DictConfig) -> Dict[str, Any]:
+    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     plain.pop("hydra", None)
-    return OmegaConf.create(plain)
+    return plain

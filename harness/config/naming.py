@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from typing import List, Sequence, Tuple
+
 from harness.config.schema import RunConfig
+
+_SLUG_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def run_label(run: RunConfig) -> str:
@@ -25,3 +30,36 @@ def run_label(run: RunConfig) -> str:
         parts.append(f"ckpt-{layout.activation_checkpointing}")
     parts.append(layout.precision)
     return " ".join(parts)
+
+
+# Short forms of the fields that most often vary across a sweep (`zero3` rather than `zero_stage3`).
+SHORT_KEYS = {"zero_stage": "zero", "dp_shard": "dp", "dp_replicate": "rep", "activation_checkpointing": "ckpt-",
+              "micro_batch": "mb", "grad_accum": "ga", "seq_len": "s", "pp_schedule": "", "precision": "",
+              "offload_optimizer": "opt-", "offload_params": "param-", "pp_virtual_stages": "vs"}
+
+
+def point_names(points: Sequence[Sequence[str]], fallback: Sequence[str]) -> List[str]:
+    """`NNN-<values that differ across the grid>`, e.g. `002-deepspeed-zero3`, one per point.
+
+    `points` are the override lists of the grid points; a grid of one point (nothing differs) takes its
+    `fallback` name (engine and layout preset). Values become slugs: nothing but letters, digits, `._-`.
+    """
+    parsed = [dict(_key_value(text) for text in point) for point in points]
+    keys = [key for key in dict.fromkeys(k for point in parsed for k in point)
+            if len({point.get(key) for point in parsed}) > 1]
+    names = []
+    for index, (point, default) in enumerate(zip(parsed, fallback)):
+        parts = [_label(key, point[key]) for key in keys if point.get(key) is not None]
+        names.append(f"{index:03d}-{'-'.join(parts) if parts else default}")
+    return names
+
+
+def _key_value(override: str) -> Tuple[str, str]:
+    key, _, value = override.partition("=")
+    return key.lstrip("+~"), value
+
+
+def _label(key: str, value: str) -> str:
+    leaf = key.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+    prefix = "" if "." not in key else SHORT_KEYS.get(leaf, leaf)
+    return _SLUG_CHARS.sub("_", f"{prefix}{value}").strip("._-") or "x"

@@ -3,29 +3,125 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from enum import Enum, StrEnum
+from typing import Any, Dict, List, Optional, Tuple, Type
 
-# Allowed values of the string-valued enums; checked by `harness.config.checks`.
-ENGINES = ("deepspeed", "fsdp", "nd", "megatron_lm")
-LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
-PRECISIONS = ("bf16", "fp16", "fp32")
-OFFLOAD_TARGETS = ("none", "cpu", "nvme")
-CHECKPOINTING = ("none", "selective", "full")
-PP_SCHEDULES = (
-    "GPipe",
-    "1F1B",
-    "Interleaved1F1B",
-    "LoopedBFS",
-    "InterleavedZeroBubble",
-    "ZBVZeroBubble",
-    "DualPipeV",
-)
-DATA_KINDS = ("synthetic", "text")
-TRACKING_BACKENDS = ("wandb", "disabled")
-TRACKING_MODES = ("offline", "online")
-LAUNCH_BACKENDS = ("local", "slurm")
-FLOP_ATTENTION = ("causal", "full")
-MODEL_INITS = ("auto", "full", "meta")
+class Choice(StrEnum):
+    """A closed set of string values; members are their values in comparisons, f-strings, JSON and repr."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class EngineName(Choice):
+    """Backends that turn a layout into a training setup (one `hydra_configs/engine/` option each)."""
+
+    deepspeed = "deepspeed"
+    fsdp = "fsdp"
+    nd = "nd"
+    megatron_lm = "megatron_lm"
+
+
+class Launcher(Choice):
+    """The per-node command that starts the ranks."""
+
+    torchrun = "torchrun"
+    deepspeed = "deepspeed"
+    accelerate = "accelerate"
+
+
+class Precision(Choice):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class OffloadTarget(Choice):
+    none = "none"
+    cpu = "cpu"
+    nvme = "nvme"
+
+
+class Checkpointing(Choice):
+    """Activation checkpointing: nothing, the attention core only, or every block."""
+
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+# OmegaConf reads an enum value from the command line by member name, so every name equals its value;
+# schedule names start with digits, hence the functional form. torch.distributed.pipelining names.
+PipelineSchedule = Choice("PipelineSchedule", [(name, name) for name in (
+    "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")])
+PipelineSchedule.__doc__ = "Pipeline schedules of torch.distributed.pipelining."
+PipelineSchedule.__module__ = __name__
+
+
+class DataKind(Choice):
+    synthetic = "synthetic"
+    text = "text"
+
+
+class TrackingBackend(Choice):
+    wandb = "wandb"
+    disabled = "disabled"
+
+
+class TrackingMode(Choice):
+    offline = "offline"
+    online = "online"
+
+
+class LaunchBackend(Choice):
+    local = "local"
+    slurm = "slurm"
+
+
+class FlopAttention(Choice):
+    """Attention FLOPs of the MFU convention: the causal half, or the full T x T matrix (PaLM)."""
+
+    causal = "causal"
+    full = "full"
+
+
+class ModelInit(Choice):
+    auto = "auto"
+    full = "full"
+    meta = "meta"
+
+
+class FsdpShardingStrategy(Choice):
+    """FSDP1 sharding strategies (torch.distributed.fsdp.ShardingStrategy names)."""
+
+    FULL_SHARD = "FULL_SHARD"
+    SHARD_GRAD_OP = "SHARD_GRAD_OP"
+    NO_SHARD = "NO_SHARD"
+    HYBRID_SHARD = "HYBRID_SHARD"
+
+
+def allowed(enum: Type[Enum]) -> Tuple[Any, ...]:
+    """The allowed values of a closed set, in declaration order (for messages and tables)."""
+    return tuple(member.value for member in enum)
+
+
+# Closed integer sets (OmegaConf has no integer enums on the command line): checked by harness.config.checks.
+ZERO_STAGES = (0, 1, 2, 3)
+FSDP_VERSIONS = (1, 2)
+
+# The value tuples older call sites read, derived from the enums (never written out twice).
+ENGINES = allowed(EngineName)
+LAUNCHERS = allowed(Launcher)
+PRECISIONS = allowed(Precision)
+OFFLOAD_TARGETS = allowed(OffloadTarget)
+CHECKPOINTING = allowed(Checkpointing)
+PP_SCHEDULES = allowed(PipelineSchedule)
+DATA_KINDS = allowed(DataKind)
+TRACKING_BACKENDS = allowed(TrackingBackend)
+TRACKING_MODES = allowed(TrackingMode)
+LAUNCH_BACKENDS = allowed(LaunchBackend)
+FLOP_ATTENTION = allowed(FlopAttention)
+MODEL_INITS = allowed(ModelInit)
 
 
 @dataclass
@@ -40,22 +136,80 @@ class ModelConfig:
     # How ranks build the model: `full` (every weight on every rank, then the engine shards: the same
     # weights in every layout), `meta` (on the meta device; each rank materialises and initialises only
     # what it holds), `auto` (meta where the engine supports it and full copies would crowd host memory).
-    init: str = "auto"
+    init: ModelInit = ModelInit.auto
 
 
 @dataclass
 class EngineConfig:
-    """Which backend turns the layout into a training setup, and how it is launched."""
+    """Which backend turns the layout into a training setup, and how it is launched.
 
-    name: str = "deepspeed"
-    launcher: str = "torchrun"
-    # fsdp: FSDP2 (fully_shard) by default; 1 selects FSDP1 (FullyShardedDataParallel).
-    fsdp_version: int = 2
-    # deepspeed: False avoids JIT-built ops (torch Adam, no shared-memory comm) so CPU runs start fast.
+    Each engine's options live in its own subclass below, selected by the `engine` config group, so an
+    option of another engine fails at composition. Planner rules shared by every engine read some options
+    of one engine on any engine (`engine.fsdp_version` beside `engine.name`): on an engine without the
+    option these properties give the value that leaves the rule inert.
+    """
+
+    name: EngineName = EngineName.deepspeed
+    launcher: Launcher = Launcher.torchrun
+
+    @property
+    def fsdp_version(self) -> int:
+        return 2
+
+    @property
+    def compiled_ops(self) -> bool:
+        return False
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return False
+
+    @property
+    def loss_parallel(self) -> bool:
+        return False
+
+
+@dataclass
+class DeepSpeedOptions(EngineConfig):
+    # False avoids JIT-built ops (torch Adam, no shared-memory comm) so CPU runs start fast.
     compiled_ops: bool = False
-    # nd: sequence parallel and loss parallel on the tensor-parallel axis.
+
+
+@dataclass
+class FsdpOptions(EngineConfig):
+    name: EngineName = EngineName.fsdp
+    launcher: Launcher = Launcher.accelerate
+    # FSDP2 (fully_shard) by default; 1 selects FSDP1 (FullyShardedDataParallel).
+    fsdp_version: int = 2
+
+
+@dataclass
+class NdOptions(EngineConfig):
+    name: EngineName = EngineName.nd
+    # Sequence parallel and loss parallel on the tensor-parallel axis.
     sequence_parallel: bool = False
     loss_parallel: bool = False
+
+
+@dataclass
+class MegatronOptions(EngineConfig):
+    name: EngineName = EngineName.megatron_lm
+    # Megatron's --sequence-parallel on the tensor-parallel axis.
+    sequence_parallel: bool = False
+
+
+# The option dataclass of each engine; the `engine` group's files select theirs by this name.
+ENGINE_OPTIONS: Dict[EngineName, Type[EngineConfig]] = {
+    EngineName.deepspeed: DeepSpeedOptions,
+    EngineName.fsdp: FsdpOptions,
+    EngineName.nd: NdOptions,
+    EngineName.megatron_lm: MegatronOptions,
+}
+
+
+def engine_config(name: str = EngineName.deepspeed.value, **options: Any) -> EngineConfig:
+    """The option dataclass of engine `name` holding `options` (the base class for an unknown name)."""
+    return ENGINE_OPTIONS.get(name, EngineConfig)(name=name, **options)
 
 
 @dataclass
@@ -71,18 +225,18 @@ class LayoutConfig:
     ep: int = 1
     # Sharding level shared by every engine: 0 none, 1 optimizer, 2 +gradients, 3 +parameters.
     zero_stage: int = 2
-    pp_schedule: str = "1F1B"
+    pp_schedule: PipelineSchedule = PipelineSchedule["1F1B"]
     pp_virtual_stages: int = 1
     # Explicit layers per pipeline stage (uneven splits); empty = even split.
     pp_stage_layers: List[int] = field(default_factory=list)
-    offload_optimizer: str = "none"
-    offload_params: str = "none"
+    offload_optimizer: OffloadTarget = OffloadTarget.none
+    offload_params: OffloadTarget = OffloadTarget.none
     nvme_path: Optional[str] = None
     micro_batch: int = 1
     grad_accum: int = 1
     seq_len: int = 64
-    activation_checkpointing: str = "none"
-    precision: str = "bf16"
+    activation_checkpointing: Checkpointing = Checkpointing.none
+    precision: Precision = Precision.bf16
 
 
 @dataclass
@@ -110,7 +264,7 @@ class ClusterConfig:
 class DataConfig:
     """Token batches: seeded synthetic tokens, or a local text file tokenised through `datasets`."""
 
-    kind: str = "synthetic"
+    kind: DataKind = DataKind.synthetic
     path: Optional[str] = None
     text_column: str = "text"
     seed: int = 1234
@@ -120,8 +274,8 @@ class DataConfig:
 class TrackingConfig:
     """Experiment tracking; W&B offline unless the user chooses online (and holds a key)."""
 
-    backend: str = "wandb"
-    mode: str = "offline"
+    backend: TrackingBackend = TrackingBackend.wandb
+    mode: TrackingMode = TrackingMode.offline
     project: str = "harness"
     entity: Optional[str] = None
     # Seconds wandb may spend reaching a server before the run goes on without it.
@@ -132,7 +286,7 @@ class TrackingConfig:
 class LauncherConfig:
     """Local subprocess or Slurm; the Slurm fields are only read by the Slurm launcher."""
 
-    backend: str = "local"
+    backend: LaunchBackend = LaunchBackend.local
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -158,7 +312,7 @@ class BenchConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     # FLOP convention of the reported MFU: attention `causal` (halved) or `full` (PaLM appendix B).
-    flop_attention: str = "causal"
+    flop_attention: FlopAttention = FlopAttention.causal
     flop_include_lm_head: bool = True
 
 
@@ -167,6 +321,7 @@ class RunConfig:
     """Everything one benchmark run needs; `recipes/` and the command line only override it."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    # Typed as the base so the `engine` group can select any engine's option dataclass.
     engine: EngineConfig = field(default_factory=EngineConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

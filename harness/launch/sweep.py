@@ -180,10 +180,11 @@ class Point:
     reason: str = ""
 
 
-def run_name(index: int, cfg: "RunConfig") -> str:
+def run_name(cfg: "RunConfig") -> str:
+    """A point's name when nothing differs across the grid (see harness.config.naming.point_names)."""
     from harness.launch.slurm import check_name
 
-    return f"{index:03d}-{check_name('engine.name', cfg.engine.name)}-{check_name('layout.name', cfg.layout.name)}"
+    return f"{check_name('engine.name', cfg.engine.name)}-{check_name('layout.name', cfg.layout.name)}"
 
 
 def prepare_point(cfg: "RunConfig", run_dir: Path, overrides: List[str]) -> Point:
@@ -216,6 +217,7 @@ def render_pruned(point: Point) -> Point:
 
 def expand(opts: Options) -> Tuple[Path, List[Point], str]:
     from harness.config.compose import compose_run_config
+    from harness.config.naming import point_names
     from harness.launch.slurm import check_name, check_run_dir
 
     points, params, sweep_dir = grid_points(opts.overrides)
@@ -227,7 +229,7 @@ def expand(opts: Options) -> Tuple[Path, List[Point], str]:
                          f"{sorted(names)} {sorted(backends)}")
     check_name("sweep_name", configs[0].sweep_name)
     # Names and paths that could not go into a script are rejected before anything is written.
-    names_of_runs = [run_name(i, cfg) for i, cfg in enumerate(configs)]
+    names_of_runs = point_names(points, [run_name(cfg) for cfg in configs])
     if configs[0].launcher.backend == "slurm":
         for name in names_of_runs:
             check_run_dir(Path(sweep_dir).resolve() / name)
@@ -475,6 +477,7 @@ def main(args: List[str]) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from harness.config.errors import ConfigRejected, explain
     from harness.launch.slurm import ScriptValueRejected, SlurmError
 
     try:
@@ -486,8 +489,9 @@ def main(args: List[str]) -> int:
             return cancel(opts)
         sweep_dir, points, backend = expand(opts)
         return launch(sweep_dir, points, backend, points[0].cfg.sweep_name if points else "", opts)
-    except (UsageError, ScriptValueRejected, SlurmError, HydraException, OmegaConfBaseException) as error:
-        print(f"harness sweep: {error}", file=sys.stderr)
+    except (UsageError, ScriptValueRejected, SlurmError, HydraException, OmegaConfBaseException,
+            ConfigRejected) as error:
+        print(f"harness sweep: {explain(error)}", file=sys.stderr)
         return 2
 
 

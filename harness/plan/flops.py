@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from harness.config.schema import Checkpointing, FlopAttention, allowed
 from harness.plan.model_spec import ModelSpec
 
-ATTENTION_CONVENTIONS = ("causal", "full")
-CHECKPOINTING = ("none", "selective", "full")
+ATTENTION_CONVENTIONS = allowed(FlopAttention)
+CHECKPOINTING = allowed(Checkpointing)
 
 
 @dataclass(frozen=True)

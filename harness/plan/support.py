@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
-ALL_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
-                 "DualPipeV")
+from harness.config.schema import PipelineSchedule, allowed
+
+ALL_SCHEDULES = allowed(PipelineSchedule)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness.config.schema import (  # noqa: E402
-    BenchConfig, ClusterConfig, EngineConfig, LayoutConfig, ModelConfig, RunConfig,
+    BenchConfig, ClusterConfig, LayoutConfig, ModelConfig, RunConfig, engine_config,
 )
 from harness.plan.planner import clear_caches, make_plan, plan_rows  # noqa: E402
 
@@ -31,7 +31,7 @@ def model_configs():
 def grid(n: int):
     """n RunConfigs; model / engine / cluster / bench objects are shared, each layout is its own."""
     models = model_configs()
-    engines = [EngineConfig(name=name, sequence_parallel=sp) for name in ("deepspeed", "fsdp", "nd", "megatron_lm")
+    engines = [engine_config(name=name, **({"sequence_parallel": sp} if name in ("nd", "megatron_lm") else {})) for name in ("deepspeed", "fsdp", "nd", "megatron_lm")
                for sp in (False, True)]
     clusters = {}
     bench = BenchConfig()

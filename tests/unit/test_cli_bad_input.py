@@ -23,7 +23,9 @@ def _launched(tmp_path) -> bool:
 def test_world_size_mismatch_names_the_factors(tmp_path):
     out = harness("run", "recipes=cpu_zero2", "layout.dp_shard=4", f"results_dir={tmp_path}")
     assert out.returncode != 0
-    assert "dp_shard=4" in out.stderr and "2" in out.stderr
+    # The product of the degrees (4) against the processes there are (1 node x 2).
+    assert "dp_shard=4" in out.stderr
+    assert "cluster.nodes=1 x cluster.accelerators_per_node=2 = 2" in out.stderr
     assert not _launched(tmp_path)
 
 

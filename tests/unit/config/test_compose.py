@@ -8,7 +8,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from harness import REPO_ROOT
 from harness.config.compose import compose_config, compose_run_config, run_config_from_dict, run_config_to_dict
-from harness.config.schema import RunConfig
+from harness.config.schema import ENGINE_OPTIONS, PipelineSchedule, Precision
 
 RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (REPO_ROOT / "hydra_configs" / "model").glob("*.yaml"))
@@ -17,7 +17,10 @@ MODELS = sorted(p.stem for p in (REPO_ROOT / "hydra_configs" / "model").glob("*.
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_composes_to_a_typed_run_config(recipe):
     run = compose_run_config([f"recipes={recipe}"])
-    assert isinstance(run, RunConfig)
+    # The engine's own option dataclass, and every closed-set field holds a member of its enum.
+    assert type(run.engine) is ENGINE_OPTIONS[run.engine.name]
+    assert isinstance(run.layout.precision, Precision) and isinstance(run.layout.pp_schedule, PipelineSchedule)
+    assert run_config_from_dict(run_config_to_dict(run)) == run
     assert run.sweep_name != "adhoc", f"recipe {recipe} should name its sweep"
 
 
@@ -94,3 +97,59 @@ def test_run_label_names_the_layout_values():
 
     run = compose_run_config(["recipes=cpu_zero2", "layout.zero_stage=3", "layout.offload_params=cpu"])
     assert run_label(run) == "deepspeed dp2 z3 param->cpu mb2x1 s64 bf16"
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["engine=fsdp", "engine.compiled_ops=true"],
+     "engine.compiled_ops is not a field of engine (FsdpOptions: name, launcher, fsdp_version)"),
+    (["layout.precision=fp7"], "layout.precision='fp7' must be one of bf16, fp16, fp32"),
+    (["tracking.mode=foo"], "tracking.mode='foo' must be one of offline, online"),
+    (["launcher.backend=foo"], "launcher.backend='foo' must be one of local, slurm"),
+    (["data.kind=csv"], "data.kind='csv' must be one of synthetic, text"),
+    (["layout.pp_schedule=1f1b"], "layout.pp_schedule='1f1b' must be one of GPipe, 1F1B, Interleaved1F1B, "
+                                  "LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV (did you mean '1F1B'?)"),
+    (["engine.name=megatron2"], "engine.name='megatron2' must be one of deepspeed, fsdp, nd, megatron_lm "
+                                "(did you mean 'megatron_lm'?)"),
+])
+def test_closed_sets_and_engine_options_fail_at_composition_in_one_line(overrides, line):
+    from harness.config.errors import explain
+
+    with pytest.raises(Exception) as refused:
+        compose_run_config(overrides)
+    assert explain(refused.value) == line
+
+
+def test_each_engine_group_selects_its_option_dataclass():
+    from harness.config.schema import DeepSpeedOptions, FsdpOptions, MegatronOptions, NdOptions
+
+    expected = {"deepspeed": DeepSpeedOptions, "fsdp": FsdpOptions, "fsdp1": FsdpOptions, "nd": NdOptions,
+                "megatron_lm": MegatronOptions}
+    for group, options in expected.items():
+        assert type(compose_run_config([f"engine={group}"]).engine) is options
+    assert compose_run_config(["engine=fsdp1"]).engine.fsdp_version == 1
+    # An option another engine owns reads as the value that leaves shared planner rules inert.
+    assert compose_run_config(["engine=deepspeed"]).engine.sequence_parallel is False
+
+
+def test_allowed_values_elsewhere_are_derived_from_the_enums():
+    from harness.config.schema import Checkpointing, FlopAttention, PipelineSchedule, allowed
+    from harness.plan import flops, support
+
+    assert flops.CHECKPOINTING == allowed(Checkpointing) == ("none", "selective", "full")
+    assert flops.ATTENTION_CONVENTIONS == allowed(FlopAttention)
+    assert support.ALL_SCHEDULES == allowed(PipelineSchedule)
+
+
+def test_sweep_group_is_in_the_defaults_list():
+    run = compose_run_config(["sweep=cpu_grid"])
+    assert (run.sweep_name, run.bench.steps) == ("cpu_grid", 3)
+
+
+def test_point_names_carry_the_values_that_differ():
+    from harness.config.naming import point_names
+
+    points = [["engine=deepspeed", "layout.zero_stage=2", "bench.steps=2"],
+              ["engine=deepspeed", "layout.zero_stage=3", "bench.steps=2"],
+              ["engine=fsdp", "layout.zero_stage=3", "bench.steps=2"]]
+    assert point_names(points, ["a", "b", "c"]) == ["000-deepspeed-zero2", "001-deepspeed-zero3", "002-fsdp-zero3"]
+    assert point_names([["bench.steps=2"]], ["deepspeed-dp2_zero2"]) == ["000-deepspeed-dp2_zero2"]

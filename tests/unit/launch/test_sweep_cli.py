@@ -45,7 +45,7 @@ def test_sweep_presets_expand_to_typed_points(preset):
 def test_command_line_axes_join_and_replace_preset_axes():
     points, _, _ = sweep.grid_points(["sweep=cpu_grid", "layout.zero_stage=2,3", "bench.steps=2"])
     assert [p for p in points if "engine=fsdp" in p][0] == [
-        "engine=fsdp", "layout.zero_stage=2", "+sweep=cpu_grid", "bench.steps=2"]
+        "engine=fsdp", "layout.zero_stage=2", "sweep=cpu_grid", "bench.steps=2"]
     assert len(points) == 4  # engine (preset) x zero_stage (command line replaces the preset's 1,2,3)
     points, _, _ = sweep.grid_points(["layout.zero_stage=1,2", "engine=deepspeed,fsdp"])
     assert len(points) == 4  # no preset: plain Hydra multirun syntax
@@ -88,17 +88,17 @@ def test_dry_run_prepares_prunes_and_prints_but_submits_nothing(tmp_path, fake_s
     assert not fake_sbatch.exists()
     root = only_sweep_dir(tmp_path / "results", "cpu_grid")
     runs = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != "slurm")
-    assert runs == ["000-deepspeed-dp2_zero2", "001-deepspeed-dp2_zero2", "002-deepspeed-dp2_zero2",
-                    "003-fsdp-dp2_zero2", "004-fsdp-dp2_zero2", "005-fsdp-dp2_zero2"]
-    pruned = json.loads((root / "003-fsdp-dp2_zero2" / "status.json").read_text())
+    assert runs == ["000-deepspeed-zero1", "001-deepspeed-zero2", "002-deepspeed-zero3",
+                    "003-fsdp-zero1", "004-fsdp-zero2", "005-fsdp-zero3"]
+    pruned = json.loads((root / "003-fsdp-zero1" / "status.json").read_text())
     assert pruned["state"] == "PRUNED" and "zero_stage=1" in pruned["reason"]
-    assert not (root / "003-fsdp-dp2_zero2" / "job.sbatch").exists()
-    for name in set(runs) - {"003-fsdp-dp2_zero2"}:
+    assert not (root / "003-fsdp-zero1" / "job.sbatch").exists()
+    for name in set(runs) - {"003-fsdp-zero1"}:
         assert (root / name / "job.sbatch").exists()
         assert json.loads((root / name / "status.json").read_text())["state"] == "PENDING"
         assert json.loads((root / name / "config.json").read_text())["bench"]["steps"] == 3
     manifest = (root / "slurm" / "array-001.manifest").read_text().splitlines()
-    assert manifest == [str(root / name) for name in runs if name != "003-fsdp-dp2_zero2"]
+    assert manifest == [str(root / name) for name in runs if name != "003-fsdp-zero1"]
     assert "#SBATCH --array=0-4%2" in out and "would submit: sbatch" in out and "PRUNED" in out
     assert "nothing submitted" in out
     record = json.loads((root / "sweep.json").read_text())

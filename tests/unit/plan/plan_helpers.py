@@ -8,7 +8,7 @@ from typing import Any, Dict
 import yaml
 
 from harness.config.schema import (
-    BenchConfig, ClusterConfig, EngineConfig, LayoutConfig, ModelConfig, RunConfig,
+    BenchConfig, ClusterConfig, LayoutConfig, ModelConfig, RunConfig, engine_config,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -57,7 +57,7 @@ def run_config(model: str = "tiny_llama", hf_config: Dict[str, Any] = None, engi
     layout_fields.update(layout)
     return RunConfig(
         model=ModelConfig(name=model, hf_config=dict(hf_config or REAL_SHAPES[model])),
-        engine=EngineConfig(**(engine or {})),
+        engine=engine_config(**(engine or {})),
         layout=LayoutConfig(**layout_fields),
         cluster=ClusterConfig(**cluster_fields),
         bench=BenchConfig(**(bench or {})),

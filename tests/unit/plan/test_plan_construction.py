@@ -45,8 +45,11 @@ def test_meta_on_an_engine_that_builds_full_models_is_refused_at_plan_time():
 
 
 def test_unknown_init_is_refused_naming_the_choices():
-    plan = make_plan(compose_run_config(["recipes=cpu_nd_tp2", "model.init=lazy"]))
-    assert "model.init='lazy' must be one of auto, full, meta" in plan.errors
+    from harness.config.errors import explain
+
+    with pytest.raises(Exception) as refused:
+        compose_run_config(["recipes=cpu_nd_tp2", "model.init=lazy"])
+    assert explain(refused.value) == "model.init='lazy' must be one of auto, full, meta"
 
 
 def test_explicit_choices_are_kept():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config.schema import EngineConfig, LayoutConfig
+from harness.config.schema import LayoutConfig, engine_config
 from harness.plan.activations import (inflight_microbatches, layer_activations, rank_activation_bytes,
                                       split_backward_moments, token_activations)
 from harness.plan.conventions import STATE_CONVENTIONS, StateConvention, partition_numel
@@ -326,5 +326,5 @@ def test_memory_breakdown_adds_up():
 def test_memory_per_rank_takes_the_worse_pipeline_rank():
     spec = model_spec_from_hf("tiny", dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=4))
     layout = LayoutConfig(dp_shard=1, pp=2, zero_stage=0, grad_accum=2, seq_len=64, micro_batch=1)
-    memory = memory_per_rank(spec, layout, EngineConfig(name="nd"), "cpu")
+    memory = memory_per_rank(spec, layout, engine_config(name="nd"), "cpu")
     assert memory.pp_rank in (0, 1) and memory.total_bytes > 0

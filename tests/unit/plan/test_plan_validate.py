@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config.schema import ClusterConfig, EngineConfig, LayoutConfig, ModelConfig, RunConfig
+from harness.config.schema import ClusterConfig, LayoutConfig, ModelConfig, RunConfig, engine_config
 from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.validate import validate
 from plan_helpers import REAL_SHAPES, ROOT, preset, run_config
@@ -154,6 +154,6 @@ def test_cpu_presets_are_valid(engine):
     layout = preset(ROOT / "hydra_configs" / "layout" / "dp2_zero2.yaml")
     cluster = preset(ROOT / "hydra_configs" / "cluster" / "cpu.yaml")
     model = preset(ROOT / "hydra_configs" / "model" / "tiny_llama.yaml")
-    cfg = RunConfig(model=ModelConfig(**model), engine=EngineConfig(name=engine), layout=LayoutConfig(**layout),
+    cfg = RunConfig(model=ModelConfig(**model), engine=engine_config(name=engine), layout=LayoutConfig(**layout),
                     cluster=ClusterConfig(**cluster))
     assert check(cfg)[0] == []
