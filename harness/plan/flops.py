@@ -42,21 +42,37 @@ class ForwardFlops(NamedTuple):
     outside_layers: float  # final norm and, by convention, the lm_head
 
 
+def keys_per_query(seq_len: int, window: int, attention: str) -> float:
+    """Keys one query is scored against, averaged over a sequence of `seq_len` tokens.
+
+    full: every key the window admits, min(T, w) (w = 0: no window, T). causal: query i sees
+    min(i, w) earlier keys; averaged over T queries (continuous limit) that is T/2 without a window
+    (Kaplan et al. 2020) and w - w^2 / (2T) for a sliding window w < T (Beltagy et al. 2020's local
+    attention, as in Mistral and Gemma 2/3's local layers), equal to T/2 at w = T.
+    """
+    if window <= 0 or window >= seq_len:
+        return seq_len / 2 if attention == "causal" else float(seq_len)
+    return window - window * window / (2 * seq_len) if attention == "causal" else float(window)
+
+
 def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> ForwardFlops:
     """Forward FLOPs of one token in a sequence of `seq_len` tokens.
 
     Weights: a token multiplies each weight it touches once and adds once, 2 FLOPs per parameter
-    (Kaplan et al. 2020, table 1: C_forward ~ 2N). GQA, SwiGLU vs two-matrix MLPs, biases and MoE are
-    all inside the exact active parameter count; norms and biases are O(h), counted like weights as
-    6N does. Embedding lookups are gathers, not FLOPs; a tied lm_head still is a matmul (h x V).
-    Attention core: per layer and query token, QK^T dots the query with T keys over a heads of dim d
-    (2·a·d·T) and AV sums T values (2·a·d·T): 4·a·d·T, i.e. 4·H·Q·T in PaLM's letters (appendix B).
-    A causal mask leaves on average T/2 keys per query: half of it.
+    (Kaplan et al. 2020, table 1: C_forward ~ 2N). GQA, multi-latent attention's low-rank
+    projections, gated vs two-matrix MLPs, biases, shared and k routed experts are all inside the
+    exact per-layer active parameter counts; norms and biases are O(h), counted like weights as 6N
+    does. Embedding lookups are gathers, not FLOPs; a tied lm_head still is a matmul (h x V).
+    Elementwise work (logit soft-capping, embedding scaling, activations) is not counted.
+    Attention core: per softmax-attention layer and query token, QK^T dots a query of a heads of
+    dim d_qk with each key (2·a·d_qk per key) and AV sums the values (2·a·d_v per key): with
+    d_qk = d_v = d and T keys that is 4·H·Q·T in PaLM's letters (appendix B). Keys per query follow
+    the layer's window (keys_per_query).
     """
-    layers = 2.0 * spec.num_layers * spec.active_layer_params
-    attention = 4.0 * spec.num_layers * spec.num_heads * spec.head_dim * seq_len
-    if convention.attention == "causal":
-        attention /= 2
+    layers = 2.0 * spec.decoder_active_params
+    per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
+    attention = sum(per_key * keys_per_query(seq_len, window, convention.attention)
+                    for window in spec.attention_windows)
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
     return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head))
 

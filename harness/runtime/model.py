@@ -7,16 +7,7 @@ from typing import Any, Dict
 
 import torch
 
-
-def hf_config_object(fields: Dict[str, Any]):
-    from transformers import AutoConfig
-
-    fields = dict(fields)
-    model_type = fields.pop("model_type")
-    # SDPA by default: it keeps attention causal without a mask in every layout (eager without a
-    # mask is not). The planner reads the same field for its activation model.
-    attn_implementation = fields.pop("attn_implementation", "sdpa")
-    return AutoConfig.for_model(model_type, attn_implementation=attn_implementation, **fields)
+from harness.config.model_shape import hf_config_object
 
 
 def build_model(fields: Dict[str, Any], seed: int, on_meta: bool = False) -> torch.nn.Module:

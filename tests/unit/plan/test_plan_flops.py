@@ -45,7 +45,9 @@ def test_palm_540b_mfu_46_2_percent():
     vocab, hidden, layers = 256_000, 18_432, 118
     per_layer = (540.35e9 - vocab * hidden) / layers
     palm = dataclasses.replace(base, num_layers=layers, num_heads=48, head_dim=256, hidden_size=hidden,
-                               vocab_size=vocab, active_layer_params=per_layer, final_norm_params=0)
+                               vocab_size=vocab, active_layer_params=per_layer, final_norm_params=0,
+                               layer_active_params=(per_layer,) * layers, attention_windows=(0,) * layers,
+                               qk_head_dim=256, v_head_dim=256)
     per_token = flops_per_token(palm, 2048, FULL)
     assert per_token == pytest.approx(6 * 540.35e9 + 12 * 118 * 48 * 256 * 2048)
     assert round(mfu(238.3e3, per_token, 275e12, 6144), 3) == 0.462

@@ -1,0 +1,275 @@
+"""A model's tensor shapes read from transformers' own model built on the meta device, cached as JSON.
+
+The planner (harness/plan) never imports torch: it reads the JSON this module writes. The JSON is keyed
+by a hash of the config fields and the transformers version, so `harness plan` builds each model once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+SHAPE_VERSION = 4  # bump when the JSON below changes meaning
+_MEMO: Dict[str, Dict[str, Any]] = {}
+
+# What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
+HARNESS_TP_PLANS: Dict[str, Dict[str, str]] = {
+    "gpt2": {"h.*.attn.c_attn": "colwise", "h.*.attn.c_proj": "rowwise",
+             "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise"},
+}
+# Config keys that hold the number of routed experts a token visits, across families.
+_EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k",
+                           "experts_per_token", "num_selected_experts")
+
+
+def cache_dir() -> Path:
+    """$HARNESS_MODEL_CACHE, else ~/.cache/harness/model_shapes."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "harness" / "model_shapes"
+    return Path(os.environ.get("HARNESS_MODEL_CACHE", default))
+
+
+def shape_key(hf_config: Mapping[str, Any]) -> str:
+    import transformers
+
+    payload = json.dumps({"fields": dict(hf_config), "transformers": transformers.__version__,
+                          "version": SHAPE_VERSION}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def model_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The shape JSON of these config fields: from memory, from the cache file, or built on meta."""
+    key = shape_key(hf_config)
+    if key in _MEMO:
+        return _MEMO[key]
+    path = cache_dir() / f"{key}.json"
+    try:
+        shape = json.loads(path.read_text())
+    except (OSError, ValueError):
+        shape = derive_shape(hf_config)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(shape))
+        os.replace(partial, path)
+    _MEMO[key] = shape
+    return shape
+
+
+def hf_config_object(fields: Mapping[str, Any]):
+    """transformers' config object for `model_type` plus fields (SDPA attention unless told otherwise,
+    or unless the family's model cannot run it)."""
+    from transformers import AutoConfig
+
+    fields = dict(fields)
+    model_type = fields.pop("model_type", None)
+    # SDPA by default: it keeps attention causal without a mask in every layout (eager without a
+    # mask is not). The planner reads the same field for its activation model.
+    attn_implementation = fields.pop("attn_implementation", None) or default_attention(model_type)
+    try:
+        return AutoConfig.for_model(model_type, attn_implementation=attn_implementation, **fields)
+    except ValueError as error:
+        raise ValueError(f"model.hf_config.model_type={model_type!r} is not a transformers model type "
+                         f"({str(error).splitlines()[0]})") from None
+
+
+def default_attention(model_type: Any) -> str:
+    """"sdpa" where the family's causal LM supports it; else "eager" (Gemma 2's soft-capped scores)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    model_class = getattr(transformers, name, None) if name else None
+    return "eager" if model_class is not None and not getattr(model_class, "_supports_sdpa", True) else "sdpa"
+
+
+def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
+    """Build the causal LM on the meta device and record every parameter tensor, layer by layer."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    config = hf_config_object(hf_config)
+    model_type = config.model_type
+    # Encoders (BERT, RoBERTa ...) also have a causal-LM head class: their masked-LM class gives them away.
+    if (model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            or getattr(config, "is_encoder_decoder", False)):
+        raise ValueError(f"model.hf_config.model_type={model_type!r} is not a decoder-only causal LM "
+                         "(the planner models decoder-only transformers built by AutoModelForCausalLM)")
+    if getattr(config, "num_hidden_layers", None) is None:
+        raise ValueError(f"model.hf_config.model_type={model_type!r} is a composite (multimodal) config; "
+                         "give the model type of its text decoder")
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as error:  # a config transformers itself rejects
+        raise ValueError(f"model.hf_config ({model_type}): transformers cannot build the model: "
+                         f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
+    layers_name, layers = _decoder_layers(model, int(config.num_hidden_layers))
+    try:
+        fields = _fields(config)
+    except Exception as error:  # e.g. head_dim differing between layers (Gemma 4)
+        raise ValueError(f"model.hf_config ({model_type}): per-layer shapes are not supported "
+                         f"({str(error).splitlines()[0][:120]})") from None
+    tp_plan, tp_source = _tp_plan(config)
+    layer_rows = [_layer_tensors(layer, tp_plan) for layer in layers]
+    kinds: List[List[Any]] = []
+    pattern = []
+    for rows in layer_rows:
+        if rows not in kinds:
+            kinds.append(rows)
+        pattern.append(kinds.index(rows))
+    first, last, tied = _outside_tensors(model, layers_name)
+    return {
+        "version": SHAPE_VERSION,
+        "model_type": model_type,
+        "architecture": type(model).__name__,
+        "fields": fields,
+        "experts_per_token": _experts_per_token(config),
+        "tp_plan_source": tp_source,
+        "layer_kinds": kinds,
+        "layer_pattern": pattern,
+        "first": first,
+        "last": last,
+        "tied_embeddings": tied,
+        "total_params": sum(p.numel() for p in model.parameters()),
+        "no_split_modules": list(getattr(model, "_no_split_modules", None) or []),
+        "pp_plan": sorted(getattr(config, "base_model_pp_plan", None) or {}),
+    }
+
+
+def _decoder_layers(model: Any, count: int) -> Tuple[str, List[Any]]:
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count and count:
+            return name, list(module)
+    raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers (num_hidden_layers): "
+                     "the planner models a stack of repeated decoder layers")
+
+
+def _tp_plan(config: Any) -> Tuple[Dict[str, str], str]:
+    """The per-layer TP styles, keyed by the path inside one layer ("self_attn.q_proj")."""
+    plan = getattr(config, "base_model_tp_plan", None) or {}
+    source = "transformers" if plan else ("harness" if config.model_type in HARNESS_TP_PLANS else "none")
+    plan = plan or HARNESS_TP_PLANS.get(config.model_type, {})
+    return {key.split("*.", 1)[1]: style for key, style in plan.items() if "*." in key}, source
+
+
+def _tp_dim(style: Optional[str], ndim: int, conv1d: bool) -> Optional[int]:
+    """Which dim a TP style splits: colwise styles the output features, rowwise ones the input
+    features (a rowwise bias stays whole). nn.Linear stores (out, in), GPT-2's Conv1D (in, out)."""
+    if not style:
+        return None
+    out_dim, in_dim = (ndim - 1, ndim - 2) if conv1d else (ndim - 2, ndim - 1)
+    if ndim == 1:
+        return 0 if "colwise" in style else None
+    if "colwise" in style:
+        return out_dim
+    if "rowwise" in style:
+        return in_dim
+    return None
+
+
+def _style_for(plan: Dict[str, str], param_name: str) -> Optional[str]:
+    module_path = param_name.rsplit(".", 1)[0]
+    for path in (param_name, module_path):
+        for pattern, style in plan.items():
+            if fnmatchcase(path, pattern):
+                return style
+    return None
+
+
+def _layer_tensors(layer: Any, plan: Dict[str, str]) -> List[List[Any]]:
+    """[name, shape, tp_dim, routed-expert] per parameter in module order; the experts of a
+    ModuleList are stacked into one (E, ...) tensor, as transformers' fused experts are stored."""
+    from transformers.pytorch_utils import Conv1D
+
+    modules = dict(layer.named_modules())
+    rows: List[List[Any]] = []
+    stacked: Dict[str, List[Any]] = {}
+    for name, param in layer.named_parameters():
+        parts = name.split(".")
+        module = modules.get(".".join(parts[:-1]))
+        style = _style_for(plan, name)
+        shape = list(param.shape)
+        tp_dim = _tp_dim(style, len(shape), isinstance(module, Conv1D))
+        if "experts" in parts and parts[parts.index("experts") + 1].isdigit():
+            i = parts.index("experts")
+            key = ".".join(parts[:i + 1] + ["*"] + parts[i + 2:])
+            if key in stacked:
+                stacked[key][1][0] += 1
+                continue
+            row = [key, [1] + shape, None if tp_dim is None else tp_dim + 1, True]
+            stacked[key] = row
+        else:
+            row = [name, shape, tp_dim, "experts" in parts and len(shape) >= 2]
+        rows.append(row)
+    return rows
+
+
+def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], List[List[Any]], bool]:
+    """Parameters outside the decoder layers: embedding tables first (vocab-split token table), the
+    rest (final norm, an untied lm_head) last."""
+    import torch
+
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    token_table = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is token_table
+    first: List[List[Any]] = []
+    last: List[List[Any]] = []
+    for name, param in model.named_parameters():  # tied tables are listed once
+        if name.startswith(layers_name + "."):
+            continue
+        vocab_split = param is token_table or (head is not None and param is head.weight)
+        row = [name, list(param.shape), 0 if vocab_split else None, False]
+        (first if id(param) in embeddings else last).append(row)
+    return first, last, tied
+
+
+def _first_attr(config: Any, *names: str, default: Any = None) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _fields(config: Any) -> Dict[str, Any]:
+    """The config fields the planner reads, under one name each (transformers' resolved defaults)."""
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    head_dim = int(_first_attr(config, "head_dim", default=0) or hidden // heads)
+    layer_types = getattr(config, "layer_types", None)
+    return {
+        "num_layers": int(config.num_hidden_layers),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": int(_first_attr(config, "num_key_value_heads", default=heads)),
+        "head_dim": head_dim,
+        "qk_head_dim": int(_first_attr(config, "qk_head_dim", default=head_dim)),
+        "v_head_dim": int(_first_attr(config, "v_head_dim", default=head_dim)),
+        "ffn_size": _first_attr(config, "moe_intermediate_size", "intermediate_size", "n_inner",
+                                "ffn_hidden_size", default=4 * hidden),
+        "dense_ffn_size": _first_attr(config, "intermediate_size", "n_inner", default=4 * hidden),
+        "vocab_size": int(config.vocab_size),
+        "max_positions": int(_first_attr(config, "max_position_embeddings", "n_positions", default=0)),
+        "activation": str(_first_attr(config, "hidden_act", "activation_function", "hidden_activation",
+                                      default="")),
+        "attention_dropout": float(_first_attr(config, "attention_dropout", "attn_pdrop", default=0.0)),
+        "hidden_dropout": float(_first_attr(config, "resid_pdrop", "hidden_dropout", default=0.0)),
+        "embedding_dropout": float(_first_attr(config, "embd_pdrop", "embedding_dropout", default=0.0)),
+        "sliding_window": _first_attr(config, "sliding_window"),
+        "layer_types": list(layer_types) if layer_types else None,
+        "attn_logit_softcapping": _first_attr(config, "attn_logit_softcapping"),
+        "final_logit_softcapping": _first_attr(config, "final_logit_softcapping"),
+        "attn_implementation": str(getattr(config, "_attn_implementation", None) or "sdpa"),
+    }
+
+
+def _experts_per_token(config: Any) -> int:
+    return int(_first_attr(config, *_EXPERTS_PER_TOKEN_KEYS, default=0) or 0)

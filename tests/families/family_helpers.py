@@ -1,0 +1,97 @@
+"""Tiny configs of every decoder-only transformers family with a tensor-parallel plan, and a FLOP count of
+their own forward + backward (torch.utils.flop_counter)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Dict, Tuple
+
+# One small value per config key, applied where the family's config has that key.
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, moe_intermediate_size=32,
+            shared_expert_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4,
+            moe_num_experts=4, num_experts_per_tok=2, moe_k=2, top_k=2, n_shared_experts=1,
+            first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+            v_head_dim=16, n_group=1, topk_group=1, sliding_window=32, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2)
+# Where one value does not fit a family's own rules.
+FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
+}
+_LAYER_KINDS = r"layer_types \[.*\] are not supported"
+# Families the planner refuses, with the reason its message gives.
+REFUSED: Dict[str, str] = {
+    **{name: _LAYER_KINDS for name in (  # linear attention / state-space / sparse-indexed / chunked layers
+        "axk2", "bailing_hybrid", "deepseek_v32", "deepseek_v4", "dots3_note_text", "glm_moe_dsa",
+        "granitemoehybrid", "hy_v4", "inkling2_text", "inkling_text", "jamba", "kimi_linear", "llama4_text",
+        "minimax", "nemotron_h", "olmo_hybrid", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next",
+        "qwen4_exp_text")},
+    "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
+    "longcat_flash": "no list of 56 decoder layers",  # two sub-layers per declared layer
+    "llama4": "is a composite \\(multimodal\\) config",
+    "gemma4_text": "per-layer shapes are not supported",
+    "gemma4_unified_text": "per-layer shapes are not supported",
+}
+# Families whose tiny config transformers itself rejects (not a planner verdict; their real configs
+# are untested here).
+TINY_CONFIG_REJECTED: Dict[str, str] = {
+    "cohere_compass_text": "transformers cannot build the model",
+    "gemma3n_text": "transformers cannot build the model",
+    "lfm2_moe": "transformers cannot build the model",
+}
+
+
+def family_names() -> Tuple[str, ...]:
+    """Decoder-only causal LM families whose config carries a `base_model_tp_plan`."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    names = []
+    for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+            continue
+        try:
+            config = CONFIG_MAPPING[model_type]()
+        except Exception:  # composite configs that need sub-configs
+            continue
+        if getattr(config, "base_model_tp_plan", None) and not getattr(config, "is_encoder_decoder", False):
+            names.append(model_type)
+    return tuple(names)
+
+
+@lru_cache(maxsize=None)
+def _default_fields(model_type: str) -> Dict[str, Any]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]().to_dict()
+
+
+def tiny_fields(model_type: str) -> Dict[str, Any]:
+    base = _default_fields(model_type)
+    fields = {k: v for k, v in TINY.items() if k in base}
+    if "qk_rope_head_dim" in base:  # multi-latent attention: head_dim is the rotary dim
+        fields["head_dim"] = fields["qk_rope_head_dim"]
+    if "kv_lora_rank" in base:  # ... and every head has its own keys and values
+        fields["num_key_value_heads"] = fields["num_attention_heads"]
+    fields.update(FAMILY_FIELDS.get(model_type, {}))
+    return {"model_type": model_type, **fields}
+
+
+@lru_cache(maxsize=None)
+def measured_flops(model_type: str, seq_len: int) -> float:
+    """FLOPs torch counts for one forward + backward of one sequence: eager attention and eager experts,
+    so that every matmul is an aten op the counter knows."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    from harness.config.model_shape import hf_config_object
+
+    fields = dict(tiny_fields(model_type), attn_implementation="eager")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config_object(fields), dtype=torch.float32,
+                                             experts_implementation="eager")
+    ids = torch.randint(3, model.config.vocab_size, (1, seq_len))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    return float(counter.get_total_flops())
