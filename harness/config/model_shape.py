@@ -13,7 +13,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-SHAPE_VERSION = 4  # bump when the JSON below changes meaning
+SHAPE_VERSION = 5  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -226,6 +226,9 @@ def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], Lis
         if name.startswith(layers_name + "."):
             continue
         vocab_split = param is token_table or (head is not None and param is head.weight)
+        if id(param) not in embeddings and not vocab_split and param.dim() > 1:
+            raise ValueError(f"{type(model).__name__}: {name} is a matrix outside the decoder layers (an encoder "
+                             "of another modality?); the planner models embeddings, decoder layers, norm and head")
         row = [name, list(param.shape), 0 if vocab_split else None, False]
         (first if id(param) in embeddings else last).append(row)
     return first, last, tied

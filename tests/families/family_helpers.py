@@ -30,6 +30,7 @@ REFUSED: Dict[str, str] = {
     "llama4": "is a composite \\(multimodal\\) config",
     "gemma4_text": "per-layer shapes are not supported",
     "gemma4_unified_text": "per-layer shapes are not supported",
+    "phi4_multimodal": "is a matrix outside the decoder layers",  # vision and audio encoders
 }
 # Families whose tiny config transformers itself rejects (not a planner verdict; their real configs
 # are untested here).
@@ -75,6 +76,14 @@ def tiny_fields(model_type: str) -> Dict[str, Any]:
         fields["num_key_value_heads"] = fields["num_attention_heads"]
     fields.update(FAMILY_FIELDS.get(model_type, {}))
     return {"model_type": model_type, **fields}
+
+
+@lru_cache(maxsize=None)
+def family_meta_model(model_type: str):
+    """The tiny model on the meta device, built once per family and session."""
+    from plan_helpers import meta_model
+
+    return meta_model(tiny_fields(model_type))
 
 
 @lru_cache(maxsize=None)
