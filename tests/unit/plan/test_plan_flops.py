@@ -159,3 +159,16 @@ def test_mfu_and_hfu():
     assert mfu(1000.0, 6e9, 1e12, 8) == pytest.approx(1000 * 6e9 / 8e12)
     assert hfu(1000.0, 6e9, 2e9, 1e12, 8) == pytest.approx(1000 * 8e9 / 8e12)
     assert mfu(1000.0, 6e9, None, 8) is None and hfu(1000.0, 6e9, 0.0, None, 8) is None
+
+
+@pytest.mark.parametrize("seq_len,window", [(64, 0), (64, 16), (64, 64), (64, 100), (50, 7)])
+def test_keys_per_query_against_a_counted_mask(seq_len, window):
+    """Causal: the mask's kept (query, key) pairs over T, less the half diagonal (min(T, w)/2 pairs) the
+    continuous limit leaves out (T/2 rather than (T+1)/2, as 6LHQT counts). Full: min(T, w) per query."""
+    from harness.plan.flops import keys_per_query
+
+    w = window or seq_len
+    kept = sum(min(i + 1, w) for i in range(seq_len))  # query i sees keys max(0, i-w+1) .. i
+    half_diagonal = min(w, seq_len) / 2
+    assert keys_per_query(seq_len, window, "causal") == pytest.approx((kept - half_diagonal) / seq_len, rel=1e-12)
+    assert keys_per_query(seq_len, window, "full") == min(seq_len, w)

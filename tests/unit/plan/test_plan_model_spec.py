@@ -79,6 +79,31 @@ def test_published_totals(name):
     assert model_spec_from_hf(name, REAL_SHAPES[name]).total_params == PUBLISHED_TOTALS[name]
 
 
+# Parameter counts published with the new presets' checkpoints (model cards, technical reports).
+def test_new_presets_match_published_counts():
+    import yaml
+    from plan_helpers import ROOT
+
+    def spec(name):
+        fields = yaml.safe_load((ROOT / "hydra_configs" / "model" / f"{name}.yaml").read_text())["hf_config"]
+        return model_spec_from_hf(name, fields)
+
+    assert spec("gemma2_9b").total_params == 9_241_705_984  # google/gemma-2-9b safetensors: 9.24B
+    assert spec("gemma2_27b").total_params == 27_227_128_320  # google/gemma-2-27b safetensors: 27.2B
+    qwen = spec("qwen3_235b_a22b")  # Qwen3 technical report table 2: 235B total, 22B activated
+    assert qwen.total_params == pytest.approx(235e9, rel=0.001) and qwen.active_params == pytest.approx(22e9, rel=0.01)
+    # DeepSeek-V3 README_WEIGHTS: 671B main-model parameters, 36.6B activated (its 0.9B output head in,
+    # the input embedding out)
+    deepseek = spec("deepseek_v3")
+    assert deepseek.total_params == pytest.approx(671e9, rel=0.0005)
+    assert deepseek.active_params - deepseek.embedding_params == pytest.approx(36.6e9, rel=0.005)
+    assert deepseek.qk_head_dim == 192 and deepseek.v_head_dim == 128 and deepseek.num_experts == 256
+    assert deepseek.layer_active_params[0] != deepseek.layer_active_params[3]  # three dense layers first
+    gemma = spec("gemma2_9b")
+    assert gemma.attention_windows[:2] == (4096, 0) and gemma.final_logit_softcapping == 30.0
+    assert gemma.attn_implementation == "eager"  # transformers' Gemma 2 has no SDPA path (soft-capped scores)
+
+
 def test_mixtral_active_parameters_are_12_9b():
     spec = model_spec_from_hf("mixtral_8x7b", REAL_SHAPES["mixtral_8x7b"])
     assert spec.active_params == 12_879_925_248  # "12.9B active parameters" (Mistral AI, Mixtral of Experts)
