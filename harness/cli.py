@@ -28,11 +28,10 @@ def _run_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from harness.config.compose import to_run_config
-    from harness.launch.local import launch_local
     from harness.launch.prepare import RunRejected, prepare_run
+    from harness.launch.run import run_prepared
     from harness.report.build import build_report
     from harness.report.table import print_table, summary_frame
-    from harness.runtime.sinks import wandb_environment
 
     run = to_run_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -42,9 +41,7 @@ def _run_task(cfg) -> None:
         print(f"{run_dir.name}: {error}", file=sys.stderr)
         _failed_runs.append(run_dir.name)
         return
-    print(f"[harness] {run_dir}: {prepared.rendered.command_line()}", flush=True)
-    state, reason = launch_local(prepared.rendered, run.launcher.timeout_s, wandb_environment(run_dir, run.tracking))
-    print(f"[harness] {run_dir.name}: {state} {reason}".rstrip(), flush=True)
+    state, _ = run_prepared(run_dir, prepared.cfg, prepared.rendered, label=str(run_dir))
     if state != "COMPLETED":
         _failed_runs.append(run_dir.name)
     # The sweep's table and reports are rebuilt after every run, so a partial sweep is readable too.
@@ -131,7 +128,7 @@ def plan_command(args: List[str]) -> int:
 
 
 def sweep_command(args: List[str]) -> int:
-    from harness.launch.sweep import main as sweep_main
+    from harness.commands.sweep import main as sweep_main
 
     return sweep_main(args)
 

@@ -30,12 +30,19 @@ def register_schemas() -> None:
         store.store(group="engine", name=f"{engine.value}_schema", node=options)
 
 
-def compose_config(overrides: Iterable[str] = ()) -> DictConfig:
-    """Compose the primary config with command-line style overrides (used by tests and `plan`/`sweep`)."""
+def compose_config(overrides: Iterable[str] = (), return_hydra_config: bool = False) -> DictConfig:
+    """Compose the primary config with command-line style overrides (used by tests and `plan`/`sweep`);
+    `return_hydra_config` keeps the `hydra` node (a sweep preset's axes and sweep directory), resolved
+    while Hydra is still initialised."""
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="harness"):
-        return compose(config_name=PRIMARY_CONFIG, overrides=[*overrides, SEARCHPATH_OVERRIDE])
+        cfg = compose(config_name=PRIMARY_CONFIG, overrides=[*overrides, SEARCHPATH_OVERRIDE],
+                      return_hydra_config=return_hydra_config)
+        if return_hydra_config:
+            for node in (cfg.hydra.sweep, cfg.hydra.sweeper):
+                OmegaConf.resolve(node)
+        return cfg
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

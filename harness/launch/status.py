@@ -9,11 +9,18 @@ squeue has forgotten a job, `sacct`. Only final states are written back, and onl
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from rich.console import Console, Group
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+from harness.launch import slurm_commands
+from harness.launch.job_records import read_job_record, read_submission
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
@@ -92,8 +99,6 @@ def _epoch(value: Any) -> Optional[float]:
 
 
 def _iso_epoch(text: Optional[str]) -> Optional[float]:
-    import datetime
-
     try:
         return datetime.datetime.fromisoformat(text).timestamp() if text else None
     except ValueError:  # "Unknown", "None"
@@ -320,22 +325,20 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
 
 def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]:
     """Every run's state; final states learnt from Slurm are written into that run's status.json."""
-    from harness.launch.slurm import SlurmError, read_job_record, read_submission, sacct_rows, squeue_jobs
-
     records = {run: read_job_record(run) for run in run_dirs}
     submissions = {run: tracked_job(read_submission(run), records[run]) for run in run_dirs}
     index, answered = SlurmIndex(), False
     if query_slurm and any(submissions.values()):
         try:
-            index, answered = SlurmIndex(squeue_jobs()), True
-        except SlurmError as error:
+            index, answered = SlurmIndex(slurm_commands.squeue_jobs()), True
+        except slurm_commands.SlurmError as error:
             print(f"[harness] squeue failed, showing the run directories' own state: {error}")
         missing = [run for run, sub in submissions.items() if sub and answered and index.squeue_view(sub) is None
                    and read_status(run).state not in FINAL_STATES]
         if missing:
             keys = sorted({key for run in missing for key in sacct_keys(submissions[run], records[run])})
             try:
-                index.add_sacct(sacct_rows(keys))
+                index.add_sacct(slurm_commands.sacct_rows(keys))
             except Exception as error:  # sacct absent or unconfigured: squeue's view is all there is
                 print(f"[harness] sacct failed: {error}")
     views = []
@@ -379,10 +382,6 @@ def one_line(views: Sequence[RunView]) -> str:
 
 def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[str, str]] = None) -> None:
     """The grid as a table, with a progress bar of the runs that reached a final state."""
-    from rich.console import Console, Group
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
-
     active = [v for v in views if v.state != PRUNED]
     done = sum(v.final for v in active)
     table = Table(title=title)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.launch import slurm as slurm_mod
+from harness.launch import slurm_commands
 from harness.launch import status as status_mod
 from harness.launch.status import SlurmIndex, SlurmView, classify, classify_files, refresh, run_view, task_ids
 from harness.rundir import RankError, read_status, write_error, write_json, write_status
@@ -193,8 +194,8 @@ def test_refresh_writes_only_final_states_into_each_runs_own_file(tmp_path, monk
     old = make_run(tmp_path, "003-old", "RUNNING", {"job_key": "50_0", "array_job_id": "50", "array_task_id": 0})
     write_json(old / slurm_mod.JOB_RECORD_FILE, {"job_id": "20", "array_job_id": "50", "array_task_id": "0"})
     asked = []
-    monkeypatch.setattr(slurm_mod, "squeue_jobs", lambda: list(SQUEUE.values()))
-    monkeypatch.setattr(slurm_mod, "sacct_rows", lambda keys: asked.extend(keys) or SACCT_ROWS)
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda: list(SQUEUE.values()))
+    monkeypatch.setattr(slurm_commands, "sacct_rows", lambda keys: asked.extend(keys) or SACCT_ROWS)
     before = {p: p.stat().st_mtime_ns for p in queued.iterdir()}
     views = {v.run_dir.name: v for v in refresh([ok, bad, queued, old])}
     assert {k: v.state for k, v in views.items()} == {
@@ -248,7 +249,7 @@ def test_a_job_sbatch_resubmitted_by_hand_is_followed(tmp_path, monkeypatch):
     run follows job 34, and the old failure does not overwrite the running attempt's status."""
     run = make_run(tmp_path, "run", "RUNNING", {"job_key": "9_1", "array_job_id": "9", "array_task_id": 1})
     write_json(run / slurm_mod.JOB_RECORD_FILE, {"job_id": "34", "array_job_id": None, "array_task_id": None})
-    monkeypatch.setattr(slurm_mod, "squeue_jobs", lambda: list(SQUEUE.values()))
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda: list(SQUEUE.values()))
     (view,) = refresh([run])
     assert (view.state, view.job_key, view.slurm_state) == ("RUNNING", "34", "RUNNING")
     assert read_status(run).state == "RUNNING"

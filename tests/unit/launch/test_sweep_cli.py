@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from harness import REPO_ROOT
-from harness.launch import sweep
+from harness.commands import sweep
+from harness.launch import grid
+from harness.launch import sweep as orchestrate
 from harness.launch.status import RunView
 
 PRESETS = sorted(p.stem for p in (REPO_ROOT / "hydra_configs" / "sweep").glob("*.yaml"))
@@ -32,7 +34,7 @@ def test_sweep_presets_only_override_and_name_their_grid(preset):
 def test_sweep_presets_expand_to_typed_points(preset):
     from harness.config.compose import compose_run_config
 
-    points, params, sweep_dir = sweep.grid_points([f"sweep={preset}"])
+    points, params, sweep_dir = grid.grid_points([f"sweep={preset}"])
     expected = 1
     for values in params.values():
         expected *= len(values.split(","))
@@ -43,11 +45,11 @@ def test_sweep_presets_expand_to_typed_points(preset):
 
 
 def test_command_line_axes_join_and_replace_preset_axes():
-    points, _, _ = sweep.grid_points(["sweep=cpu_grid", "layout.zero_stage=2,3", "bench.steps=2"])
+    points, _, _ = grid.grid_points(["sweep=cpu_grid", "layout.zero_stage=2,3", "bench.steps=2"])
     assert [p for p in points if "engine=fsdp" in p][0] == [
         "engine=fsdp", "layout.zero_stage=2", "sweep=cpu_grid", "bench.steps=2"]
     assert len(points) == 4  # engine (preset) x zero_stage (command line replaces the preset's 1,2,3)
-    points, _, _ = sweep.grid_points(["layout.zero_stage=1,2", "engine=deepspeed,fsdp"])
+    points, _, _ = grid.grid_points(["layout.zero_stage=1,2", "engine=deepspeed,fsdp"])
     assert len(points) == 4  # no preset: plain Hydra multirun syntax
 
 
@@ -177,7 +179,7 @@ def test_resume_picks_what_did_not_complete():
              v("cancelled", "CANCELLED"), v("pruned", "PRUNED", None), v("queued", "PENDING"),
              v("running", "RUNNING"), v("never", "PENDING", None)]
     names = lambda chosen: [c.run_dir.name for c in chosen]  # noqa: E731
-    assert names(sweep.to_resume(views, False, "slurm")) == ["failed", "oom", "timeout", "cancelled", "never"]
-    assert "pruned" in names(sweep.to_resume(views, True, "slurm"))
+    assert names(orchestrate.to_resume(views, False, "slurm")) == ["failed", "oom", "timeout", "cancelled", "never"]
+    assert "pruned" in names(orchestrate.to_resume(views, True, "slurm"))
     # Locally nothing can still be running after the sweep process ended: RUNNING means interrupted.
-    assert "running" in names(sweep.to_resume(views, False, "local"))
+    assert "running" in names(orchestrate.to_resume(views, False, "local"))

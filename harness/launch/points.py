@@ -1,0 +1,116 @@
+"""A sweep's points: one prepared run directory per grid point (validated, predicted, rendered, or PRUNED)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from harness.config.compose import compose_run_config, run_config_from_dict
+from harness.config.naming import point_names
+from harness.config.schema import RunConfig
+from harness.engines import engine_module
+from harness.engines.rendered import RenderedRun
+from harness.launch.grid import UsageError, grid_points, make_unique_dir
+from harness.launch.prepare import prepare_run
+from harness.launch.sbatch import check_name, check_run_dir
+from harness.rundir import (
+    CONFIG_FILE,
+    PENDING,
+    PRUNED,
+    RENDERED_FILE,
+    SWEEP_FILE,
+    load_json,
+    read_status,
+    write_json,
+    write_status,
+)
+
+
+@dataclass
+class Point:
+    """One grid point's run directory, config and rendered launch (None: pruned, with the reason)."""
+
+    run_dir: Path
+    overrides: List[str]
+    cfg: RunConfig
+    rendered: Optional[RenderedRun]
+    reason: str = ""
+
+
+def run_name(cfg: RunConfig) -> str:
+    """A point's name when nothing differs across the grid (see harness.config.naming.point_names)."""
+    return f"{check_name('engine.name', cfg.engine.name)}-{check_name('layout.name', cfg.layout.name)}"
+
+
+def prepare_point(cfg: RunConfig, run_dir: Path, overrides: List[str]) -> Point:
+    """prepare_run with pruning; a point that cannot even be rendered is PRUNED with the reason."""
+    try:
+        prepared = prepare_run(cfg, run_dir, prune=True)
+    except ValueError as error:  # RunRejected (hub), an engine's render refusing the layout
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_status(run_dir, PRUNED, str(error))
+        return Point(run_dir, overrides, cfg, None, str(error))
+    reason = read_status(run_dir).reason if prepared.pruned else ""
+    return Point(run_dir, overrides, prepared.cfg, prepared.rendered, reason)
+
+
+def render_pruned(point: Point) -> Point:
+    """--submit-pruned: render what the planner rejected, and run it anyway."""
+    try:
+        rendered = engine_module(point.cfg.engine.name).render(point.cfg, point.run_dir)
+    except Exception as error:
+        write_status(point.run_dir, PRUNED, f"{point.reason}; and the engine cannot render it: {error}")
+        return point
+    rendered.save()
+    write_status(point.run_dir, PENDING, f"run despite being pruned: {point.reason}")
+    return Point(point.run_dir, point.overrides, point.cfg, rendered, "")
+
+
+def load_point(run_dir: Path, state: str, reason: str) -> Point:
+    """A prepared point read back from its run directory (resume)."""
+    cfg = run_config_from_dict(load_json(run_dir / CONFIG_FILE))
+    rendered = RenderedRun.load(run_dir) if (run_dir / RENDERED_FILE).exists() and state != PRUNED else None
+    return Point(run_dir, [], cfg, rendered, reason)
+
+
+def _composed(points: Sequence[List[str]]) -> List[RunConfig]:
+    """One config per point; a sweep has one sweep_name and one launcher backend."""
+    configs = [compose_run_config(point) for point in points]
+    names = {cfg.sweep_name for cfg in configs}
+    backends = {cfg.launcher.backend for cfg in configs}
+    if len(names) > 1 or len(backends) > 1:
+        raise UsageError(f"one sweep has one sweep_name and one launcher; the grid varies them: "
+                         f"{sorted(names)} {sorted(backends)}")
+    check_name("sweep_name", configs[0].sweep_name)
+    return configs
+
+
+def expand(overrides: Sequence[str], submit_pruned: bool) -> Tuple[Path, List[Point], str]:
+    """The grid's run directories under a new sweep directory: (sweep dir, points, launcher backend)."""
+    points, params, sweep_dir = grid_points(overrides)
+    configs = _composed(points)
+    # Names and paths that could not go into a script are rejected before anything is written.
+    names = point_names(points, [run_name(cfg) for cfg in configs])
+    if configs[0].launcher.backend == "slurm":
+        for name in names:
+            check_run_dir(Path(sweep_dir).resolve() / name)
+    root = make_unique_dir(Path(sweep_dir).resolve())
+    write_json(root / SWEEP_FILE, {
+        "sweep_name": configs[0].sweep_name, "launcher": configs[0].launcher.backend, "created": time.time(),
+        "args": list(overrides), "params": params,
+        "points": [{"run": name, "overrides": point} for name, point in zip(names, points)],
+    })
+    prepared = []
+    for name, point, cfg in zip(names, points, configs):
+        item = prepare_point(cfg, root / name, point)
+        if item.rendered is None and submit_pruned:
+            item = render_pruned(item)
+        prepared.append(item)
+    return root, prepared, configs[0].launcher.backend
+
+
+def sweep_record(sweep_dir: Path) -> Dict[str, Any]:
+    """sweep.json: how the sweep was asked for (its name, launcher and points)."""
+    return load_json(Path(sweep_dir) / SWEEP_FILE)
