@@ -16,6 +16,8 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
     """import-linter over the `harness` package found at `root`, with the contracts of `root`/pyproject.toml."""
+    assert LINT_IMPORTS.exists(), (f"{LINT_IMPORTS} is missing: import-linter is in the test extra "
+                                   "(`make setup`, or pip install -c constraints.txt import-linter)")
     env = {**os.environ, "PYTHONPATH": str(root)}
     return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True, text=True,
                           timeout=300)
