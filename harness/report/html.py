@@ -12,7 +12,7 @@ import pandas as pd
 from harness.report import svg
 from harness.report.headline import Headline, format_bytes, headlines
 from harness.report.table import STATUS_ORDER
-from harness.rundir import COMPLETED, REPORT_HTML, write_text
+from harness.rundir import COMPLETED, write_text
 
 TITLES = {
     "throughput": "Tokens/s per device by layout",

@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from harness.report.headline import headline
-from harness.rundir import WANDB_REPORT_JSON, WANDB_REPORT_URL, write_text
+from harness.rundir import write_text
 
 PUBLISH_TIMEOUT_S = 120
 # Summary keys the runtime writes (harness/runtime/bench.py `_flat_summary`: the scalar fields of `Measured`).
