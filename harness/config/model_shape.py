@@ -13,6 +13,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from harness.rundir import write_text
+
 SHAPE_VERSION = 5  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
@@ -50,10 +52,7 @@ def model_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         shape = json.loads(path.read_text())
     except (OSError, ValueError):
         shape = derive_shape(hf_config)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(shape))
-        os.replace(partial, path)
+        write_text(path, json.dumps(shape))
     _MEMO[key] = shape
     return shape
 
