@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import List, Tuple
@@ -22,6 +23,8 @@ examples:
 """
 
 _failed_runs: List[str] = []
+# The shell's code for a command ended by SIGINT (128 + 2); SIGTERM ends `run` and `sweep` the same way.
+INTERRUPTED = 130
 
 
 def _run_task(cfg) -> None:
@@ -30,8 +33,6 @@ def _run_task(cfg) -> None:
     from harness.config.compose import to_run_config
     from harness.launch.prepare import RunRejected, prepare_run
     from harness.launch.run import run_prepared
-    from harness.report.build import build_report
-    from harness.report.table import print_table, summary_frame
 
     run = to_run_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -41,11 +42,22 @@ def _run_task(cfg) -> None:
         print(f"{run_dir.name}: {error}", file=sys.stderr)
         _failed_runs.append(run_dir.name)
         return
-    state, _ = run_prepared(run_dir, prepared.cfg, prepared.rendered, label=str(run_dir))
+    try:
+        state, _ = run_prepared(run_dir, prepared.cfg, prepared.rendered, label=str(run_dir))
+    except KeyboardInterrupt:  # the point is CANCELLED by now; the summary still covers it
+        _failed_runs.append(run_dir.name)
+        _write_summary(run_dir.parent)
+        raise
     if state != "COMPLETED":
         _failed_runs.append(run_dir.name)
-    # The sweep's table and reports are rebuilt after every run, so a partial sweep is readable too.
-    sweep_dir = run_dir.parent
+    _write_summary(run_dir.parent)
+
+
+def _write_summary(sweep_dir: Path) -> None:
+    """The sweep's table and reports are rebuilt after every run, so a partial sweep is readable too."""
+    from harness.report.build import build_report
+    from harness.report.table import print_table, summary_frame
+
     frame = summary_frame([sweep_dir])
     paths = build_report([sweep_dir], sweep_dir, frame=frame)
     print_table(frame, title=str(sweep_dir))
@@ -111,7 +123,11 @@ def run_command(args: List[str]) -> int:
     if not check_points("run", flags, overrides):
         return 2
     sys.argv = ["harness run", *flags, SEARCHPATH_OVERRIDE, *overrides]
-    hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
+    try:
+        hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
+    except KeyboardInterrupt:
+        print(f"[harness] interrupted: {', '.join(_failed_runs) or 'nothing'} cancelled", file=sys.stderr)
+        return INTERRUPTED
     if _failed_runs:
         print(f"[harness] not completed: {', '.join(_failed_runs)}", file=sys.stderr)
         return 1
@@ -130,7 +146,11 @@ def plan_command(args: List[str]) -> int:
 def sweep_command(args: List[str]) -> int:
     from harness.commands.sweep import main as sweep_main
 
-    return sweep_main(args)
+    try:
+        return sweep_main(args)
+    except KeyboardInterrupt:
+        print("[harness] interrupted: the running point was cancelled, the summary written", file=sys.stderr)
+        return INTERRUPTED
 
 
 def report_command(args: List[str]) -> int:
@@ -159,6 +179,8 @@ def main() -> int:
     if command in COMMAND_USAGE and {"-h", "--help"} & set(rest):
         print(COMMAND_USAGE[command])
         return 0
+    # SIGTERM (a scheduler, `kill`) stops a run the way Ctrl-C does: cancelled, summarised, exit 130.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     return COMMANDS[command](rest)
 
 

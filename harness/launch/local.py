@@ -8,15 +8,23 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from harness.engines.rendered import RenderedRun
+from harness.launch.run_lock import RunLock, live_holder
+from harness.launch.watchdog import EXIT_TIMEOUT
 from harness.rundir import (
     COMPLETED,
+    CORRUPT,
+    ERRORS_DIR,
     FAILED,
     LAUNCH_LOG,
+    OOM,
+    RUNNING,
     TIMEOUT,
+    CorruptFile,
     metrics_written,
+    read_errors,
     read_status,
     state_from_files,
     write_status,
@@ -50,8 +58,13 @@ def rank_environment(rendered: RenderedRun, extra: Dict[str, str]) -> Dict[str, 
 
 def classify(run_dir: Path, returncode: Optional[int]) -> Tuple[str, str]:
     """Final state from structured files and the exit code (never from log text)."""
-    if returncode is None:
-        return TIMEOUT, "local time limit reached (launcher.timeout_s)"
+    if returncode is None or returncode == EXIT_TIMEOUT:
+        return TIMEOUT, read_status(run_dir).reason or "local time limit reached (launcher.timeout_s)"
+    if returncode == 0 and metrics_written(run_dir):
+        return COMPLETED, ""
+    first = first_failure(run_dir)
+    if first is not None:
+        return first
     # A non-zero exit after metrics.json is still a failure here (the launcher saw a rank die).
     from_files = state_from_files(run_dir, metrics_count=returncode == 0)
     if from_files is not None:
@@ -60,35 +73,61 @@ def classify(run_dir: Path, returncode: Optional[int]) -> Tuple[str, str]:
     return FAILED, f"launcher exited with code {returncode} {written} (see {LOG_FILE})"
 
 
-def _run_process_group(argv, log, env, timeout_s: int) -> Optional[int]:
-    """Run the launcher in its own session; on timeout the whole group (every rank) is killed."""
-    process = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-    )
+def first_failure(run_dir: Path) -> Optional[Tuple[str, str]]:
+    """The root cause among the ranks' error records: an out-of-memory record, else the earliest one.
+
+    A rank killed by a signal writes nothing; the watchdog writes its record, dated when the rank was last
+    seen alive, so it sorts before its peers' "connection closed by peer" that its death caused.
+    """
     try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        errors = read_errors(run_dir)
+    except CorruptFile as error:
+        return CORRUPT, f"corrupt run directory: {error}"
+    if not errors:
         return None
-    except BaseException:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        raise
+    when = {error.rank: (run_dir / ERRORS_DIR / f"rank{error.rank}.json").stat().st_mtime for error in errors}
+    ordered = sorted(errors, key=lambda error: (not error.out_of_memory, when[error.rank], error.rank))
+    root = ordered[0]
+    return (OOM if root.out_of_memory else FAILED), root.reason()
+
+
+def _run_watched(run_dir: Path, argv: List[str], env: Dict[str, str], timeout_s: int) -> int:
+    """Run the launcher under the watchdog; an interrupt of the harness stops the whole tree and re-raises."""
+    command = [sys.executable, "-m", "harness.launch.watchdog", str(run_dir), str(os.getpid()), str(timeout_s),
+               "--", *argv]
+    with RunLock(run_dir) as lock:
+        watchdog = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            lock.hand_to(watchdog.pid)
+            return watchdog.wait()
+        except BaseException:
+            # The watchdog takes the tree down (every rank, in any session) and marks the run CANCELLED.
+            watchdog.send_signal(signal.SIGTERM)
+            _wait_through_interrupts(watchdog)
+            raise
+
+
+def _wait_through_interrupts(process: subprocess.Popen) -> None:
+    """Wait for the watchdog to finish stopping the tree, even if the user presses Ctrl-C again."""
+    while True:
+        try:
+            process.wait()
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str]) -> Tuple[str, str]:
     if rendered.nnodes != 1:
         raise ValueError(f"launcher=local starts one node; cluster.nodes={rendered.nnodes} needs launcher=slurm")
     run_dir = Path(rendered.run_dir)
+    holder = live_holder(run_dir)
+    if holder:  # a launch of this run is alive (a resumed sweep, a second `harness run`): leave it be
+        return RUNNING, f"not started again: {holder}"
     argv = rendered.argv_for("0", "127.0.0.1", str(free_port()))
     argv[0] = resolve_executable(argv[0])
-    with open(run_dir / LOG_FILE, "w") as log:
-        returncode = _run_process_group(argv, log, rank_environment(rendered, extra_env), timeout_s)
+    (run_dir / LOG_FILE).write_bytes(b"")
+    returncode = _run_watched(run_dir, argv, rank_environment(rendered, extra_env), timeout_s)
     state, reason = classify(run_dir, returncode)
     if state != COMPLETED or read_status(run_dir).state != COMPLETED:
         write_status(run_dir, state, reason)

@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from harness.launch.job_records import archive_attempt, note_previous_attempt, read_submission, submit
 from harness.launch.points import Point, load_point, render_pruned, sweep_record
 from harness.launch.run import run_prepared
+from harness.launch.run_lock import live_holder
 from harness.launch.sbatch import Submission, group_runs, write_group, write_job_script
 from harness.launch.slurm_commands import scancel
 from harness.launch.status import RunView, one_line, print_status, refresh, timing
@@ -145,7 +146,11 @@ def _launch_local(sweep_dir: Path, points: Sequence[Point], opts: Options, repor
                 print(f"# would run: {point.rendered.command_line()}")
         print(f"[harness] dry run: prepared {sweep_dir}; run it with `harness sweep resume {sweep_dir}`")
         return 0
-    run_local(points)
+    try:
+        run_local(points)
+    except KeyboardInterrupt:  # SIGINT / SIGTERM: the running point is CANCELLED; the summary still builds
+        finish(sweep_dir, report, query_slurm=False)
+        raise
     return finish(sweep_dir, report, query_slurm=False)
 
 
@@ -195,6 +200,10 @@ def _resumable(view: RunView, opts: Options) -> Optional[Point]:
         point = render_pruned(point)
         if point.rendered is None:
             return None
+    holder = live_holder(view.run_dir)
+    if holder:  # never a second launch beside a live one
+        print(f"[harness] {view.run_dir.name}: {holder}; not resumed", flush=True)
+        return None
     if not opts.dry_run and view.state in (*RESUBMIT_STATES, RUNNING):
         note_previous_attempt(view.run_dir, view.state, view.reason)
         archive_attempt(view.run_dir)

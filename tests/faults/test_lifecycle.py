@@ -1,0 +1,102 @@
+"""Process lifecycle under faults: the real torchrun with fake ranks, killed the way users and kernels do."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+from harness import REPO_ROOT
+from harness.engines.rendered import RenderedRun
+from harness.launch.local import launch_local
+from harness.launch.run_lock import LOCK_FILE, RunLock, live_holder
+from harness.launch.watchdog import RankSeen, record_signal_deaths
+from harness.rundir import read_errors, read_status
+from tests.faults.procs import fake_job, running, wait_for_ranks, wait_until_gone
+
+HARNESS = "import sys; from pathlib import Path; from harness.engines.rendered import RenderedRun; " \
+          "from harness.launch.local import launch_local; " \
+          "print(launch_local(RenderedRun.load(Path(sys.argv[1])), 120, {}), flush=True)"
+
+
+def _processes_naming(text: str):
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(text in part for part in process.info["cmdline"] or []) and running(process.pid):
+            found.append(process.pid)
+    return found
+
+
+def test_kill9_of_the_harness_leaves_no_process_behind(fake_run):
+    fake_job(fake_run).save()
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(fake_run)], cwd=REPO_ROOT)
+    ranks = wait_for_ranks(fake_run)
+    tree = [child.pid for child in psutil.Process(harness.pid).children(recursive=True)]
+    assert set(ranks) <= set(tree), "the ranks run under the harness's watchdog"
+    harness.kill()
+    harness.wait()
+    assert wait_until_gone(tree, timeout_s=30) == [], "a process of the run outlived the harness"
+    assert _processes_naming(str(fake_run)) == []
+    status = read_status(fake_run)
+    assert status.state == "CANCELLED" and "harness" in status.reason
+    assert live_holder(fake_run) is None, "the lock of a dead tree is stale"
+
+
+def test_kill9_of_one_rank_names_that_rank_not_its_peer(fake_run):
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(out=launch_local(fake_job(fake_run), 120, {})))
+    worker.start()
+    ranks = wait_for_ranks(fake_run)
+    os.kill(ranks[1], signal.SIGKILL)
+    worker.join(timeout=90)
+    state, reason = result["out"]
+    assert state in ("FAILED", "OOM") and reason.startswith("rank 1: "), reason
+    assert "SIGKILL" in reason or "without an error record" in reason, reason
+    # Rank 0's own record (the peer's symptom) is kept, but it is not the reason.
+    assert {error.rank for error in read_errors(fake_run)} == {0, 1}
+    assert read_status(fake_run).reason == reason
+    assert wait_until_gone(ranks, timeout_s=10) == []
+
+
+def test_sigkill_near_the_memory_limit_reads_as_host_oom(tmp_path):
+    total = 24 * 2**30
+    near = RankSeen(pid=1, rank=3, last_alive=time.time(), rss=20 * 2**30, available=int(0.02 * total),
+                    exit_status=signal.SIGKILL)  # waitpid status of a SIGKILL: the signal number itself
+    roomy = RankSeen(pid=2, rank=4, last_alive=time.time(), rss=2**30, available=total // 2,
+                     exit_status=signal.SIGKILL)
+    record_signal_deaths(tmp_path, [near, roomy], total)
+    errors = {error.rank: error for error in read_errors(tmp_path)}
+    assert errors[3].out_of_memory and "out of memory (host)" in errors[3].message
+    assert "host memory available 0.48 of 24.00 GiB" in errors[3].message
+    assert not errors[4].out_of_memory and errors[4].type == "SIGKILL"
+
+
+def test_a_live_run_is_never_launched_twice(fake_run):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with RunLock(fake_run) as lock:
+            lock.hand_to(holder.pid)
+            state, reason = launch_local(fake_job(fake_run), 120, {})
+        assert state == "RUNNING" and f"pid {holder.pid}" in reason
+        assert not (fake_run / "launch.log").exists() and not (fake_run / "pids").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stale_lock_is_replaced(fake_run):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (fake_run / LOCK_FILE).write_text(json.dumps({"host": os.uname().nodename, "pid": dead.pid,
+                                                  "start_time": time.time() - 5}))
+    assert live_holder(fake_run) is None
+    rendered = RenderedRun(run_dir=str(fake_run), engine="fake", launcher="python", nnodes=1, nproc_per_node=1,
+                           argv=[sys.executable, "-c", "print('ran')"])
+    state, reason = launch_local(rendered, 60, {})
+    assert "ran" in (fake_run / "launch.log").read_text()
+    assert state == "FAILED" and "no metrics.json" in reason
+    assert not (fake_run / LOCK_FILE).exists()
