@@ -84,3 +84,14 @@ def peak_flops(accelerator: str, dtype: str, measured: Optional[float] = None) -
 def device_memory_gib(accelerator: str) -> Optional[float]:
     """Datasheet memory of one device, or None (cpu, unknown accelerator)."""
     return DEVICE_MEMORY_GIB.get(accelerator)
+
+
+def accelerator_problem(accelerator: str) -> Optional[str]:
+    """An accelerator the tables above do not hold cannot be planned honestly (no peak, no memory)."""
+    from harness.config.errors import nearest
+
+    known = sorted({*PEAK_FLOPS, *MEASURED_ONLY})
+    if accelerator in known:
+        return None
+    return (f"cluster.accelerator={accelerator!r} is not in harness/plan/peak.py's table"
+            f"{nearest(accelerator, known)}: one of {', '.join(known)}")

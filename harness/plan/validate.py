@@ -9,6 +9,7 @@ from harness.config import schema
 from harness.plan.construction import check_model_init
 from harness.plan.conventions import state_convention
 from harness.plan.model_spec import ModelSpec
+from harness.plan.peak import accelerator_problem
 from harness.plan.support import ENGINE_SUPPORT
 
 # Each rule is a pure function of the few primitive fields it reads, returning (errors, warnings);
@@ -24,6 +25,9 @@ _DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "pp_virtual_stag
 def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
     """(errors, warnings) of a RunConfig against its model; an empty error list means plannable."""
     layout, engine, cluster = cfg.layout, cfg.engine, cfg.cluster
+    unknown_accelerator = accelerator_problem(cluster.accelerator)
+    if unknown_accelerator:  # every later rule reads the accelerator's table row
+        return [unknown_accelerator], []
     found = [check_enums(engine.name, engine.launcher, layout.precision, layout.offload_optimizer,
                          layout.offload_params, layout.activation_checkpointing, layout.pp_schedule,
                          cfg.bench.flop_attention)]

@@ -71,12 +71,13 @@ def test_invalid_plan_keeps_its_errors_and_serialises():
     assert not unknown.valid and unknown.model is None and "model_type='bert'" in unknown.errors[0]
 
 
-def test_unknown_accelerator_gives_no_mfu_and_says_why():
-    plan = make_plan(run_config(cluster=dict(accelerator="tpu_v9", memory_per_accelerator_gib=None)),
+def test_unknown_accelerator_is_refused_with_the_nearest_name():
+    # Without a table row there is no peak and no device memory: nothing to plan or launch against.
+    plan = make_plan(run_config(cluster=dict(accelerator="h100_sxn", memory_per_accelerator_gib=None)),
                      tokens_per_s=1000.0)
-    assert plan.valid and plan.peak_flops_per_device is None and plan.predicted_mfu is None
-    assert plan.fits is None and plan.device_memory_source == "unknown"
-    assert any("accelerator='tpu_v9'" in w and "MFU not computed" in w for w in plan.warnings)
+    assert not plan.valid and plan.predicted_mfu is None
+    assert plan.errors[0].startswith("cluster.accelerator='h100_sxn' is not in harness/plan/peak.py's table "
+                                     "(did you mean 'h100_sxm'?)")
 
 
 def test_cpu_peak_is_measured_and_labelled():
