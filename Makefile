@@ -55,11 +55,14 @@ report: setup ## the newest sweep (or D='<dir> [<dir>...]') -> summary.csv/.parq
 
 test: setup ## run every test (unit, integration on CPU, local Slurm)
 	@mkdir -p $(TORCH_EXTENSIONS_DIR)
+	@# libaio-dev first (apt-get, as tests/slurm install Slurm): the NVMe tests fail, not skip, without it.
+	tools/install_libaio.sh || echo "libaio-dev not installed: the NVMe offload tests will fail and say why"
 	@# The op compiles (minutes, first time only) beside the suite; its tests run last and wait for it.
 	( MAX_JOBS=1 nice -n 10 $(BUILD_OPS) > $(TORCH_EXTENSIONS_DIR)/ops-build.log 2>&1 & )
 	$(PY) -m pytest -q
 
 ops: setup ## build the JIT DeepSpeed ops (async_io for NVMe offload) into TORCH_EXTENSIONS_DIR, once per machine
+	tools/install_libaio.sh
 	MAX_JOBS=$${MAX_JOBS:-2} $(BUILD_OPS)
 
 test-unit: setup ## fast pure tests only
