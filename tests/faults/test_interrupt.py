@@ -7,7 +7,8 @@ import threading
 
 from harness import cli
 from harness.config.compose import compose_run_config
-from harness.launch import sweep
+from harness.commands import sweep as sweep_command
+from harness.launch.points import Point
 from harness.rundir import PENDING, read_status, write_status
 from tests.faults.procs import fake_job, wait_for_ranks, wait_until_gone
 
@@ -20,9 +21,9 @@ def test_sigint_of_a_local_sweep_cancels_the_running_point(tmp_path, monkeypatch
         run_dir = sweep_dir / name
         run_dir.mkdir(parents=True)
         write_status(run_dir, PENDING)
-        points.append(sweep.Point(run_dir, [], cfg, fake_job(run_dir)))
+        points.append(Point(run_dir, [], cfg, fake_job(run_dir)))
     # The grid is given; everything after it (launch, the watchdog, the summary, the exit code) is real.
-    monkeypatch.setattr(sweep, "expand", lambda opts: (sweep_dir, points, "local"))
+    monkeypatch.setattr(sweep_command, "expand", lambda overrides, submit_pruned: (sweep_dir, points, "local"))
     first = points[0].run_dir
     ranks = []
 
