@@ -258,6 +258,9 @@ class ClusterConfig:
     memory_allowance_fixed_gib: Optional[float] = None
     intra_node_gbps: float = 0.0
     inter_node_gbps: float = 0.0
+    # A calibrated hardware profile (JSON written by `harness calibrate`) the time model uses instead of
+    # the datasheet table; None: the table, or on `cpu` this host's cached profile.
+    profile: Optional[str] = None
 
 
 @dataclass

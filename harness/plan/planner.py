@@ -6,10 +6,12 @@ from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from harness.plan.flops import FlopConvention, flops_per_token, recompute_flops_per_token
+from harness.plan.hardware import achievable_peak, hardware_profile
 from harness.plan.memory import Allowance, MemoryBreakdown, memory_per_rank
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
-from harness.plan.peak import device_memory_gib, peak_flops
+from harness.plan.peak import Peak, device_memory_gib, peak_flops
 from harness.plan.records import build
+from harness.plan.time_model import StepTime, predict_step_time
 from harness.plan.utilization import hfu, mfu, tokens_per_step
 from harness.plan.validate import validate
 
@@ -42,6 +44,12 @@ class Plan:
     tokens_per_s: Optional[float] = None
     predicted_mfu: Optional[float] = None
     predicted_hfu: Optional[float] = None
+    time: Optional[StepTime] = None  # predicted step time and its breakdown (None: no hardware profile)
+    time_source: str = "none"  # the hardware profile the time came from
+
+    @property
+    def step_time_s(self) -> Optional[float]:
+        return self.time.step_time_s if self.time else None
 
     @property
     def valid(self) -> bool:
@@ -90,7 +98,17 @@ class Plan:
             "tokens_per_s": self.tokens_per_s,
             "predicted_mfu": self.predicted_mfu,
             "predicted_hfu": self.predicted_hfu,
+            "step_time_s": self.step_time_s,
+            "tflops_per_device": _tflops(self),
+            "time": self.time.to_dict() if self.time else None,
+            "time_source": self.time_source,
         }
+
+
+def _tflops(plan: "Plan") -> Optional[float]:
+    if plan.tokens_per_s is None or plan.flops_per_token is None or not plan.world_size:
+        return None
+    return plan.tokens_per_s * plan.flops_per_token / plan.world_size / 1e12
 
 
 def _as_dict(config: Any) -> Dict[str, Any]:
@@ -129,10 +147,10 @@ def _flops(spec: ModelSpec, seq_len: int, convention: FlopConvention, checkpoint
 
 def clear_caches() -> None:
     """Forget every memoised spec, rule result and state breakdown (after editing a table at run time)."""
-    from harness.plan import activations, states, validate as rules
+    from harness.plan import activations, hardware, states, validate as rules
 
-    for cache in (_SPECS, _CONVENTIONS, _FLOPS, _PEAKS, _ALLOWANCES, _DEVICE_MEMORY, states._RANK_PARAMS,
-                  states._RANK_STATES, activations._TOKEN_ACTIVATIONS):
+    for cache in (_SPECS, _CONVENTIONS, _FLOPS, _PEAKS, _ALLOWANCES, _DEVICE_MEMORY, _PROFILES, states._RANK_PARAMS,
+                  states._RANK_STATES, activations._TOKEN_ACTIVATIONS, hardware._LOADED):
         cache.clear()
     for rule in (rules.check_enums, rules.check_world, rules.check_tensor_parallel, rules.check_pipeline,
                  rules.check_sequence, rules.check_experts, rules.check_engine, rules.check_offload,
@@ -224,6 +242,11 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
         if node_host > cluster.host_memory_gib * GIB:
             warnings.append(f"offloaded states need {node_host / GIB:.1f} GiB of host memory per node > "
                             f"cluster.host_memory_gib={cluster.host_memory_gib}")
+    step, time_source, measured_peak = _predict_time(spec, cfg, warnings) if tokens_per_s is None else (None, "none", None)
+    if step is not None:
+        tokens_per_s = tokens / step.step_time_s
+    if peak.flops is None and measured_peak:
+        peak = Peak(measured_peak, f"measured:{time_source}")
     return build(
         Plan, model=spec, layout=layout, cluster=cluster, engine=engine, world_size=world, errors=(),
         warnings=tuple(warnings), memory=memory, device_memory_bytes=device_bytes,
@@ -233,7 +256,30 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
         predicted_mfu=None if tokens_per_s is None else mfu(tokens_per_s, model_flops, peak.flops, world),
         predicted_hfu=None if tokens_per_s is None else hfu(tokens_per_s, model_flops,
                                                             hardware_flops - model_flops, peak.flops, world),
+        time=step, time_source=time_source,
     )
+
+
+_PROFILES: Dict[tuple, Any] = {}
+
+
+def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optional[StepTime], str, Optional[float]]:
+    """(predicted step time, the profile it came from, the profile's measured peak) for a valid layout."""
+    cluster = cfg.cluster
+    key = (cluster.accelerator, getattr(cluster, "profile", None), cluster.accelerators_per_node,
+           cluster.intra_node_gbps, cluster.inter_node_gbps, cfg.layout.precision)
+    hit = _PROFILES.get(key)
+    if hit is None:
+        hw = hardware_profile(cluster)
+        rate = achievable_peak(hw, cluster.accelerator, cfg.layout.precision) if hw else None
+        hit = _PROFILES[key] = (hw, rate)
+    hw, rate = hit
+    if hw is None or not rate:
+        hint = "run `harness calibrate`" if cluster.accelerator == "cpu" else "set cluster.profile"
+        warnings.append(f"no hardware profile for accelerator={cluster.accelerator!r}: step time not predicted "
+                        f"({hint})")
+        return None, "none", None
+    return predict_step_time(spec, cfg.layout, cfg.engine, hw, rate), hw.source, hw.measured_peak_flops
 
 
 def _invalid(cfg: Any, spec: Optional[ModelSpec], world: int, tokens: int, errors: List[str],
@@ -245,7 +291,7 @@ def _invalid(cfg: Any, spec: Optional[ModelSpec], world: int, tokens: int, error
         flop_convention=convention.name if convention else "invalid", flops_per_token=None,
         hfu_flops_per_token=None, tokens_per_step=tokens,
         peak_flops_per_device=peak.flops if peak else None, peak_flops_source=peak.source if peak else "unknown",
-        tokens_per_s=None, predicted_mfu=None, predicted_hfu=None,
+        tokens_per_s=None, predicted_mfu=None, predicted_hfu=None, time=None, time_source="none",
     )
 
 
@@ -290,5 +336,7 @@ def plan_rows(plans: Iterable[Plan]) -> List[Dict[str, Any]]:
             "flop_convention": plan.flop_convention,
             "tokens_per_step": plan.tokens_per_step,
             "mfu": plan.predicted_mfu,
+            "step_time(s)": plan.step_time_s,
+            "tokens_per_s": plan.tokens_per_s,
         })
     return rows

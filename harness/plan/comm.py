@@ -1,0 +1,95 @@
+"""Time of one collective: latency + bytes x bus factor / bus bandwidth, ring or tree, within or across nodes."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import NamedTuple
+
+from harness.plan.hardware import HardwareProfile
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
+class Group(NamedTuple):
+    """A process group: its size and how many nodes it spans."""
+
+    size: int
+    nodes: int
+
+
+@lru_cache(maxsize=4096)
+def axis_group(size: int, stride: int, gpus_per_node: int) -> Group:
+    """The group of one parallel axis whose ranks are `stride` apart in the global rank order (inner axes
+    vary fastest): it stays inside a node while stride x size <= gpus per node."""
+    if size <= 1:
+        return Group(1, 1)
+    per_node = max(1, gpus_per_node // max(1, stride)) if stride < gpus_per_node else 1
+    return Group(size, max(1, math.ceil(size / per_node)))
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """Bytes each rank moves per byte of the collective's buffer on a ring (nccl-tests PERFORMANCE.md):
+    all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n of the full buffer, all-to-all (n-1)/n,
+    point-to-point 1."""
+    if kind == "p2p":
+        return 1.0
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    return (n - 1) / n
+
+
+def _steps(kind: str, n: int) -> int:
+    if kind == "p2p":
+        return 1
+    return 2 * (n - 1) if kind in ("all_reduce", "all_to_all") else n - 1
+
+
+def ring_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile, low_latency: bool = False) -> float:
+    """NCCL's ring model (tuning.cc ncclTopoTuneModel / ncclTopoGetAlgoTime): base latency, then one step
+    latency per ring step (network steps for the hops between nodes), then bytes at the bus bandwidth of the
+    slowest link. LL halves the bandwidth (8-byte flag per 8 bytes of data) and cuts the step latency."""
+    n = group.size
+    if n <= 1 and kind != "p2p":
+        return 0.0
+    bandwidth = hw.inter_node_bandwidth if group.nodes > 1 else hw.intra_node_bandwidth
+    steps = _steps(kind, n)
+    inter_steps = 0 if group.nodes == 1 else (2 if kind == "all_reduce" else 1) * (group.nodes - 1)
+    intra, inter, base = hw.intra_step_latency_s, hw.inter_step_latency_s, hw.collective_base_latency_s
+    if low_latency:
+        # tuning.cc: Ring/LL base 6.6 us, step 0.6 us (NVLink) / 2.7 us (network), bus bandwidth x 0.5
+        base, intra, inter, bandwidth = base * 6.6 / 8.4, intra * 0.6 / 3.4, inter * 2.7 / 14.0, bandwidth * 0.5
+    latency = base + (steps - inter_steps) * intra + inter_steps * inter
+    return latency + nbytes * bus_factor(kind, n) / bandwidth
+
+
+def tree_all_reduce_time(nbytes: float, group: Group, hw: HardwareProfile) -> float:
+    """NCCL's tree all-reduce: reduce up and broadcast down a tree of nodes, latency growing with
+    log2(nodes) instead of the ring's 2(n-1) steps; bus bandwidth x 0.92, algorithm bandwidth half of it."""
+    n = group.size
+    if n <= 1:
+        return 0.0
+    per_node = max(1, n // group.nodes)
+    bandwidth = (hw.inter_node_bandwidth if group.nodes > 1 else hw.intra_node_bandwidth) * 0.92
+    latency = hw.collective_base_latency_s + 2 * ((per_node - 1) * hw.intra_step_latency_s
+                                                  + math.log2(group.nodes) * hw.inter_step_latency_s)
+    return latency + nbytes / (0.5 * bandwidth)
+
+
+@lru_cache(maxsize=1 << 16)
+def collective_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile) -> float:
+    """Seconds for one collective of `nbytes` (the full buffer: all-reduce input, all-gather output,
+    reduce-scatter input, all-to-all send buffer, point-to-point message): the fastest algorithm and
+    protocol the library would pick. Small messages are latency-bound, so efficiency falls with size."""
+    if kind not in KINDS:
+        raise ValueError(f"collective kind={kind!r} must be one of {KINDS}")
+    if nbytes <= 0 or (group.size <= 1 and kind != "p2p"):
+        return 0.0
+    best = ring_time(kind, nbytes, group, hw)
+    if hw.low_latency_protocol:
+        best = min(best, ring_time(kind, nbytes, group, hw, low_latency=True))
+        if kind == "all_reduce" and group.nodes > 1:
+            best = min(best, tree_all_reduce_time(nbytes, group, hw))
+    return best

@@ -1,0 +1,135 @@
+"""Compute time of one decoder layer and of the layers outside it, per operation class, forward and backward."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from harness.plan.hardware import HardwareProfile
+from harness.plan.model_spec import ModelSpec
+
+
+class OpTime(NamedTuple):
+    """Seconds per operation class for one micro-batch on one rank."""
+
+    gemm: float = 0.0
+    attention: float = 0.0
+    elementwise: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention + self.elementwise
+
+    def __add__(self, other):  # type: ignore[override]
+        return OpTime(self.gemm + other.gemm, self.attention + other.attention, self.elementwise + other.elementwise)
+
+    def scaled(self, k: float) -> "OpTime":
+        return OpTime(self.gemm * k, self.attention * k, self.elementwise * k)
+
+
+def gemm_time(m: float, k: float, n: float, dtype_bytes: int, hw: HardwareProfile, peak: float) -> float:
+    """One (m x k) @ (k x n) product: roofline at the achievable matmul rate and the achievable memory
+    bandwidth (Williams et al. 2009), plus the per-op latency; efficiency falls for thin shapes because
+    their bytes per FLOP grow, and for tiny ones because the latency dominates."""
+    flops = 2.0 * m * k * n
+    moved = dtype_bytes * (m * k + k * n + m * n)
+    return hw.op_latency_s + max(flops / peak, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+
+
+def streaming_time(nbytes: float, ops: int, hw: HardwareProfile) -> float:
+    """Memory-bound elementwise / norm work: bytes at the achievable bandwidth plus each op's latency."""
+    return ops * hw.op_latency_s + nbytes / (hw.memory_bandwidth * hw.memory_efficiency)
+
+
+def layer_gemms(spec: ModelSpec, tokens: float, tp: int):
+    """(m, k, n, count) of the weight GEMMs of one layer's forward on one TP rank (Megatron split:
+    q/k/v and the MLP's first matrices column-parallel, o and the last one row-parallel)."""
+    h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_size
+    q, kv = spec.num_heads * d // tp, spec.num_kv_heads * d // tp
+    attn = [(tokens, h, q, 1), (tokens, h, kv, 2), (tokens, q, h, 1)]
+    routed = tokens * spec.experts_per_token if spec.is_moe else tokens
+    first = 2 if spec.gated_mlp else 1
+    mlp = [(routed, h, f // tp, first), (routed, f // tp, h, 1)]
+    if spec.is_moe:
+        mlp.append((tokens, h, spec.num_experts, 1))  # router
+    return attn + mlp
+
+
+# Kernels one layer of transformers' Llama-family code issues in forward / backward, counted from
+# modeling_llama.py: two RMSNorms (to fp32, pow, mean, add, rsqrt, mul, cast, weight mul: 8 each),
+# q/k/v/o views and transposes (6), rotary on q and k (mul, two slices, neg, cat, mul, add: 7 each),
+# the attention call, two residual adds, the MLP's activation and product. Backward: about one kernel per
+# autograd node, two GEMMs per projection.
+LAYER_ELEMENTWISE_OPS = {"forward": 8 * 2 + 6 + 7 * 2 + 2 + 2, "backward": 8 * 2 + 6 + 6 * 2 + 2 + 3}
+EAGER_ATTENTION_OPS = {"forward": 10, "backward": 10}  # repeat_kv, matmul, mask add, fp32 softmax, cast, matmul
+
+
+def layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dtype_bytes: int) -> float:
+    """Bytes one layer's memory-bound forward kernels read and write for `tokens` tokens on a TP rank.
+
+    RMSNorm upcasts to fp32 (transformers): read e·h, then four fp32 passes of 8 bytes (read + write) per
+    element, cast back and scale by the weight: about (3e + 32)·h per norm. Residual adds read two and
+    write one (3e·h each). Rotary reads and writes q and k about four times (8e per element). SwiGLU's
+    silu(gate)·up reads 3f and writes 2f; a two-matrix MLP's activation reads and writes f.
+    """
+    e, h = dtype_bytes, spec.hidden_size
+    q, kv, f = spec.num_heads * spec.head_dim / tp, spec.num_kv_heads * spec.head_dim / tp, spec.ffn_size / tp
+    norms = 2 * (3 * e + 32) * h
+    residual = 2 * 3 * e * h
+    rotary = 8 * e * (q + kv) if not spec.learned_positions else 0
+    act = (5 if spec.gated_mlp else 2) * e * f * (spec.experts_per_token if spec.is_moe else 1)
+    return tokens * (norms + residual + rotary + act)
+
+
+def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
+                   peak: float, backward: bool) -> float:
+    """QK^T and AV of one layer for `tokens` query tokens against the whole sequence.
+
+    Fused kernels (SDPA, flash) skip masked blocks, so a causal mask costs half the T^2 work; they run at
+    the profile's attention efficiency, and their backward recomputes the scores (5 matmuls against the
+    forward's 2: 2.5x, Dao 2023 sec. 3.1). Eager attention materialises the scores: both matmuls over the
+    full T, plus the fp32 softmax traffic (write scores, upcast, softmax, cast: ~14 bytes per score)."""
+    heads = spec.num_heads / tp
+    full = 4.0 * heads * spec.head_dim * tokens * seq_len
+    if spec.attn_implementation == "eager":
+        scores = heads * tokens * seq_len
+        ops = EAGER_ATTENTION_OPS["backward" if backward else "forward"]
+        one = (full / (peak) + streaming_time(14 * scores, ops, hw))
+        return one * (2.0 if backward else 1.0)
+    efficiency = hw.attention_efficiency_flash if spec.attn_implementation == "flash_attention_2" \
+        else hw.attention_efficiency_sdpa
+    rate = peak / hw.matmul_efficiency * efficiency
+    return hw.op_latency_s + (full / 2) * (2.5 if backward else 1.0) / rate
+
+
+@lru_cache(maxsize=1 << 16)
+def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
+               peak: float, backward: bool) -> OpTime:
+    """One decoder layer on one rank for one micro-batch of `tokens` local tokens: forward, or backward
+    (two GEMMs per weight GEMM, one for the input gradient and one for the weight gradient; twice the
+    elementwise traffic)."""
+    per_gemm = 2 if backward else 1
+    gemm = sum(count * per_gemm * gemm_time(m, k, n, dtype_bytes, hw, peak)
+               for m, k, n, count in layer_gemms(spec, tokens, tp))
+    attention = attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward)
+    ops = LAYER_ELEMENTWISE_OPS["backward" if backward else "forward"]
+    elementwise = streaming_time(layer_elementwise_bytes(spec, tokens, tp, dtype_bytes) * (2 if backward else 1),
+                                 ops, hw)
+    return OpTime(gemm, attention, elementwise)
+
+
+@lru_cache(maxsize=1 << 16)
+def outside_time(spec: ModelSpec, tokens: float, tp: int, vocab_split: bool, dtype_bytes: int,
+                 hw: HardwareProfile, peak: float, first: bool, last: bool) -> OpTime:
+    """Embedding gather on the first stage; final norm, lm_head GEMM and fp32 cross-entropy on the last,
+    forward + backward (the loss reads and writes the fp32 logits about three times each way)."""
+    e, h = dtype_bytes, spec.hidden_size
+    vocab = spec.vocab_size / (tp if vocab_split else 1)
+    out = OpTime()
+    if first:
+        out += OpTime(elementwise=streaming_time(3 * tokens * h * e, 3, hw))
+    if last:
+        head = 3 * gemm_time(tokens, h, vocab, e, hw, peak)
+        loss = streaming_time(tokens * vocab * (e + 4 * 6), 12, hw)
+        out += OpTime(gemm=head, elementwise=loss + streaming_time(3 * (3 * e + 32) * h * tokens, 16, hw))
+    return out

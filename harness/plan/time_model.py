@@ -1,0 +1,288 @@
+"""Predicted step time of one layout on one engine, with its breakdown: compute, communication per axis and
+what of it is exposed, pipeline bubble, optimizer and offload traffic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, NamedTuple, Optional
+
+from harness.plan.activations import V_SHAPED, rank_stages
+from harness.plan.comm import Group, axis_group, collective_time
+from harness.plan.compute_time import OpTime, layer_time, outside_time, streaming_time
+from harness.plan.conventions import COMPUTE_BYTES, state_convention
+from harness.plan.hardware import HardwareProfile
+from harness.plan.model_spec import ModelSpec
+from harness.plan.states import rank_params, stage_layer_counts
+from harness.plan.support import ENGINE_SUPPORT
+
+# Kernels torch's AdamW issues per parameter tensor when it loops over tensors (its default off CUDA:
+# foreach is only chosen for CUDA tensors): lerp/mul/addcmul for the moments, bias corrections, sqrt,
+# div, add eps, addcdiv, weight decay.
+ADAM_OPS_PER_TENSOR = 12
+# Bytes AdamW moves per parameter with fp32 master, gradient and moments: read p, g, m, v (16), write
+# p, m, v (12), and the 16-bit working copy when the master is separate (2).
+ADAM_BYTES_PER_PARAM = 28
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted time of one optimizer step on the slowest rank, and where it goes (seconds)."""
+
+    step_time_s: float
+    compute_s: Dict[str, float]  # per operation class, summed over the step's micro-batches
+    comm_s: Dict[str, Dict[str, float]]  # per axis: total issued and exposed (not hidden behind compute)
+    bubble_s: float
+    optimizer_s: float
+    offload_s: float
+    overlap: Dict[str, str] = field(default_factory=dict)  # per axis: what hides it
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"step_time_s": self.step_time_s, "compute_s": dict(self.compute_s),
+                "comm_s": {k: dict(v) for k, v in self.comm_s.items()}, "bubble_s": self.bubble_s,
+                "optimizer_s": self.optimizer_s, "offload_s": self.offload_s, "overlap": dict(self.overlap)}
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The process group of every axis. Rank order tp fastest, then cp, dp_shard, dp_replicate, pp
+    (torchtitan's mesh order, Megatron's default): tp stays inside a node before anything else."""
+
+    tp: Group
+    cp: Group
+    ep: Group
+    dp_shard: Group  # the FSDP / ZeRO shard group (dp_shard x cp ranks hold shards of the same weights)
+    dp_replicate: Group
+    pp: Group
+
+
+def layout_groups(layout: Any, gpus_per_node: int) -> Groups:
+    """Groups of each axis from the degrees and the node size."""
+    tp, cp, shard, rep = layout.tp, layout.cp, layout.dp_shard, layout.dp_replicate
+    return Groups(
+        tp=axis_group(tp, 1, gpus_per_node),
+        cp=axis_group(cp, tp, gpus_per_node),
+        ep=axis_group(layout.ep, tp, gpus_per_node),
+        dp_shard=axis_group(shard * cp, tp, gpus_per_node),
+        dp_replicate=axis_group(rep, tp * cp * shard, gpus_per_node),
+        pp=axis_group(layout.pp, tp * cp * shard * rep, gpus_per_node),
+    )
+
+
+def pipeline_time(schedule: str, pp: int, virtual: int, microbatches: int, forward: float,
+                  backward: float) -> float:
+    """Time of m micro-batches through p stages whose slowest rank spends `forward` + `backward` per
+    micro-batch (all its local stages together).
+
+    GPipe and 1F1B: (m + p - 1)(F + B) (Narayanan et al. 2021's bubble (p-1)/m, Huang et al. 2019);
+    interleaved with v chunks per rank: the bubble shrinks to (p-1)(F + B)/v. Zero-bubble schedules split
+    B into the input gradient I and the weight gradient W (each about B/2) and fill the bubble with W
+    (Qi et al. 2023): ZB-H1 leaves (p-1)(F + I - W), the V-shaped ZB-V and DualPipeV (p-1)(F + I - 2W),
+    clipped at zero; per chunk of 1/v of the rank's layers."""
+    work = microbatches * (forward + backward)
+    if pp <= 1:
+        return work
+    p, v = pp, max(1, virtual)
+    f, i, w = forward / v, backward / v / 2, backward / v / 2
+    if schedule in ("GPipe", "1F1B"):
+        bubble = (p - 1) * (forward + backward)
+    elif schedule in ("Interleaved1F1B", "LoopedBFS"):
+        bubble = (p - 1) * (f + i + w)
+    elif schedule == "InterleavedZeroBubble":
+        bubble = (p - 1) * max(0.0, f + i - w)
+    elif schedule in V_SHAPED:
+        bubble = (p - 1) * max(0.0, f + i - 2 * w)
+    else:
+        raise ValueError(f"pp_schedule={schedule!r} has no time model")
+    return work + bubble
+
+
+def exposed(comm: float, hiding: float, hw: HardwareProfile, tail: float = 0.0) -> float:
+    """What of `comm` the critical path sees when it runs beside `hiding` seconds of compute: all of it
+    when the hardware cannot overlap (CPU ranks, one core each), else the excess plus an unhidable tail
+    (the first gather before any compute, the last reduction after the last backward)."""
+    if not hw.overlaps_comm:
+        return comm
+    return max(0.0, comm - hiding) + min(comm, tail)
+
+
+def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwareProfile,
+                      peak: float) -> StepTime:
+    """The step time of the slowest pipeline rank. `peak` is the achievable matmul FLOP/s of one rank."""
+    e = COMPUTE_BYTES[layout.precision]
+    groups = layout_groups(layout, hw.gpus_per_node)
+    tokens = layout.micro_batch * layout.seq_len // layout.cp
+    counts = stage_layer_counts(spec.num_layers, layout.pp, layout.pp_virtual_stages if layout.pp > 1 else 1,
+                                layout.pp_stage_layers)
+    best: Optional[StepTime] = None
+    for rank in _critical_ranks(layout):
+        stages = rank_stages(layout.pp_schedule, layout.pp, layout.pp_virtual_stages, rank) if layout.pp > 1 else (0,)
+        layers = sum(counts[s] for s in stages)
+        first, last = 0 in stages, len(counts) - 1 in stages
+        step = _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, len(stages))
+        if best is None or step.step_time_s > best.step_time_s:
+            best = step
+    assert best is not None
+    return best
+
+
+def _critical_ranks(layout: Any):
+    if layout.pp == 1 or layout.pp_schedule in V_SHAPED:
+        return (0,)
+    return (0, layout.pp - 1)
+
+
+def _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first, last):
+    """(forward, backward, recompute) OpTimes of one micro-batch on this rank."""
+    tp = layout.tp
+    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False)
+    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True)
+    vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
+    outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last)
+    if layout.activation_checkpointing == "full":
+        recompute = fwd.scaled(layers)
+    elif layout.activation_checkpointing == "selective":
+        recompute = OpTime(attention=fwd.attention * layers)
+    else:
+        recompute = OpTime()
+    # The outside work is counted a third in forward, two thirds in backward (its GEMM and loss).
+    return fwd.scaled(layers) + outside.scaled(1 / 3), bwd.scaled(layers) + outside.scaled(2 / 3), recompute
+
+
+def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers) -> Dict[str, float]:
+    """Seconds of TP, CP, EP and PP communication one micro-batch issues on this rank, forward + backward."""
+    h = spec.hidden_size
+    activation = tokens * h * e
+    if engine.sequence_parallel:
+        # Korthikanti et al. 2022, sec. 4.2.2: each all-reduce becomes an all-gather + a reduce-scatter
+        per_block = (collective_time("all_gather", activation, groups.tp, hw)
+                     + collective_time("reduce_scatter", activation, groups.tp, hw))
+    else:
+        per_block = collective_time("all_reduce", activation, groups.tp, hw)
+    # two blocks (attention, MLP) per layer, once in forward and once in backward (Shoeybi et al. 2019,
+    # fig. 4: f and g), once more when full checkpointing reruns the forward
+    passes = 3 if layout.activation_checkpointing == "full" else 2
+    tp = layers * 2 * passes * per_block if layout.tp > 1 else 0.0
+    kv = tokens * 2 * spec.num_kv_heads * spec.head_dim / layout.tp * e
+    # ring attention passes K and V cp-1 times forward, K, V and their gradients back (Liu et al. 2023)
+    cp = layers * 3 * (layout.cp - 1) * collective_time("p2p", kv, groups.cp, hw) if layout.cp > 1 else 0.0
+    routed = tokens * spec.experts_per_token * h * e
+    ep = layers * 4 * collective_time("all_to_all", routed, groups.ep, hw) if layout.ep > 1 and spec.is_moe else 0.0
+    chunks = layout.pp_virtual_stages if layout.pp > 1 else 0
+    pp = 2 * chunks * collective_time("p2p", activation, groups.pp, hw) if layout.pp > 1 else 0.0
+    return {"tp": tp, "cp": cp, "ep": ep, "pp": pp}
+
+
+class DataParallelComm(NamedTuple):
+    """Data-parallel traffic of one rank: per micro-batch (hidden behind that micro-batch's compute), per step
+    during the last backward (gradient buckets), and per step on the critical path (after the optimizer)."""
+
+    per_microbatch: float
+    with_last_backward: float
+    after_step: float
+    how: str
+
+
+def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Groups, params: float,
+                       work_bytes: int, grad_bytes: int, param_shard_stage: int) -> DataParallelComm:
+    """The collectives each engine issues on the data axis (Rajbhandari et al. 2020, sec. 5-7: ZeRO-1/2
+    move 2P per step like an all-reduce, ZeRO-3 3P; FSDP is ZeRO-3 with per-unit gathers, Zhao et al. 2023).
+
+    - parameters sharded (DeepSpeed stage 3, FSDP/nd stage >= 2): every micro-batch all-gathers the
+      parameters for forward, again for backward when they are resharded after forward (stage 3), and
+      reduce-scatters the gradients; HSDP adds an all-reduce of the shard over the replicas;
+    - DeepSpeed stage 2 reduce-scatters gradients in buckets in every backward, stage 1 once per step, both
+      all-gather the updated 16-bit parameters after the optimizer; Megatron's distributed optimizer alike;
+    - stage 0 all-reduces the gradients once per step, overlapped with the last backward (DDP buckets)."""
+    shard, rep, zero, name = groups.dp_shard, groups.dp_replicate, layout.zero_stage, engine.name
+    everyone = axis_group(shard.size * rep.size, layout.tp, hw.gpus_per_node)
+    grads, weights = params * grad_bytes, params * work_bytes
+    if shard.size * rep.size == 1:
+        return DataParallelComm(0.0, 0.0, 0.0, "no data parallelism")
+    if zero >= param_shard_stage and shard.size > 1:
+        gathers = 2 if zero >= 3 else 1
+        per_mb = (gathers * collective_time("all_gather", weights, shard, hw)
+                  + collective_time("reduce_scatter", grads, shard, hw)
+                  + collective_time("all_reduce", grads / shard.size, rep, hw))
+        return DataParallelComm(per_mb, 0.0, 0.0, "gathers prefetched behind the previous unit's compute; "
+                                "reduce-scatters behind the next unit's backward")
+    if zero >= 1 and shard.size > 1:
+        reduce = (collective_time("reduce_scatter", grads, shard, hw)
+                  + collective_time("all_reduce", grads / shard.size, rep, hw))
+        gather = collective_time("all_gather", weights, shard, hw)
+        if name == "deepspeed" and zero == 2:
+            return DataParallelComm(reduce, 0.0, gather, "bucketed reduce-scatter behind every backward; "
+                                    "parameter all-gather after the step, exposed")
+        return DataParallelComm(0.0, reduce, gather, "reduce-scatter behind the last backward; parameter "
+                                "all-gather after the step, exposed")
+    return DataParallelComm(0.0, collective_time("all_reduce", grads, everyone, hw), 0.0,
+                            "bucketed all-reduce behind the last backward")
+
+
+def optimizer_time(layout: Any, engine: Any, hw: HardwareProfile, opt_params: float, tensors: int,
+                   work_bytes: int, offload_grad_bytes: int) -> Dict[str, float]:
+    """The optimizer step on this rank's partition: AdamW streams ~28 bytes per parameter on the device,
+    with one kernel per op per tensor when torch loops over tensors (off CUDA) or a flat partition
+    (DeepSpeed). Offloaded: CPU Adam at the host's rate, gradients down and 16-bit parameters up the host
+    link (Ren et al. 2021, ZeRO-Offload, fig. 3), NVMe reads and writes master + moments (12 B/param,
+    Rajbhandari et al. 2021, ZeRO-Infinity)."""
+    if layout.offload_optimizer == "none":
+        launches = tensors * ADAM_OPS_PER_TENSOR if not hw.overlaps_comm else ADAM_OPS_PER_TENSOR
+        return {"optimizer": streaming_time(opt_params * ADAM_BYTES_PER_PARAM, launches, hw), "offload": 0.0}
+    step = opt_params / hw.cpu_adam_params_per_s
+    link = opt_params * (offload_grad_bytes + work_bytes) / hw.host_link_bandwidth
+    nvme = 2 * opt_params * 12 / hw.nvme_bandwidth if layout.offload_optimizer == "nvme" else 0.0
+    return {"optimizer": step, "offload": link + nvme}
+
+
+def param_offload_time(layout: Any, hw: HardwareProfile, opt_params: float, work_bytes: int) -> float:
+    """Per micro-batch: an offloaded parameter partition comes up the host link (or from NVMe) for every
+    gather, forward and backward (ZeRO-Infinity / FSDP CPUOffload)."""
+    if layout.offload_params == "none":
+        return 0.0
+    rate = hw.nvme_bandwidth if layout.offload_params == "nvme" else hw.host_link_bandwidth
+    return 2 * opt_params * work_bytes / rate
+
+
+def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, chunks) -> StepTime:
+    """Step time of one pipeline rank holding `layers` layers in `chunks` local stages."""
+    fwd, bwd, recompute = _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first, last)
+    compute_mb = fwd.total + bwd.total + recompute.total
+    layer_comm = _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers)
+    support = ENGINE_SUPPORT[engine.name]
+    params = rank_params(spec, layout.tp, layout.ep, layers, first, last, layout.pp, support.tp_shards_vocab)
+    local = params.dense_total + params.expert_total
+    conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version)
+    shards = groups.dp_shard.size
+    opt_params = local / shards if layout.zero_stage >= conv.optimizer_shard_stage else local
+    dp = data_parallel_comm(layout, engine, hw, groups, local, conv.working, conv.grad, conv.param_shard_stage)
+    offload_mb = param_offload_time(layout, hw, opt_params, conv.working)
+    m = layout.grad_accum
+    # TP, EP and pipeline transfers sit on the critical path (each layer waits for them); the ring of
+    # context parallelism runs beside the attention blocks it feeds; data-parallel traffic beside the layers.
+    exposed_mb = (layer_comm["tp"] + layer_comm["ep"] + layer_comm["pp"]
+                  + exposed(layer_comm["cp"], fwd.attention + bwd.attention, hw)
+                  + exposed(dp.per_microbatch + offload_mb, compute_mb, hw, tail=dp.per_microbatch / max(1, layers)))
+    forward = fwd.total + exposed_mb / 3
+    backward = bwd.total + recompute.total + 2 * exposed_mb / 3
+    pipeline = pipeline_time(layout.pp_schedule, layout.pp, chunks, m, forward, backward)
+    bubble = pipeline - m * (forward + backward)
+    step_comm = exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / max(1, layers)) + dp.after_step
+    tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else _tensor_count(params)
+    opt = optimizer_time(layout, engine, hw, opt_params, tensors, conv.working, conv.offload_grad)
+    total = pipeline + step_comm + opt["optimizer"] + opt["offload"]
+    dp_total = m * dp.per_microbatch + dp.with_last_backward + dp.after_step
+    dp_exposed = m * exposed(dp.per_microbatch, compute_mb, hw, tail=dp.per_microbatch / max(1, layers)) + step_comm
+    comm = {axis: {"total": m * t, "exposed": m * t} for axis, t in layer_comm.items() if axis != "cp"}
+    comm["cp"] = {"total": m * layer_comm["cp"], "exposed": m * exposed(layer_comm["cp"], fwd.attention + bwd.attention, hw)}
+    comm["dp"] = {"total": dp_total, "exposed": dp_exposed}
+    compute = {"gemm": m * (fwd.gemm + bwd.gemm), "attention": m * (fwd.attention + bwd.attention),
+               "elementwise": m * (fwd.elementwise + bwd.elementwise), "recompute": m * recompute.total}
+    overlap = {"dp": dp.how if hw.overlaps_comm else "none: ranks share the cores that compute",
+               "tp": "none (blocking, on the critical path)", "pp": "none (each stage waits for its input)",
+               "cp": "ring steps behind the attention blocks" if hw.overlaps_comm else "none",
+               "ep": "none (blocking all-to-all)"}
+    return StepTime(total, compute, comm, bubble, opt["optimizer"], opt["offload"] + m * offload_mb, overlap)
+
+
+def _tensor_count(params: Any) -> int:
+    return sum(count for _, _, count in params.dense) + sum(count for _, _, count in params.expert)

@@ -1,0 +1,128 @@
+"""The time model: collectives, pipeline bubbles, per-engine traffic and the step-time breakdown."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from harness.plan.comm import Group, axis_group, bus_factor, collective_time
+from harness.plan.compute_time import gemm_time
+from harness.plan.hardware import HARDWARE, achievable_peak
+from harness.plan.planner import make_plan
+from harness.plan.time_model import pipeline_time
+from plan_helpers import run_config
+
+H100 = HARDWARE["h100_sxm"]
+H100_8X8 = dict(name="h100_8x8", nodes=8, accelerators_per_node=8, accelerator="h100_sxm",
+                memory_per_accelerator_gib=None, host_memory_gib=2048.0)
+
+
+@pytest.mark.parametrize("kind, n, factor", [("all_reduce", 8, 2 * 7 / 8), ("all_gather", 8, 7 / 8),
+                                             ("reduce_scatter", 4, 3 / 4), ("p2p", 2, 1.0)])
+def test_bus_factor_is_the_nccl_tests_one(kind, n, factor):
+    # nccl-tests PERFORMANCE.md: busbw = algbw x 2(n-1)/n for all-reduce, (n-1)/n for (reduce-)scatter/gather
+    assert bus_factor(kind, n) == pytest.approx(factor)
+
+
+def test_large_all_reduce_runs_at_the_bus_bandwidth_and_small_ones_at_the_latency():
+    group = Group(8, 1)
+    big = 1 << 30
+    assert collective_time("all_reduce", big, group, H100) == pytest.approx(
+        big * 2 * 7 / 8 / H100.intra_node_bandwidth, rel=0.02)
+    small = collective_time("all_reduce", 1024, group, H100)
+    assert 5e-6 < small < 60e-6  # NCCL's tuning model: tens of microseconds for a few KiB
+    # the achieved bus bandwidth falls for small messages
+    assert 1024 * 2 * 7 / 8 / small < 0.01 * H100.intra_node_bandwidth
+
+
+def test_crossing_nodes_costs_the_network_bandwidth():
+    inside, across = Group(8, 1), Group(16, 2)
+    assert collective_time("all_gather", 1 << 30, across, H100) > 5 * collective_time("all_gather", 1 << 30, inside, H100)
+
+
+def test_axis_groups_stay_inside_a_node_while_they_fit():
+    assert axis_group(8, 1, 8) == Group(8, 1)  # tp 8 on one node
+    assert axis_group(4, 8, 8) == Group(4, 4)  # dp over tp=8: one rank per node
+    assert axis_group(4, 2, 8) == Group(4, 1)
+    assert axis_group(8, 2, 8) == Group(8, 2)
+
+
+def test_pipeline_bubbles_per_schedule():
+    f, b, m, p = 1.0, 2.0, 8, 4
+    assert pipeline_time("1F1B", p, 1, m, f, b) == pytest.approx((m + p - 1) * (f + b))
+    assert pipeline_time("GPipe", p, 1, m, f, b) == pytest.approx((m + p - 1) * (f + b))
+    # interleaving divides the bubble by the chunks per rank (Narayanan et al. 2021, sec. 2.2)
+    assert pipeline_time("Interleaved1F1B", p, 2, m, f, b) - m * (f + b) == pytest.approx((p - 1) * (f + b) / 2)
+    # ZB-H1 leaves (p-1)(F + I - W) = (p-1) F with I = W = B/2 (Qi et al. 2023)
+    assert pipeline_time("InterleavedZeroBubble", p, 1, m, f, b) - m * (f + b) == pytest.approx((p - 1) * f)
+    assert pipeline_time("ZBVZeroBubble", p, 2, m, f, b) == pytest.approx(m * (f + b))
+    assert pipeline_time("1F1B", 1, 1, m, f, b) == m * (f + b)
+
+
+def test_gemm_efficiency_falls_for_thin_shapes():
+    peak = achievable_peak(H100, "h100_sxm", "bf16")
+    square = 2 * 8192**3 / gemm_time(8192, 8192, 8192, 2, H100, peak)
+    thin = 2 * 8 * 8192 * 8192 / gemm_time(8, 8192, 8192, 2, H100, peak)
+    assert square == pytest.approx(peak, rel=0.01)
+    assert thin < 0.05 * peak  # a decode-like GEMM is bandwidth-bound
+
+
+def llama70b(**layout):
+    fields = dict(dp_shard=4, tp=8, pp=2, zero_stage=3, grad_accum=8, micro_batch=1, seq_len=8192,
+                  activation_checkpointing="selective")
+    fields.update(layout)
+    return run_config(model="llama3_1_70b", engine=dict(name="nd", sequence_parallel=True), cluster=H100_8X8,
+                      **fields)
+
+
+def test_a_plan_carries_step_time_throughput_mfu_and_breakdown():
+    plan = make_plan(llama70b())
+    assert plan.valid and plan.time is not None and plan.time_source == "datasheet"
+    assert plan.tokens_per_s == pytest.approx(plan.tokens_per_step / plan.step_time_s)
+    assert 0.2 < plan.predicted_mfu < 0.6  # 70B on H100: published runs report 35-50% MFU
+    assert plan.predicted_hfu > plan.predicted_mfu
+    t = plan.time
+    parts = (sum(t.compute_s.values()) + sum(c["exposed"] for c in t.comm_s.values()) + t.bubble_s
+             + t.optimizer_s + t.offload_s)
+    assert parts == pytest.approx(t.step_time_s, rel=1e-6)
+    assert t.comm_s["tp"]["exposed"] > 0 and t.comm_s["pp"]["total"] > 0 and t.bubble_s > 0
+    assert t.comm_s["dp"]["exposed"] <= t.comm_s["dp"]["total"]
+    d = plan.to_dict()
+    assert d["step_time_s"] == t.step_time_s and d["time"]["overlap"]["tp"].startswith("none")
+
+
+def test_more_micro_batches_shrink_the_bubble_share():
+    few, many = make_plan(llama70b(grad_accum=2)), make_plan(llama70b(grad_accum=32))
+    assert few.time.bubble_s / few.step_time_s > many.time.bubble_s / many.step_time_s
+    assert many.predicted_mfu > few.predicted_mfu
+
+
+def test_full_checkpointing_costs_one_more_forward():
+    none = make_plan(llama70b(activation_checkpointing="none", micro_batch=1))
+    full = make_plan(llama70b(activation_checkpointing="full", micro_batch=1))
+    c = none.time.compute_s
+    # backward = 2 x forward for GEMMs and elementwise work, 2.5 x for the fused attention kernel
+    forward = c["gemm"] / 3 + c["elementwise"] / 3 + c["attention"] / 3.5
+    assert full.time.compute_s["recompute"] == pytest.approx(forward, rel=0.05)
+    assert full.step_time_s - none.step_time_s >= full.time.compute_s["recompute"]  # + its TP traffic, bubble
+    assert none.time.compute_s["recompute"] == 0
+    assert full.predicted_hfu / full.predicted_mfu > 1.3 > none.predicted_hfu / none.predicted_mfu
+
+
+def test_optimizer_offload_adds_host_traffic():
+    cfg = run_config(model="llama3_1_8b", engine=dict(name="deepspeed"), cluster=H100_8X8, dp_shard=64,
+                     zero_stage=3, micro_batch=1, seq_len=4096)
+    device = make_plan(cfg)
+    offloaded = make_plan(replace(cfg, layout=replace(cfg.layout, offload_optimizer="cpu")))
+    assert offloaded.time.offload_s > 0 == device.time.offload_s
+    assert offloaded.step_time_s > device.step_time_s
+
+
+def test_unknown_hardware_says_why_and_predicts_nothing():
+    cfg = run_config(model="llama3_1_8b", engine=dict(name="fsdp"),
+                     cluster=dict(H100_8X8, accelerator="l40s", nodes=1, accelerators_per_node=2),
+                     dp_shard=2, zero_stage=3)
+    plan = make_plan(cfg)
+    assert plan.time is None and plan.predicted_mfu is None
+    assert any("no hardware profile for accelerator='l40s'" in w for w in plan.warnings)
