@@ -15,6 +15,9 @@ USAGE = """usage: harness COMMAND [hydra overrides...]
   sweep   run a grid: [sweep=<hydra_configs/sweep/NAME>] [multirun overrides] [launcher=slurm_local]
           [--dry-run] [--submit-pruned]; `sweep status|resume|cancel DIR` follow or mend one
   report  sweep dir(s) -> summary.csv/.parquet, report.html, W&B report spec (several dirs: compare)
+  recommend  rank every layout of a model on a cluster by predicted tokens/s: --global-batch SEQS
+          [--top K] [--name NAME] [--no-write] overrides; writes a sweep preset of the top K
+  calibrate  measure this host (or a cluster) into a hardware profile: [--ranks N] [--out PATH]
 
 examples:
   harness run recipes=cpu_zero2
@@ -167,7 +170,20 @@ def _newest_sweep(results: Path) -> Path:
     return candidates[-1]
 
 
-COMMANDS = {"run": run_command, "plan": plan_command, "sweep": sweep_command, "report": report_command}
+def recommend_command(args: List[str]) -> int:
+    from harness.launch.recommend import recommend_main
+
+    return recommend_main(args)
+
+
+def calibrate_command(args: List[str]) -> int:
+    from harness.runtime.calibrate import main as calibrate_main
+
+    return calibrate_main(args)
+
+
+COMMANDS = {"run": run_command, "plan": plan_command, "sweep": sweep_command, "report": report_command,
+            "recommend": recommend_command, "calibrate": calibrate_command}
 
 
 def main() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Dict, NamedTuple, Tuple
 
 from harness.plan.conventions import COMPUTE_BYTES
@@ -140,9 +141,17 @@ def inflight_microbatches(schedule: str, pp: int, virtual_stages: int, microbatc
         chunks = min((v - 1) * per_round + 2 * (p - 1 - rank) + 1, m * v)
         return chunks / v
     if schedule in SPLIT_BACKWARD:
-        moments = split_backward_moments(schedule, p, v, m, rank)
+        moments = distinct_moments(schedule, p, v, m, rank)
         return max(sum(counts) for counts, _ in moments) / len(moments[0][0])
     raise ValueError(f"pp_schedule={schedule!r} is not a known schedule")
+
+
+@lru_cache(maxsize=4096)
+def distinct_moments(schedule: str, pp: int, virtual_stages: int, microbatches: int,
+                     rank: int) -> Tuple[Tuple[Tuple[int, ...], int], ...]:
+    """split_backward_moments without repeats (the peak is a maximum over them), memoised: a steady
+    schedule repeats the same holdings once per micro-batch."""
+    return tuple(dict.fromkeys(split_backward_moments(schedule, pp, virtual_stages, microbatches, rank)))
 
 
 def split_backward_moments(schedule: str, pp: int, virtual_stages: int, microbatches: int,
@@ -283,5 +292,5 @@ def split_backward_bytes(tok: TokenActivations, layout: Any, rank: int, layers: 
                      + (out.last_per_token - out.loss_per_token if stage == p * v - 1 else 0))
         chunk.append(tokens * per_token + out.per_stage)
     loss = tokens * out.loss_per_token + out.last_constant
-    moments = split_backward_moments(layout.pp_schedule, p, v, layout.grad_accum, rank)
+    moments = distinct_moments(layout.pp_schedule, p, v, layout.grad_accum, rank)
     return int(max(sum(n * b for n, b in zip(counts, chunk)) + held * loss for counts, held in moments))

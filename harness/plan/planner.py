@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from harness.plan.flops import FlopConvention, flops_per_token, recompute_flops_per_token
@@ -156,6 +156,11 @@ def clear_caches() -> None:
                  rules.check_sequence, rules.check_experts, rules.check_engine, rules.check_offload,
                  rules.check_model_init):
         rule.cache_clear()
+    from harness.plan import comm, compute_time
+
+    for memo in (activations.distinct_moments, comm.collective_time, comm.axis_group, compute_time.layer_time,
+                 compute_time.outside_time):
+        memo.cache_clear()
 
 
 def default_allowance(accelerator: str) -> Allowance:
@@ -193,7 +198,7 @@ def cluster_allowance(cluster: Any) -> Allowance:
 
 
 def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_per_s: Optional[float] = None,
-              allowance: Optional[Allowance] = None) -> Plan:
+              allowance: Optional[Allowance] = None, predict_time: bool = True) -> Plan:
     """Plan one RunConfig. `peak_flops_per_device` is a measured peak (the CPU matmul benchmark);
     without it the datasheet table is used. `tokens_per_s` (global) adds a predicted MFU / HFU."""
     layout, cluster, engine, bench = cfg.layout, cfg.cluster, cfg.engine, cfg.bench
@@ -242,7 +247,8 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
         if node_host > cluster.host_memory_gib * GIB:
             warnings.append(f"offloaded states need {node_host / GIB:.1f} GiB of host memory per node > "
                             f"cluster.host_memory_gib={cluster.host_memory_gib}")
-    step, time_source, measured_peak = _predict_time(spec, cfg, warnings) if tokens_per_s is None else (None, "none", None)
+    step, time_source, measured_peak = (_predict_time(spec, cfg, warnings) if tokens_per_s is None and predict_time
+                                        else (None, "none", None))
     if step is not None:
         tokens_per_s = tokens / step.step_time_s
     if peak.flops is None and measured_peak:
@@ -261,6 +267,20 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
 
 
 _PROFILES: Dict[tuple, Any] = {}
+
+
+def with_time(plan: Plan, cfg: Any) -> Plan:
+    """A valid plan made with predict_time=False, completed with its predicted time, throughput and MFU."""
+    warnings: List[str] = list(plan.warnings)
+    step, source, _ = _predict_time(plan.model, cfg, warnings)
+    if step is None:
+        return replace(plan, warnings=tuple(warnings))
+    tokens_per_s = plan.tokens_per_step / step.step_time_s
+    model, hardware = plan.flops_per_token, plan.hfu_flops_per_token
+    return replace(plan, time=step, time_source=source, tokens_per_s=tokens_per_s,
+                   predicted_mfu=mfu(tokens_per_s, model, plan.peak_flops_per_device, plan.world_size),
+                   predicted_hfu=hfu(tokens_per_s, model, hardware - model, plan.peak_flops_per_device,
+                                     plan.world_size))
 
 
 def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optional[StepTime], str, Optional[float]]:

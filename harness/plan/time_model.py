@@ -77,7 +77,8 @@ def pipeline_time(schedule: str, pp: int, virtual: int, microbatches: int, forwa
     interleaved with v chunks per rank: the bubble shrinks to (p-1)(F + B)/v. Zero-bubble schedules split
     B into the input gradient I and the weight gradient W (each about B/2) and fill the bubble with W
     (Qi et al. 2023): ZB-H1 leaves (p-1)(F + I - W), the V-shaped ZB-V and DualPipeV (p-1)(F + I - 2W),
-    clipped at zero; per chunk of 1/v of the rank's layers."""
+    clipped at zero, once there are at least p x v micro-batches to fill it with; per chunk of 1/v of the
+    rank's layers."""
     work = microbatches * (forward + backward)
     if pp <= 1:
         return work
@@ -87,6 +88,8 @@ def pipeline_time(schedule: str, pp: int, virtual: int, microbatches: int, forwa
         bubble = (p - 1) * (forward + backward)
     elif schedule in ("Interleaved1F1B", "LoopedBFS"):
         bubble = (p - 1) * (f + i + w)
+    elif microbatches < p * v and schedule in ("InterleavedZeroBubble", *V_SHAPED):
+        bubble = (p - 1) * (f + i + w)  # too few micro-batches to fill the bubble with W passes
     elif schedule == "InterleavedZeroBubble":
         bubble = (p - 1) * max(0.0, f + i - w)
     elif schedule in V_SHAPED:
@@ -252,36 +255,39 @@ def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first,
     params = rank_params(spec, layout.tp, layout.ep, layers, first, last, layout.pp, support.tp_shards_vocab)
     local = params.dense_total + params.expert_total
     conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version)
-    shards = groups.dp_shard.size
-    opt_params = local / shards if layout.zero_stage >= conv.optimizer_shard_stage else local
+    opt_params = local / groups.dp_shard.size if layout.zero_stage >= conv.optimizer_shard_stage else local
     dp = data_parallel_comm(layout, engine, hw, groups, local, conv.working, conv.grad, conv.param_shard_stage)
     offload_mb = param_offload_time(layout, hw, opt_params, conv.working)
-    m = layout.grad_accum
+    m, unit = layout.grad_accum, max(1, layers)
     # TP, EP and pipeline transfers sit on the critical path (each layer waits for them); the ring of
-    # context parallelism runs beside the attention blocks it feeds; data-parallel traffic beside the layers.
-    exposed_mb = (layer_comm["tp"] + layer_comm["ep"] + layer_comm["pp"]
-                  + exposed(layer_comm["cp"], fwd.attention + bwd.attention, hw)
-                  + exposed(dp.per_microbatch + offload_mb, compute_mb, hw, tail=dp.per_microbatch / max(1, layers)))
-    forward = fwd.total + exposed_mb / 3
-    backward = bwd.total + recompute.total + 2 * exposed_mb / 3
+    # context parallelism runs beside the attention blocks it feeds (its first step is not hidden);
+    # data-parallel gathers / reductions and offloaded parameters beside the layers (the first gather
+    # and the last reduction are not hidden).
+    exposed_mb = {axis: layer_comm[axis] for axis in ("tp", "ep", "pp")}
+    exposed_mb["cp"] = exposed(layer_comm["cp"], fwd.attention + bwd.attention, hw,
+                               tail=layer_comm["cp"] / max(1, layout.cp - 1) / unit)
+    exposed_mb["dp"] = exposed(dp.per_microbatch, compute_mb, hw, tail=dp.per_microbatch / unit)
+    exposed_mb["offload"] = exposed(offload_mb, max(0.0, compute_mb - dp.per_microbatch), hw, tail=offload_mb / unit)
+    per_mb = sum(exposed_mb.values())
+    forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3
     pipeline = pipeline_time(layout.pp_schedule, layout.pp, chunks, m, forward, backward)
-    bubble = pipeline - m * (forward + backward)
-    step_comm = exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / max(1, layers)) + dp.after_step
+    step_comm = exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / unit) + dp.after_step
     tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else _tensor_count(params)
     opt = optimizer_time(layout, engine, hw, opt_params, tensors, conv.working, conv.offload_grad)
-    total = pipeline + step_comm + opt["optimizer"] + opt["offload"]
-    dp_total = m * dp.per_microbatch + dp.with_last_backward + dp.after_step
-    dp_exposed = m * exposed(dp.per_microbatch, compute_mb, hw, tail=dp.per_microbatch / max(1, layers)) + step_comm
-    comm = {axis: {"total": m * t, "exposed": m * t} for axis, t in layer_comm.items() if axis != "cp"}
-    comm["cp"] = {"total": m * layer_comm["cp"], "exposed": m * exposed(layer_comm["cp"], fwd.attention + bwd.attention, hw)}
-    comm["dp"] = {"total": dp_total, "exposed": dp_exposed}
+    totals = dict(layer_comm, dp=dp.per_microbatch, offload=offload_mb)
+    comm = {axis: {"total": m * totals[axis], "exposed": m * exposed_mb[axis]} for axis in exposed_mb}
+    comm["dp"] = {"total": comm["dp"]["total"] + dp.with_last_backward + dp.after_step,
+                  "exposed": comm["dp"]["exposed"] + step_comm}
     compute = {"gemm": m * (fwd.gemm + bwd.gemm), "attention": m * (fwd.attention + bwd.attention),
                "elementwise": m * (fwd.elementwise + bwd.elementwise), "recompute": m * recompute.total}
     overlap = {"dp": dp.how if hw.overlaps_comm else "none: ranks share the cores that compute",
                "tp": "none (blocking, on the critical path)", "pp": "none (each stage waits for its input)",
                "cp": "ring steps behind the attention blocks" if hw.overlaps_comm else "none",
-               "ep": "none (blocking all-to-all)"}
-    return StepTime(total, compute, comm, bubble, opt["optimizer"], opt["offload"] + m * offload_mb, overlap)
+               "ep": "none (blocking all-to-all)",
+               "offload": "parameter fetches behind compute" if hw.overlaps_comm else "none"}
+    total = pipeline + step_comm + opt["optimizer"] + opt["offload"]
+    return StepTime(total, compute, comm, pipeline - m * (forward + backward), opt["optimizer"], opt["offload"],
+                    overlap)
 
 
 def _tensor_count(params: Any) -> int:

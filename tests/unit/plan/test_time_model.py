@@ -57,6 +57,8 @@ def test_pipeline_bubbles_per_schedule():
     # ZB-H1 leaves (p-1)(F + I - W) = (p-1) F with I = W = B/2 (Qi et al. 2023)
     assert pipeline_time("InterleavedZeroBubble", p, 1, m, f, b) - m * (f + b) == pytest.approx((p - 1) * f)
     assert pipeline_time("ZBVZeroBubble", p, 2, m, f, b) == pytest.approx(m * (f + b))
+    # with fewer micro-batches than stages there is nothing to fill the bubble with
+    assert pipeline_time("ZBVZeroBubble", p, 2, 4, f, b) - 4 * (f + b) == pytest.approx((p - 1) * (f + b) / 2)
     assert pipeline_time("1F1B", 1, 1, m, f, b) == m * (f + b)
 
 

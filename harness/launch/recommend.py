@@ -1,0 +1,95 @@
+"""`harness recommend`: rank a model's layouts on a cluster, print the top k and why, write a sweep preset."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+import yaml
+
+from harness.config.compose import CONFIG_DIR, compose_run_config
+from harness.plan.planner import Plan
+from harness.plan.recommend import explain, rank
+
+LAYOUT_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "pp_schedule",
+                 "pp_virtual_stages", "pp_stage_layers", "offload_optimizer", "offload_params", "micro_batch",
+                 "grad_accum", "seq_len", "activation_checkpointing", "precision")
+
+
+def label(plan: Plan) -> str:
+    """The layout in one short line."""
+    l = plan.layout
+    sched = f" {l.pp_schedule}x{l.pp_virtual_stages}" if l.pp > 1 else ""
+    off = f" offload={l.offload_optimizer}" if l.offload_optimizer != "none" else ""
+    return (f"tp{l.tp} cp{l.cp} pp{l.pp}{sched} dp{l.dp_replicate}x{l.dp_shard} zero{l.zero_stage} "
+            f"mb{l.micro_batch} ga{l.grad_accum} ckpt={l.activation_checkpointing}{off}")
+
+
+def row(index: int, plan: Plan) -> str:
+    t = plan.time
+    comm = sum(c["exposed"] for c in t.comm_s.values())
+    return (f"{index}. {label(plan)}\n   {plan.tokens_per_s:,.0f} tokens/s, step {plan.step_time_s:.2f} s, "
+            f"MFU {plan.predicted_mfu:.1%}, HFU {plan.predicted_hfu:.1%}, memory {plan.memory.total_bytes / 2**30:.1f} "
+            f"GiB (margin {plan.margin_bytes / 2**30:.1f})\n   compute {sum(t.compute_s.values()):.2f} s, exposed "
+            f"comm {comm:.2f} s, bubble {t.bubble_s:.2f} s, optimizer {t.optimizer_s:.2f} s, offload {t.offload_s:.2f} s")
+
+
+def sweep_preset(plans: Sequence[Plan], name: str, model: str, engine: str, cluster: str) -> Dict[str, Any]:
+    """Files (relative to hydra_configs/) of one layout preset per plan and a sweep over them."""
+    files: Dict[str, Any] = {}
+    names = []
+    for i, plan in enumerate(plans, 1):
+        layout_name = f"{name}_{i}"
+        fields = {k: getattr(plan.layout, k) for k in LAYOUT_FIELDS}
+        files[f"layout/{layout_name}.yaml"] = {"name": layout_name, **fields}
+        names.append(layout_name)
+    files[f"sweep/{name}.yaml"] = {
+        "defaults": [{"override /model": model}, {"override /engine": engine}, {"override /cluster": cluster}],
+        "sweep_name": name,
+        "hydra": {"sweeper": {"params": {"layout": ",".join(names)}}},
+    }
+    return files
+
+
+def write_preset(files: Dict[str, Any], root: Path) -> List[Path]:
+    paths = []
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = "# @package _global_\n" if rel.startswith("sweep/") else ""
+        path.write_text(header + "# Written by `harness recommend`: the top layouts by predicted tokens/s.\n"
+                        + yaml.safe_dump(content, sort_keys=False))
+        paths.append(path)
+    return paths
+
+
+def recommend_main(argv: Sequence[str]) -> int:
+    """`harness recommend [--top K] [--global-batch SEQS] [--name NAME] [--no-write] overrides...`."""
+    parser = argparse.ArgumentParser(prog="harness recommend")
+    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    parser.add_argument("--name", default="recommended")
+    parser.add_argument("--no-write", action="store_true")
+    args, overrides = parser.parse_known_args(list(argv))
+    if args.top < 1 or args.global_batch < 1:
+        parser.error(f"--top={args.top} and --global-batch={args.global_batch} must be >= 1")
+    cfg = compose_run_config(overrides)
+    start = time.process_time()
+    top, fitting = rank(cfg, args.global_batch, args.top)
+    print(f"{fitting} fitting layouts ranked in {time.process_time() - start:.2f} s CPU")
+    if not top:
+        print("no layout fits", file=sys.stderr)
+        return 1
+    for i, plan in enumerate(top, 1):
+        print(row(i, plan))
+    if len(top) > 1:
+        print("why #1 beats #2: " + explain(top[0], top[1]))
+    if not args.no_write:
+        files = sweep_preset(top, args.name, cfg.model.name, cfg.engine.name, cfg.cluster.name)
+        for path in write_preset(files, CONFIG_DIR):
+            print(f"wrote {path}")
+        print(f"verify with: harness sweep sweep={args.name}")
+    return 0

@@ -1,0 +1,240 @@
+"""Micro-benchmarks that measure a hardware profile on the ranks a run would use (matmul by shape, memory
+bandwidth, per-op latency, optimizer throughput, collectives by size) and write it for the time model."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from harness.plan.comm import bus_factor
+from harness.plan.hardware import HardwareProfile, cpu_profile_name, profile_path, save_profile
+
+# Up to 512: the size the runtime's own peak measurement uses (bf16 GEMMs on CPUs without AMX run at well
+# under 1 GFLOP/s, so larger shapes cost minutes).
+MATMUL_SHAPES = ((64, 64, 64), (128, 64, 128), (128, 64, 256), (256, 256, 256), (512, 512, 512))
+COLLECTIVE_BYTES = (1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23)
+
+
+def best_time(fn: Callable[[], object], repeats: int = 3, inner: int = 1) -> float:
+    """Fastest of `repeats` timings of `inner` calls, per call (the least disturbed by other processes)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter() - start) / inner)
+    return best
+
+
+def matmul_rates(dtype: torch.dtype) -> Dict[str, float]:
+    """FLOP/s of torch.matmul per (m, k, n) shape."""
+    rates = {}
+    for m, k, n in MATMUL_SHAPES:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        rates[f"{m}x{k}x{n}"] = 2.0 * m * k * n / best_time(lambda: torch.matmul(a, b))
+    return rates
+
+
+def memory_bandwidth(nbytes: int = 64 << 20) -> float:
+    """Bytes/s of a large copy (read + write)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    return 2.0 * nbytes / best_time(lambda: dst.copy_(src))
+
+
+def op_latency(ops: int = 200) -> float:
+    """Seconds one small eager op costs with autograd: forward dispatch plus its backward node, per kernel."""
+    x = torch.randn(64, requires_grad=True)
+
+    def chain():
+        y = x
+        for _ in range(ops):
+            y = y * 1.0001
+        y.sum().backward()
+
+    return best_time(chain) / (2 * ops)
+
+
+def adam_rate(numel: int = 1 << 21) -> float:
+    """Parameters per second torch's AdamW updates in one flat fp32 tensor."""
+    param = torch.nn.Parameter(torch.randn(numel))
+    param.grad = torch.randn(numel)
+    opt = torch.optim.AdamW([param], lr=1e-3, foreach=False)
+    return numel / best_time(opt.step)
+
+
+def collective_times(sizes: Sequence[int]) -> Dict[str, List[Tuple[int, float]]]:
+    """(bytes, seconds) per size of all-reduce, all-gather, reduce-scatter and point-to-point in the current
+    process group (every rank calls this at once)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    out: Dict[str, List[Tuple[int, float]]] = {k: [] for k in ("all_reduce", "all_gather", "reduce_scatter", "p2p")}
+    for nbytes in sizes:
+        full = torch.ones(nbytes // 4)
+        part = torch.ones(nbytes // 4 // world)
+        ops = {"all_reduce": lambda: dist.all_reduce(full),
+               "all_gather": lambda: dist.all_gather_into_tensor(full, part),
+               "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),
+               "p2p": lambda: _exchange(full, rank, world)}
+        for kind, op in ops.items():
+            dist.barrier()
+            out[kind].append((nbytes, best_time(op)))
+    return out
+
+
+def _exchange(buf: torch.Tensor, rank: int, world: int) -> None:
+    peer = rank ^ 1
+    if peer >= world:
+        return
+    if rank % 2 == 0:
+        dist.send(buf, peer)
+        dist.recv(buf, peer)
+    else:
+        dist.recv(buf, peer)
+        dist.send(buf, peer)
+
+
+def fit_link(samples: Dict[str, List[Tuple[int, float]]], world: int) -> Tuple[float, float]:
+    """(latency per algorithm step, bus bandwidth) by least squares on t = steps x alpha + bytes x factor / bw
+    over every collective and size (the model comm.ring_time predicts with)."""
+    rows = []
+    for kind, points in samples.items():
+        steps = 1 if kind == "p2p" else (2 * (world - 1) if kind == "all_reduce" else world - 1)
+        # a p2p exchange here is a send and a receive: two messages
+        count = 2 if kind == "p2p" else 1
+        for nbytes, seconds in points:
+            rows.append((steps * count, nbytes * bus_factor(kind, world) * count, seconds))
+    sxx = sum(a * a for a, _, _ in rows)
+    sxy = sum(a * b for a, b, _ in rows)
+    syy = sum(b * b for _, b, _ in rows)
+    sxt = sum(a * t for a, _, t in rows)
+    syt = sum(b * t for _, b, t in rows)
+    det = sxx * syy - sxy * sxy
+    alpha = (sxt * syy - syt * sxy) / det
+    inv_bw = (sxx * syt - sxy * sxt) / det
+    return max(alpha, 1e-7), 1.0 / max(inv_bw, 1e-12)
+
+
+def attention_rate(dtype: torch.dtype, seq: int = 256, heads: int = 4, head_dim: int = 16) -> float:
+    """FLOP/s of a causal SDPA forward (4·a·d·T²/2 FLOPs: the half a causal mask keeps)."""
+    q = torch.randn(1, heads, seq, head_dim, dtype=dtype)
+    seconds = best_time(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
+    return 4.0 * heads * head_dim * seq * seq / 2 / seconds
+
+
+def disk_bandwidth(directory: str, nbytes: int = 32 << 20) -> float:
+    """Bytes/s of a synced sequential write: what NVMe offload's swap files see."""
+    data = os.urandom(nbytes)
+    with tempfile.NamedTemporaryFile(dir=directory) as f:
+        start = time.perf_counter()
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        return nbytes / (time.perf_counter() - start)
+
+
+def measure_rank(dtype: torch.dtype) -> Dict[str, object]:
+    """Every single-process benchmark, on this rank, while the other ranks run theirs."""
+    rates = matmul_rates(dtype)
+    return {"matmul": rates, "memory_bandwidth": memory_bandwidth(), "op_latency_s": op_latency(),
+            "adam_params_per_s": adam_rate(), "attention_flops": attention_rate(dtype),
+            "collectives": collective_times(COLLECTIVE_BYTES)}
+
+
+def profile_from(records: List[Dict[str, object]], world: int, name: str, disk: float) -> Tuple[HardwareProfile, Dict]:
+    """One profile from every rank's measurements (medians across ranks)."""
+    def med(key):
+        return statistics.median(float(r[key]) for r in records)
+
+    peak = statistics.median(max(r["matmul"].values()) for r in records)
+    samples = {k: [(n, statistics.median(r["collectives"][k][i][1] for r in records))
+                   for i, (n, _) in enumerate(records[0]["collectives"][k])] for k in records[0]["collectives"]}
+    alpha, bandwidth = fit_link(samples, world) if world > 1 else (1e-5, med("memory_bandwidth") / 2)
+    attention = min(1.0, med("attention_flops") / peak)
+    profile = HardwareProfile(
+        name=name, matmul_efficiency=1.0, attention_efficiency_sdpa=attention, attention_efficiency_flash=attention,
+        memory_bandwidth=med("memory_bandwidth"), memory_efficiency=1.0, op_latency_s=med("op_latency_s"),
+        gpus_per_node=world, intra_node_bandwidth=bandwidth, inter_node_bandwidth=bandwidth,
+        collective_base_latency_s=0.0, intra_step_latency_s=alpha, inter_step_latency_s=alpha,
+        low_latency_protocol=False, overlaps_comm=False, host_link_bandwidth=med("memory_bandwidth") / 2,
+        cpu_adam_params_per_s=med("adam_params_per_s"), nvme_bandwidth=disk, measured_peak_flops=peak,
+        source=f"measured:{name}:{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    raw = {"matmul_by_shape": {k: statistics.median(r["matmul"][k] for r in records) for k in records[0]["matmul"]},
+           "collectives": samples, "ranks": world, "load_average": os.getloadavg()}
+    return profile, raw
+
+
+def _worker(rank: int, world: int, port: int, precision: str, out: str) -> None:
+    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several ranks per node
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    record = measure_rank(dtype)
+    records: List[Dict[str, object]] = [None] * world  # type: ignore[list-item]
+    dist.all_gather_object(records, record)
+    if rank == 0:
+        Path(out).write_text(json.dumps(records))
+    dist.destroy_process_group()
+
+
+def measure_local(ranks: int, precision: str = "bf16") -> List[Dict[str, object]]:
+    """Run the benchmarks on `ranks` local processes at once (gloo), as a CPU run would."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "records.json")
+        mp.spawn(_worker, args=(ranks, port, precision, out), nprocs=ranks, join=True)
+        return json.loads(Path(out).read_text())
+
+
+def calibrate(ranks: int = 2, precision: str = "bf16", name: str = "", out: str = "") -> Path:
+    """Measure this host on `ranks` processes and write the profile (default: the host's cache file)."""
+    name = name or cpu_profile_name()
+    records = measure_local(ranks, precision)
+    profile, raw = profile_from(records, ranks, name, disk_bandwidth(tempfile.gettempdir()))
+    path = save_profile(profile, Path(out) if out else profile_path(name))
+    data = json.loads(path.read_text())
+    data["raw"] = raw
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def ensure_host_profile(ranks: int = 2) -> Path:
+    """The cached profile of this host, measured on first use."""
+    path = profile_path(cpu_profile_name())
+    return path if path.exists() else calibrate(ranks)
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    """`harness calibrate [--ranks N] [--precision P] [--name NAME] [--out PATH]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="harness calibrate", description=__doc__)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
+    parser.add_argument("--name", default="")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args(list(argv))
+    if args.ranks < 1:
+        parser.error(f"--ranks={args.ranks} must be >= 1")
+    path = calibrate(args.ranks, args.precision, args.name, args.out)
+    print(f"profile written to {path}")
+    print(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "raw"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

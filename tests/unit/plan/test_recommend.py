@@ -1,0 +1,44 @@
+"""The recommender: enumerate, prune, rank by predicted tokens/s, explain, write a sweep preset."""
+
+from __future__ import annotations
+
+from harness.launch.recommend import sweep_preset
+from harness.plan.recommend import explain, rank, stage_split
+from plan_helpers import run_config
+
+H100_1X8 = dict(name="gpu_h100_1x8", nodes=1, accelerators_per_node=8, accelerator="h100_sxm",
+                memory_per_accelerator_gib=None, host_memory_gib=2048.0)
+
+
+def llama8b_on_8_h100():
+    return run_config(model="llama3_1_8b", engine=dict(name="nd"), cluster=H100_1X8, seq_len=8192)
+
+
+def test_top_layouts_fit_are_sorted_and_keep_the_global_batch():
+    top, fitting = rank(llama8b_on_8_h100(), global_batch=64, top_k=5)
+    assert len(top) == 5 and fitting >= 5
+    speeds = [p.tokens_per_s for p in top]
+    assert speeds == sorted(speeds, reverse=True)
+    for plan in top:
+        assert plan.valid and plan.fits and plan.world_size == 8 and plan.global_batch == 64
+        assert plan.time is not None and 0 < plan.predicted_mfu < 0.8
+
+
+def test_explanation_names_what_differs():
+    top, _ = rank(llama8b_on_8_h100(), global_batch=64, top_k=8)
+    slower = top[-1]
+    text = explain(top[0], slower)
+    assert text.startswith(f"{top[0].tokens_per_s / slower.tokens_per_s:.3f}x")
+
+
+def test_uneven_stage_split_keeps_every_layer():
+    assert stage_split(126, 16) == [7] + [8] * 14 + [7]
+    assert sum(stage_split(126, 32)) == 126 and max(stage_split(126, 32)) - min(stage_split(126, 32)) == 1
+
+
+def test_sweep_preset_has_one_layout_per_recommendation():
+    top, _ = rank(llama8b_on_8_h100(), global_batch=64, top_k=3)
+    files = sweep_preset(top, "rec", "llama3_1_8b", "nd", "gpu_h100_1x8")
+    assert sorted(files) == ["layout/rec_1.yaml", "layout/rec_2.yaml", "layout/rec_3.yaml", "sweep/rec.yaml"]
+    assert files["sweep/rec.yaml"]["hydra"]["sweeper"]["params"]["layout"] == "rec_1,rec_2,rec_3"
+    assert files["layout/rec_1.yaml"]["tp"] == top[0].layout.tp
