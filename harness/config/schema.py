@@ -259,7 +259,7 @@ class ClusterConfig:
     intra_node_gbps: float = 0.0
     inter_node_gbps: float = 0.0
     # A calibrated hardware profile (JSON written by `harness calibrate`) the time model uses instead of
-    # the datasheet table; None: the table, or on `cpu` this host's cached profile.
+    # the datasheet table; `host`: this host's cached profile; None: the table.
     profile: Optional[str] = None
 
 

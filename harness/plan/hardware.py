@@ -122,10 +122,11 @@ def _calibrated(path: str) -> Optional[HardwareProfile]:
 
 
 def hardware_profile(cluster: Any) -> Optional[HardwareProfile]:
-    """The profile the planner uses: a calibrated file (cluster.profile, or the host's cached CPU profile)
-    before the datasheet table; cluster fields override bandwidths and node size. None: nothing known."""
+    """The profile the planner uses: a calibrated file (cluster.profile; `host` is this host's cached
+    profile, written by `harness calibrate`) before the datasheet table; cluster fields override
+    bandwidths and node size. None: nothing known."""
     path = getattr(cluster, "profile", None)
-    if not path and cluster.accelerator == "cpu":
+    if path == "host":
         path = str(profile_path(cpu_profile_name()))
     base = _calibrated(path) if path else None
     if base is None:

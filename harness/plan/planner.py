@@ -295,7 +295,8 @@ def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optio
         hit = _PROFILES[key] = (hw, rate)
     hw, rate = hit
     if hw is None or not rate:
-        hint = "run `harness calibrate`" if cluster.accelerator == "cpu" else "set cluster.profile"
+        hint = ("run `harness calibrate` and set cluster.profile=host" if cluster.accelerator == "cpu"
+                else "run `harness calibrate` and set cluster.profile")
         warnings.append(f"no hardware profile for accelerator={cluster.accelerator!r}: step time not predicted "
                         f"({hint})")
         return None, "none", None

@@ -1,0 +1,118 @@
+"""Benchmark: predicted against measured step time on this machine, for every cpu_* recipe, the cpu_grid
+sweep and a spread over tp / pp / ZeRO stage / offload / checkpointing; prints the error table with the
+load average at each run, the median and the maximum absolute error.
+
+    python tests/bench/bench_time_model.py               # calibrate if needed, run everything, compare
+    python tests/bench/bench_time_model.py --reuse DIR   # compare the runs already under DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = [sys.executable, "-m", "harness.cli"]
+
+# (label, overrides): every cpu_* recipe, then the spread the recipes do not cover.
+SPREAD = [
+    ("zero2 ckpt=full", ["recipes=cpu_zero2", "layout.activation_checkpointing=full"]),
+    ("zero3 ckpt=selective", ["recipes=cpu_zero3", "layout.activation_checkpointing=selective"]),
+    ("nd tp2 ckpt=full", ["recipes=cpu_nd_tp2", "layout.activation_checkpointing=full"]),
+    ("nd pp2 ga4", ["recipes=cpu_nd_pp2", "layout.grad_accum=4"]),
+    ("zero2 mb8", ["recipes=cpu_zero2", "layout.micro_batch=8"]),
+]
+
+
+def recipes() -> List[Tuple[str, List[str]]]:
+    return [(p.stem, [f"recipes={p.stem}"]) for p in sorted((ROOT / "recipes").glob("cpu_*.yaml"))]
+
+
+def run(label: str, overrides: List[str], out: Path) -> None:
+    """One `harness run` into out/<label>, the load average noted beside it."""
+    run_dir = out / label.replace(" ", "_").replace("=", "-")
+    load = os.getloadavg()
+    started = time.time()
+    proc = subprocess.run([*HARNESS, "run", *overrides, f"hydra.run.dir={run_dir}", "tracking.backend=disabled"],
+                          cwd=ROOT, capture_output=True, text=True)
+    (run_dir / "bench_load.json").parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / "bench_load.json").write_text(json.dumps({"label": label, "load_before": load,
+                                                          "load_after": os.getloadavg(), "rc": proc.returncode,
+                                                          "wall_s": time.time() - started}))
+    if proc.returncode:
+        print(f"{label}: exit {proc.returncode}\n{proc.stderr[-1500:]}", file=sys.stderr)
+
+
+def sweep(out: Path) -> None:
+    """The cpu_grid sweep into out/cpu_grid."""
+    load = os.getloadavg()
+    subprocess.run([*HARNESS, "sweep", "sweep=cpu_grid", f"hydra.sweep.dir={out / 'cpu_grid'}",
+                    "tracking.backend=disabled"], cwd=ROOT, capture_output=True, text=True)
+    for run_dir in (out / "cpu_grid").iterdir():
+        if run_dir.is_dir():
+            (run_dir / "bench_load.json").write_text(json.dumps({"label": f"cpu_grid/{run_dir.name}",
+                                                                  "load_before": load,
+                                                                  "load_after": os.getloadavg()}))
+
+
+def compare(out: Path) -> List[Dict[str, object]]:
+    """One row per completed run under `out`: measured and predicted step time, error, load."""
+    rows = []
+    for metrics in sorted(out.rglob("metrics.json")):
+        payload = json.loads(metrics.read_text())
+        predicted = (payload.get("predicted") or {}).get("step_time_s")
+        measured = payload["measured"]["step_time_s"]
+        load_file = metrics.parent / "bench_load.json"
+        load = json.loads(load_file.read_text()) if load_file.exists() else {}
+        if predicted is None:
+            continue
+        rows.append({"run": load.get("label", metrics.parent.name), "measured_s": measured,
+                     "predicted_s": predicted, "error": predicted / measured - 1,
+                     "load": (load.get("load_before") or [None])[0]})
+    return rows
+
+
+def print_table(rows: List[Dict[str, object]]) -> Optional[Tuple[float, float]]:
+    print(f"{'run':<34} {'load':>5} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
+    for r in rows:
+        load = f"{r['load']:.1f}" if r["load"] is not None else "-"
+        print(f"{r['run']:<34} {load:>5} {r['measured_s'] * 1e3:>12.1f} {r['predicted_s'] * 1e3:>13.1f} "
+              f"{r['error']:>+8.1%}")
+    if not rows:
+        print("no completed run with a prediction")
+        return None
+    errors = [abs(r["error"]) for r in rows]
+    median, worst = statistics.median(errors), max(errors)
+    print(f"{len(rows)} runs: median |error| {median:.1%}, max |error| {worst:.1%} (targets 15% / 35%)")
+    return median, worst
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reuse", type=Path, help="compare the runs already under this directory")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "time_model_check" / time.strftime("%Y%m%d-%H%M%S"))
+    args = parser.parse_args()
+    if args.reuse:
+        print_table(compare(args.reuse))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from harness.runtime.calibrate import ensure_host_profile
+
+    print(f"hardware profile: {ensure_host_profile()}")
+    for label, overrides in recipes() + SPREAD:
+        run(label, overrides, args.out)
+    sweep(args.out)
+    print(f"runs under {args.out}")
+    print_table(compare(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
