@@ -48,8 +48,8 @@ class HardwareProfile:
 #         table" (BF16): A100 SXM 271.2/312 = 86.9%, H100 SXM 794.5/989 = 80.3%, GH200 828.6/989 = 83.6%,
 #         MI300X 781.9/1300 = 60.1%.
 #   Attention: FlashAttention-2 (Dao 2023, sec. 4.1) reaches 50-73% of A100 peak forward+backward; on H100 it
-#         runs at ~35% of peak, FlashAttention-3 (Shah et al. 2024, fig. 5-6) at up to 75% (fwd) / ~60% (bwd).
-#         torch SDPA dispatches to FlashAttention-2 kernels on both.
+#         runs at ~35% of peak (Shah et al. 2024, FlashAttention-3, sec. 1: "FlashAttention-2 achieves only 35%
+#         utilization on H100"). attn_implementation flash_attention_2 and torch SDPA both run FA2 kernels.
 #   HBM: A100 80GB datasheet 2,039 GB/s; H100 SXM datasheet 3.35 TB/s; H200 datasheet 4.8 TB/s; MI300X data
 #         sheet 5.3 TB/s. Achievable streaming fraction ~90% (NVIDIA's BabelStream-class copy results; the
 #         ml-engineering "memory bandwidth" section quotes 85-92%).
@@ -72,10 +72,10 @@ HARDWARE: Dict[str, HardwareProfile] = {
     "a100_sxm_40gb": HardwareProfile("a100_sxm_40gb", 0.869, 0.50, 0.50, 1555 * GB, 0.90, gpus_per_node=8,
                                      intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
                                      host_link_bandwidth=25 * GB, **_NVIDIA_NCCL),
-    "h100_sxm": HardwareProfile("h100_sxm", 0.803, 0.35, 0.60, 3350 * GB, 0.90, gpus_per_node=8,
+    "h100_sxm": HardwareProfile("h100_sxm", 0.803, 0.35, 0.35, 3350 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
                                 host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),
-    "h200": HardwareProfile("h200", 0.836, 0.35, 0.60, 4800 * GB, 0.90, gpus_per_node=8,
+    "h200": HardwareProfile("h200", 0.836, 0.35, 0.35, 4800 * GB, 0.90, gpus_per_node=8,
                             intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
                             host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),
     "mi300x": HardwareProfile("mi300x", 0.601, 0.30, 0.30, 5300 * GB, 0.85, gpus_per_node=8,
