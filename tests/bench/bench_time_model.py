@@ -62,12 +62,25 @@ def sweep(out: Path) -> None:
                                                                   "load_after": os.getloadavg()}))
 
 
+def predict(run_dir: Path) -> Optional[float]:
+    """The step time the current model and profile predict for a run's resolved config (so runs measured
+    before a recalibration are judged by the profile in use now)."""
+    sys.path.insert(0, str(ROOT))
+    from harness.config.compose import run_config_from_dict
+    from harness.plan.planner import make_plan
+
+    config = run_dir / "config.json"
+    if not config.exists():
+        return None
+    return make_plan(run_config_from_dict(json.loads(config.read_text()))).step_time_s
+
+
 def compare(out: Path) -> List[Dict[str, object]]:
     """One row per completed run under `out`: measured and predicted step time, error, load."""
     rows = []
     for metrics in sorted(out.rglob("metrics.json")):
         payload = json.loads(metrics.read_text())
-        predicted = (payload.get("predicted") or {}).get("step_time_s")
+        predicted = predict(metrics.parent)
         measured = payload["measured"]["step_time_s"]
         load_file = metrics.parent / "bench_load.json"
         load = json.loads(load_file.read_text()) if load_file.exists() else {}
