@@ -24,16 +24,25 @@ MATMUL_SHAPES = ((64, 64, 64), (128, 64, 128), (128, 64, 256), (256, 256, 256), 
 COLLECTIVE_BYTES = (1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23)
 
 
-def best_time(fn: Callable[[], object], repeats: int = 3, inner: int = 1) -> float:
-    """Fastest of `repeats` timings of `inner` calls, per call (the least disturbed by other processes)."""
+WINDOW_S = 0.2  # each timing spans several scheduler slices, as a training step does
+
+
+def best_time(fn: Callable[[], object], repeats: int = 5, inner: int = 0) -> float:
+    """Median of `repeats` timings of `inner` calls, per call, each timing at least WINDOW_S long: on a
+    shared machine a short op often runs inside one time slice at full speed, while a step of many ops
+    gets only its share of a core; timing over a window measures that share (a hardware fact of the
+    machine as the runs see it), the median the typical case rather than the luckiest."""
+    start = time.perf_counter()
     fn()
-    best = float("inf")
+    once = max(time.perf_counter() - start, 1e-7)
+    inner = inner or max(1, int(WINDOW_S / once))
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(inner):
             fn()
-        best = min(best, (time.perf_counter() - start) / inner)
-    return best
+        times.append((time.perf_counter() - start) / inner)
+    return statistics.median(times)
 
 
 def matmul_rates(dtype: torch.dtype) -> Dict[str, float]:
@@ -117,7 +126,8 @@ def collective_times(sizes: Sequence[int]) -> Dict[str, List[Tuple[int, float]]]
                "p2p": lambda: _exchange(full, rank, world)}
         for kind, op in ops.items():
             dist.barrier()
-            out[kind].append((nbytes, best_time(op)))
+            # every rank must issue the same number of calls: a fixed count, not a per-rank window
+            out[kind].append((nbytes, best_time(op, inner=10)))
     return out
 
 
