@@ -27,7 +27,9 @@ def mpt_config(row) -> RunConfig:
     """MPT as GPT-2-shaped transformers config: learned positions, GELU MLP x4, tied embeddings, no dropout."""
     hf = dict(model_type="gpt2", n_embd=int(row["d_model"]), n_head=int(row["n_heads"]), n_layer=int(row["n_layers"]),
               n_positions=int(row["seq_len"]), vocab_size=50368, tie_word_embeddings=True,
-              attn_implementation="flash_attention_2", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+              # MPT ran FlashAttention-2; torch SDPA runs the same kernels on H100 (and, unlike
+              # "flash_attention_2", builds without the flash-attn package on this machine)
+              attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     gpus = int(row["gpus"])
     return RunConfig(
         model=ModelConfig(name=f"mpt-{row['model']}", hf_config=hf), engine=EngineConfig(name="fsdp"),
