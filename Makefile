@@ -53,6 +53,12 @@ sweep-resume: setup ## resubmit what did not complete: make sweep-resume D=<swee
 report: setup ## the newest sweep (or D='<dir> [<dir>...]') -> summary.csv/.parquet, report.html, wandb_report.json
 	$(HARNESS) report $(D)
 
+doctor: setup ## environment facts, PASS / WARN per line (versions, CUDA / NCCL, GPUs, DeepSpeed ops, Slurm, W&B)
+	$(HARNESS) doctor
+
+sync: setup ## upload the offline W&B runs below a sweep: make sync D=<sweep dir> [ARGS=--dry-run]
+	$(HARNESS) sync $(D) $(ARGS)
+
 test: setup ## run every test (unit, integration on CPU, local Slurm)
 	@mkdir -p $(TORCH_EXTENSIONS_DIR)
 	@# libaio-dev first (apt-get, as tests/slurm install Slurm): the NVMe tests fail, not skip, without it.
@@ -84,4 +90,4 @@ slurm-down: ## stop the local Slurm cluster
 clean: ## remove the virtualenv
 	rm -rf $(VENV)
 
-.PHONY: help setup recipe plan sweep sweep-status sweep-resume report test test-unit ops bench slurm-up slurm-down clean
+.PHONY: help setup recipe plan sweep sweep-status sweep-resume report doctor sync test test-unit ops bench slurm-up slurm-down clean

@@ -18,6 +18,8 @@ USAGE = """usage: harness COMMAND [hydra overrides...]
   recommend  rank every layout of a model on a cluster by predicted tokens/s: --global-batch SEQS
           [--top K] [--name NAME] [--no-write] overrides; writes a sweep preset of the top K
   calibrate  measure this host (or a cluster) into a hardware profile: [--ranks N] [--out PATH]
+  doctor  environment facts, PASS / WARN per line (versions, CUDA / NCCL, GPUs, DeepSpeed ops, Slurm, W&B)
+  sync    upload the offline W&B runs below sweep / run dirs (`wandb sync`; --dry-run lists them)
 
 examples:
   harness run recipes=cpu_zero2
@@ -46,7 +48,7 @@ def _run_task(cfg) -> None:
         _failed_runs.append(run_dir.name)
         return
     try:
-        state, _ = run_prepared(run_dir, prepared.cfg, prepared.rendered, label=str(run_dir))
+        state, _ = run_prepared(run_dir, prepared.cfg, prepared.rendered, label=str(run_dir), say=say)
     except KeyboardInterrupt:  # the point is CANCELLED by now; the summary still covers it
         _failed_runs.append(run_dir.name)
         _write_summary(run_dir.parent)
@@ -64,7 +66,18 @@ def _write_summary(sweep_dir: Path) -> None:
     frame = summary_frame([sweep_dir])
     paths = build_report([sweep_dir], sweep_dir, frame=frame)
     print_table(frame, title=str(sweep_dir))
-    print(f"[harness] summary: {paths['csv']}\n[harness] report: {paths['html']}")
+    say(f"[harness] summary: {paths['csv']}\n[harness] report: {paths['html']}")
+
+
+def say(text: str) -> None:
+    """A line on the console and in the run's cli.log (Hydra's file handler, without its console twin)."""
+    import logging
+
+    print(text, flush=True)
+    record = logging.LogRecord("harness", logging.INFO, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 # Hydra flags that take a value; argparse wants all flags before the overrides.
@@ -170,6 +183,18 @@ def _newest_sweep(results: Path) -> Path:
     return candidates[-1]
 
 
+def sync_command(args: List[str]) -> int:
+    from harness.report.wandb_sync import sync_main
+
+    return sync_main(args)
+
+
+def doctor_command(args: List[str]) -> int:
+    from harness.doctor import doctor_main
+
+    return doctor_main(args)
+
+
 def recommend_command(args: List[str]) -> int:
     from harness.launch.recommend import recommend_main
 
@@ -183,7 +208,8 @@ def calibrate_command(args: List[str]) -> int:
 
 
 COMMANDS = {"run": run_command, "plan": plan_command, "sweep": sweep_command, "report": report_command,
-            "recommend": recommend_command, "calibrate": calibrate_command}
+            "recommend": recommend_command, "calibrate": calibrate_command, "sync": sync_command,
+            "doctor": doctor_command}
 
 
 def main() -> int:

@@ -385,14 +385,22 @@ def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[
     active = [v for v in views if v.state != PRUNED]
     done = sum(v.final for v in active)
     table = Table(title=title)
-    for column in ("run", "layout", "state", "slurm job", "slurm state", "reason"):
-        table.add_column(column, overflow="fold", max_width=70 if column == "reason" else None)
+    on_slurm = any(view.job_key for view in views)
+    columns = ["run", "layout", "state", *(MEASURED_HEADERS if measured is not None else ()),
+               *(("slurm job", "slurm state") if on_slurm else ()), "reason"]
+    for column in columns:
+        table.add_column(column, overflow="fold", max_width=70 if column == "reason" else None,
+                         justify="right" if column in MEASURED_HEADERS else "left")
     styles = {COMPLETED: "green", FAILED: "red", OOM: "red", TIMEOUT: "red", CANCELLED: "yellow",
               RUNNING: "cyan", PENDING: "white", PRUNED: "dim", CORRUPT: "magenta"}
     for view in views:
         name = view.run_dir.name
-        table.add_row(name, (labels or {}).get(name, ""), f"[{styles.get(view.state, 'white')}]{view.state}[/]",
-                      view.job_key or "-", view.slurm_state or "-", view.reason or "")
+        cells = [name, (labels or {}).get(name, ""), f"[{styles.get(view.state, 'white')}]{view.state}[/]"]
+        if measured is not None:
+            cells += list(measured.get(name, ("-",) * len(MEASURED_HEADERS)))
+        if on_slurm:
+            cells += [view.job_key or "-", view.slurm_state or "-"]
+        table.add_row(*cells, view.reason or "")
     bar = ProgressBar(total=max(len(active), 1), completed=done, width=50)
     summary = Table.grid(padding=(0, 1))
     summary.add_row(bar, f"{one_line(views)}")

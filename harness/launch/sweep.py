@@ -58,9 +58,14 @@ def print_pruned(points: Sequence[Point]) -> None:
 
 
 def run_local(points: Sequence[Point]) -> None:
-    for point in points:
-        if point.rendered is not None:
-            run_prepared(point.run_dir, point.cfg, point.rendered)
+    """One run after another, each run's step lines and the sweep's bar (done, failed, ETA) on the console."""
+    from harness.launch.sweep_progress import SweepProgress
+
+    runnable = [point for point in points if point.rendered is not None]
+    with SweepProgress(len(runnable), len(points) - len(runnable)) as progress:
+        for point in runnable:
+            state, reason = run_prepared(point.run_dir, point.cfg, point.rendered, say=progress.echo)
+            progress.finished(point.run_dir.name, state, reason)
 
 
 def print_job_scripts(scripts_of: Sequence[Path]) -> None:

@@ -179,6 +179,7 @@ def _tracking_columns(files: RunFiles) -> Dict[str, Any]:
         "wandb_entity": tracking.get("entity"),
         "wandb_mode": tracking.get("mode") if tracking.get("backend", "wandb") == "wandb" else "disabled",
         "wandb_run_id": recorded.get("wandb_run_id"),
+        "wandb_group": recorded.get("wandb_group"),
     }
 
 

@@ -30,8 +30,8 @@ PUBLISH_TIMEOUT_S = 120
 THROUGHPUT_KEY = "tokens_per_s_per_device"
 UTILIZATION_KEYS = ("mfu", "hfu")
 MEMORY_KEYS = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes", "peak_allocated_bytes")
-# Per-step history keys (bench.py `log_steps`).
-HISTORY_KEYS = ("loss", "step_time_s")
+# Per-step history keys, logged live by rank 0 against `step` (harness/runtime/progress.py).
+HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_s", "mfu_pct", "memory_gib")
 PANEL_TITLES = {
     "throughput": "Tokens/s per device by layout",
     "mfu": "MFU and HFU by layout",
@@ -39,6 +39,8 @@ PANEL_TITLES = {
     "parallel": "Layout axes against throughput and MFU",
     "loss": "Loss per step",
     "step_time": "Step time per timed step (s)",
+    "live_throughput": "Tokens/s per timed step",
+    "live_mfu": "MFU per timed step (%)",
 }
 # Axes runs are grouped and compared by: the resolved config's own nesting (`layout.tp` ...), which W&B
 # stores as `layout.value.tp` and shows as `layout.tp`.
@@ -68,8 +70,17 @@ def _most_common(frame: pd.DataFrame, column: str) -> Optional[str]:
     return str(values.mode().iloc[0]) if not values.empty else None
 
 
+def wandb_groups(frame: pd.DataFrame) -> List[str]:
+    """The W&B groups of the runs shown: one per invocation of a sweep (harness/runtime/sinks.py
+    `wandb_group`); runs written before groups carried a timestamp fall back to the sweep's name."""
+    if frame.empty:
+        return []
+    groups = frame["wandb_group"] if "wandb_group" in frame else pd.Series([None] * len(frame), index=frame.index)
+    return sorted(groups.fillna(frame["sweep"]).dropna().astype(str).unique())
+
+
 def group_filter(sweeps: Sequence[str]) -> str:
-    """The runset filter: runs whose W&B group is the sweep (bench.py sets group=sweep_name)."""
+    """The runset filter: runs whose W&B group is one of these."""
     if len(sweeps) == 1:
         return f"Metric('Group') == {json.dumps(sweeps[0])}"
     return f"Metric('Group') in {json.dumps(list(sweeps))}"
@@ -93,6 +104,8 @@ def _panels(frame: pd.DataFrame):
         wr.RunComparer(diff_only="split"),
         wr.LinePlot(title=PANEL_TITLES["loss"], y=["loss"]),
         wr.LinePlot(title=PANEL_TITLES["step_time"], y=["step_time_s"]),
+        wr.LinePlot(title=PANEL_TITLES["live_throughput"], y=["tokens_per_s"]),
+        wr.LinePlot(title=PANEL_TITLES["live_mfu"], y=["mfu_pct"]),
     ]
 
 
@@ -110,7 +123,8 @@ def report_spec(frame: pd.DataFrame, entity: Optional[str] = None, project: Opti
     entity = entity if entity is not None else (_most_common(frame, "wandb_entity") or "")
     project = project or _most_common(frame, "wandb_project") or "harness"
     groupby = [f"config.{key}" for key in varying_axes(frame)] if not frame.empty else []
-    runsets = [wr.Runset(name=sweep, filters=group_filter([sweep]), groupby=groupby) for sweep in sweeps] \
+    groups = wandb_groups(frame)
+    runsets = [wr.Runset(name=group, filters=group_filter([group]), groupby=groupby) for group in groups] \
         or [wr.Runset(name="runs")]
     texts = []
     for sweep in sweeps:
@@ -125,7 +139,7 @@ def report_spec(frame: pd.DataFrame, entity: Optional[str] = None, project: Opti
                 "run and are missing from the panels below; the local report.html has them all.")]
           if untracked else []),
         wr.H2("Throughput, utilization and memory by layout"),
-        wr.P(f"Runs of W&B group {', '.join(sweeps) or '-'} (one group per sweep), grouped by "
+        wr.P(f"Runs of W&B group {', '.join(groups) or '-'} (one group per sweep invocation), grouped by "
              f"{', '.join(varying_axes(frame)) if not frame.empty else '-'}. Built by `harness report` from "
              f"{len(frame)} run directories."),
         wr.PanelGrid(runsets=runsets, panels=_panels(frame)),

@@ -35,7 +35,8 @@ from harness.rundir import (
     write_json,
     write_status,
 )
-from harness.runtime.sinks import WandbRun
+from harness.runtime.progress import GIB, MEMORY_KEY, MFU_KEY, StepReporter
+from harness.runtime.sinks import WandbRun, wandb_group
 
 
 def load_run(run_dir: Path):
@@ -53,33 +54,44 @@ def batch_maker(session, source, cfg: RunConfig):
     return batches
 
 
-def warm_up(session, batches, warmup_steps: int):
+def warm_up(session, batches, warmup_steps: int, report=None):
     """Untimed steps. The last one (a steady-state step: optimizer state exists, lazy initialisation and
     torch.distributed.pipelining's first-step metadata pass are behind) is metered for saved activations
     and, at its accumulation boundary, for the bytes of parameters, gradients and optimizer state."""
     meter, state, losses = SavedActivationMeter(session.model.parameters()), {}, []
     for step in range(warmup_steps - 1):
         losses.append(session.train_step(batches(step)))
+        if report:
+            report(step, losses[-1], None)
     with meter.recording():
         losses.append(session.train_step(batches(warmup_steps - 1),
                                          on_boundary=lambda: state.update(session.state_bytes())))
+    if report:
+        report(warmup_steps - 1, losses[-1], None)
     return losses, meter.peak_bytes, state
 
 
-def timed_steps(session, batches, steps, timer: StepTimer, losses: list) -> None:
-    """The measured loop: nothing but a device sync and a clock read on each side of a step."""
+def timed_steps(session, batches, steps, timer: StepTimer, losses: list, report=None) -> None:
+    """The measured loop: nothing but a device sync and a clock read on each side of a step; the live
+    report (rank 0's line and W&B row) comes after the closing sync, outside the timed span."""
     for step in steps:
         with timer.step():
             losses.append(session.train_step(batches(step)))
+        if report:
+            report(step, losses[-1], timer.times_s[-1])
 
 
-def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind):
+def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=None):
     bench = cfg.bench
     batches = batch_maker(session, source, cfg)
-    losses, activation_bytes, state = warm_up(session, batches, bench.warmup_steps)
+    losses, activation_bytes, state = warm_up(session, batches, bench.warmup_steps, report)
+    if report:
+        report.metered_bytes = sum(state.get(k, 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes")) \
+            + activation_bytes
     device.reset_peak_memory(kind)
     timer = StepTimer(kind)
-    timed_steps(session, batches, range(bench.warmup_steps, bench.warmup_steps + bench.steps), timer, losses)
+    timed_steps(session, batches, range(bench.warmup_steps, bench.warmup_steps + bench.steps), timer, losses,
+                report)
     return timer.times_s, [float(loss) for loss in losses], activation_bytes, state
 
 
@@ -156,19 +168,32 @@ def run(run_dir: Path) -> int:
     # Measured on every rank at once, so the figure includes the contention of the real run.
     peak = measure_matmul_peak_flops(device.dtype_of(cfg.layout.precision)) if cfg.cluster.accelerator == "cpu" else None
     source = token_source(cfg.data, cfg.model.hf_config["vocab_size"], cfg.layout.seq_len)
-    times_s, losses, activation_bytes, state = timed_loop(session, source, cfg, kind)
+    tracker = open_tracker(run_dir, cfg, plan) if rank == 0 else None
+    report = StepReporter(rank, cfg.bench.warmup_steps + cfg.bench.steps, cfg.bench.warmup_steps,
+                          plan["tokens_per_step"], plan["flops_per_token"], dist.get_world_size(), tracker,
+                          kind, peak_flops_of(cfg.cluster.accelerator, cfg.layout.precision, peak).flops)
+    times_s, losses, activation_bytes, state = timed_loop(session, source, cfg, kind, report)
     record = rank_record(state, kind, times_s, losses, activation_bytes, peak)
     records: List[Dict[str, Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(records, record)
     if rank == 0:
         measured = reduce_ranks(records, cfg, plan)
-        write_result(run_dir, cfg, plan, measured)
+        write_result(run_dir, cfg, plan, measured, tracker)
     dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
-def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: Measured) -> None:
+def open_tracker(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any]) -> WandbRun:
+    """Rank 0's W&B run, opened before the first step so that its charts fill while the run trains."""
+    return WandbRun(run_dir, cfg.tracking, name=f"{run_dir.name}: {run_label(cfg)}",
+                    group=wandb_group(cfg.sweep_name, run_dir), job_type=cfg.engine.name,
+                    config={**json.loads((run_dir / CONFIG_FILE).read_text()), "plan": plan},
+                    tags=run_label(cfg).split())
+
+
+def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: Measured,
+                 tracker: WandbRun) -> None:
     result = RunResult(
         run_id=run_dir.name,
         sweep=cfg.sweep_name,
@@ -188,12 +213,9 @@ def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: 
     # Local results first: a tracking failure or hang must never cost the measurement.
     write_json(run_dir / METRICS_FILE, payload)
     write_status(run_dir, COMPLETED)
-    tracker = WandbRun(run_dir, cfg.tracking, name=f"{run_dir.name}: {run_label(cfg)}", group=cfg.sweep_name, job_type=cfg.engine.name,
-                       config=json.loads((run_dir / CONFIG_FILE).read_text()))
-    timed = [None] * cfg.bench.warmup_steps + measured.step_times_s
-    tracker.log_steps([{"loss": loss, **({"step_time_s": t} if t else {})} for loss, t in zip(measured.losses, timed)])
     tracker.finish(_flat_summary(payload))
-    payload["tracking"] = {"wandb_error": tracker.error, "wandb_run_id": getattr(tracker.run, "id", None)}
+    payload["tracking"] = {"wandb_error": tracker.error, "wandb_run_id": getattr(tracker.run, "id", None),
+                           "wandb_group": tracker.group}
     write_json(run_dir / METRICS_FILE, payload)
 
 
@@ -202,6 +224,9 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
     measured = payload["measured"]
     summary = {k: v for k, v in measured.items() if not isinstance(v, (list, dict))}
     summary["memory_per_rank_bytes"] = max(device_state_and_activation_bytes(r) for r in measured["per_rank"])
+    # The live chart keys (harness/runtime/progress.py) end on the run's medians rather than its last step.
+    summary[MFU_KEY] = None if measured["mfu"] is None else 100 * measured["mfu"]
+    summary[MEMORY_KEY] = (measured["peak_allocated_bytes"] or summary["memory_per_rank_bytes"]) / GIB
     summary.update(
         flop_convention=payload["flop_convention"],
         flops_per_token=payload["flops_per_token"],

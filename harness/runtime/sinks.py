@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional, Sequence
 
 from harness.config.schema import TrackingConfig
 from harness.rundir import WANDB_DIR
@@ -16,10 +16,12 @@ def wandb_environment(run_dir: Path, tracking: TrackingConfig) -> Dict[str, str]
     WANDB_MODE must be in the environment (init(mode=) alone still looks up telemetry at exit), and
     without the four *_DIR variables wandb writes caches and artifacts outside its `dir`.
     """
+    # wandb puts its runs in $WANDB_DIR/wandb/: with the run dir as WANDB_DIR they land in <run>/wandb/,
+    # where `wandb sync <run>/wandb` finds them.
     base = Path(run_dir) / WANDB_DIR
     return {
         "WANDB_MODE": tracking.mode,
-        "WANDB_DIR": str(base),
+        "WANDB_DIR": str(Path(run_dir)),
         "WANDB_CACHE_DIR": str(base / ".cache"),
         "WANDB_DATA_DIR": str(base / ".data"),
         "WANDB_CONFIG_DIR": str(base / ".config"),
@@ -37,12 +39,19 @@ def tracking_problem(tracking: TrackingConfig, environ: Dict[str, str]) -> Optio
     return None
 
 
+def wandb_group(sweep_name: str, run_dir: Path) -> str:
+    """One W&B group per invocation of a sweep: its name and the timestamp folder its runs share, so a
+    re-run never mixes into an earlier one's charts and report."""
+    return f"{sweep_name}-{Path(run_dir).resolve().parent.name}"
+
+
 class WandbRun:
     """A W&B run from rank 0; every failure is reported and swallowed so local results are never lost."""
 
     def __init__(self, run_dir: Path, tracking: TrackingConfig, name: str, group: str, job_type: str,
-                 config: Dict[str, Any]):
+                 config: Dict[str, Any], tags: Sequence[str] = ()):
         self.run = None
+        self.group = group
         self.error: Optional[str] = None
         if tracking.backend != "wandb":
             return
@@ -60,18 +69,22 @@ class WandbRun:
                 group=group,
                 job_type=job_type,
                 config=config,
+                tags=[tag[:64] for tag in tags],
                 reinit="finish_previous",
                 settings=wandb.Settings(init_timeout=tracking.init_timeout_s, console="off"),
             )
+            # Every chart's x-axis is the training step (harness/runtime/progress.py logs it in each row).
+            self.run.define_metric("step")
+            self.run.define_metric("*", step_metric="step")
         except Exception as error:  # tracking must never cost the measurement
             self.error = f"wandb init failed: {type(error).__name__}: {error}"
 
-    def log_steps(self, rows: List[Dict[str, float]]) -> None:
+    def log_step(self, row: Dict[str, float]) -> None:
+        """One training step's row, written as it happens (live charts online)."""
         if self.run is None:
             return
         try:
-            for step, row in enumerate(rows):
-                self.run.log(row, step=step, commit=True)
+            self.run.log(row)
         except Exception as error:
             self.error = f"wandb log failed: {type(error).__name__}: {error}"
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from harness.report.wandb_offline import read_offline_run
+from harness.report.wandb_offline import read_offline_config, read_offline_run, read_offline_run_info
 from tests.integration.runs import metrics, run_harness
 
 pytestmark = pytest.mark.integration
@@ -75,3 +75,33 @@ def test_wandb_offline_run_holds_the_same_final_loss(default_run):
     result = metrics(run_dir)
     assert summary["loss_final"] == pytest.approx(result["measured"]["loss_final"], rel=1e-9)
     assert [row["loss"] for row in history] == pytest.approx(result["measured"]["losses"], rel=1e-9)
+
+
+def test_rank0_prints_a_live_line_per_step_kept_in_launch_log(default_run):
+    proc, run_dir = default_run
+    cfg = json.loads((run_dir / "config.json").read_text())["bench"]
+    total = cfg["warmup_steps"] + cfg["steps"]
+    logged = [line for line in (run_dir / "launch.log").read_text().splitlines() if line.startswith("[step ")]
+    assert len(logged) == total, logged
+    assert logged[-1].startswith(f"[step {total}/{total}] loss ") and "tokens/s | MFU " in logged[-1]
+    assert " MiB" in logged[-1] or " GiB" in logged[-1]
+    assert sum("[step " in line for line in proc.stdout.splitlines()) == total
+    assert "[step " in (run_dir / "cli.log").read_text()
+
+
+def test_wandb_history_is_written_per_step_while_the_run_trains(default_run):
+    run_dir = default_run[1]
+    (path,) = sorted((run_dir / "wandb").glob("offline-run-*/*.wandb"))
+    history, summary = read_offline_run(path)
+    result = metrics(run_dir)
+    timed = len(result["measured"]["step_times_s"])
+    assert [row["step"] for row in history] == list(range(1, len(history) + 1))
+    assert sum("tokens_per_s" in row and "mfu_pct" in row and "memory_gib" in row for row in history) == timed
+    # Logged step by step, not in one burst at the end: the rows span at least the timed steps' own time.
+    span = history[-1]["_timestamp"] - history[0]["_timestamp"]
+    assert span >= 0.9 * sum(result["measured"]["step_times_s"]), span
+    assert summary["step_time_s"] == pytest.approx(result["measured"]["step_time_s"])  # the median
+    info = read_offline_run_info(path)
+    assert info["group"] == f"{result['sweep']}-{run_dir.parent.name}" and info["job_type"] == "deepspeed"
+    config = read_offline_config(path)
+    assert config["plan"]["tokens_per_step"] == result["tokens_per_step"] and config["layout"]["zero_stage"] == 2

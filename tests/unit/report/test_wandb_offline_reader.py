@@ -20,6 +20,7 @@ from harness.report.wandb_offline import (
 )
 from harness.report.wandb_report import HISTORY_KEYS, MEMORY_KEYS, THROUGHPUT_KEY, UTILIZATION_KEYS
 from harness.rundir import COMPLETED, RUNNING
+from harness.runtime.progress import StepReporter
 from harness.runtime.sinks import WandbRun, wandb_environment
 
 from tests.unit.report.synthetic_runs import make_run
@@ -28,14 +29,27 @@ WARMUP_STEPS = 2
 
 
 def _rows_and_summary(payload):
-    """What bench.write_result hands the W&B run: one row per step (step times for the timed steps only)
-    and the scalar fields of `measured` plus the FLOP convention."""
+    """What the runtime hands the W&B run: rank 0's row per step, made by the same StepReporter (step times,
+    throughput and MFU for the timed steps only), and the summary bench.write_result adds at the end."""
     measured = payload["measured"]
     timed = [None] * WARMUP_STEPS + measured["step_times_s"]
-    rows = [{"loss": loss, **({"step_time_s": t} if t else {})} for loss, t in zip(measured["losses"], timed)]
+    tracker = Rows()
+    reporter = StepReporter(0, len(timed), WARMUP_STEPS, payload["tokens_per_step"], payload["flops_per_token"],
+                            payload["world_size"], tracker, None, measured["peak_flops_per_device"])
+    reporter.metered_bytes = measured["param_bytes"] + measured["activation_bytes"]
+    for step, (loss, seconds) in enumerate(zip(measured["losses"], timed)):
+        reporter(step, loss, seconds)
     summary = {k: v for k, v in measured.items() if not isinstance(v, (list, dict))}
     summary.update(flop_convention=payload["flop_convention"], flops_per_token=payload["flops_per_token"])
-    return rows, summary
+    return tracker.rows, summary
+
+
+class Rows:
+    def __init__(self):
+        self.rows = []
+
+    def log_step(self, row):
+        self.rows.append(row)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +69,8 @@ def offline_run(tmp_path_factory):
                        job_type=config["engine"]["name"], config=config)
         assert run.run is not None, run.error
         rows, summary = _rows_and_summary(payload)
-        run.log_steps(rows)
+        for row in rows:
+            run.log_step(row)
         run.finish(summary)
         assert run.error is None, run.error
     files = offline_run_files(run_dir)

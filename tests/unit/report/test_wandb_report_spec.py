@@ -132,3 +132,13 @@ def test_untracked_runs_are_said(sweep_dir):
     assert any("8 of 8 runs had tracking disabled" in t for t in texts)
     assert not any("tracking disabled" in t for t in (b.text for b in report_spec(summary_frame([sweep_dir])).blocks
                                                       if isinstance(b, wr.P)))
+
+
+def test_runsets_filter_on_each_sweep_invocations_group(sweep_dir):
+    """Runs carry their W&B group in metrics.json (sweep name and timestamp folder): two invocations of one
+    sweep are two runsets, never mixed."""
+    frame = summary_frame([sweep_dir])
+    frame["wandb_group"] = ["synthetic-20261123-101010"] * (len(frame) - 1) + ["synthetic-20261124-090000"]
+    runsets = _grid(report_spec(frame)).runsets
+    assert [r.name for r in runsets] == ["synthetic-20261123-101010", "synthetic-20261124-090000"]
+    assert all(r.name in r.filters for r in runsets)

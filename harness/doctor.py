@@ -1,0 +1,199 @@
+"""`harness doctor`: one screen of environment facts, each line PASS or WARN, never a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from harness import REPO_ROOT
+
+PASS, WARN = "PASS", "WARN"
+LIBRARIES = ("torch", "deepspeed", "accelerate", "transformers", "hydra-core", "wandb", "wandb-workspaces",
+             "pandas", "rich", "plotly")
+# torch.cuda.get_device_name() strings (as nvidia-smi / rocm-smi print them) -> keys of harness/plan/peak.py.
+# Order matters: the more specific pattern first (H100 NVL before H100, A100 40GB before A100 SXM).
+GPU_NAME_RULES: Sequence[Tuple[str, str]] = (
+    (r"A100.*(SXM|HGX).*40\s?GB|A100-SXM4-40GB", "a100_sxm_40gb"),
+    (r"A100.*PCIe", "a100_pcie"),
+    (r"A100", "a100_sxm"),
+    (r"H100.*NVL", "h100_nvl"),
+    (r"H100.*PCIe", "h100_pcie"),
+    (r"H100", "h100_sxm"),
+    (r"H200.*NVL", "h200_nvl"),
+    (r"H200", "h200"),
+    (r"GB200", "gb200"),
+    (r"B200", "b200"),
+    (r"L40S", "l40s"),
+    (r"MI300X", "mi300x"),
+    (r"MI325X", "mi325x"),
+    (r"MI355X", "mi355x"),
+)
+DEEPSPEED_OPS = ("CPUAdamBuilder", "FusedAdamBuilder", "AsyncIOBuilder")
+
+
+@dataclass(frozen=True)
+class Fact:
+    status: str
+    name: str
+    detail: str
+
+
+def accelerator_key(device_name: str) -> Optional[str]:
+    """The peak table's key for a GPU's reported name, or None when the table has no row for it."""
+    for pattern, key in GPU_NAME_RULES:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return key
+    return None
+
+
+def pinned_versions(constraints: Path = REPO_ROOT / "constraints.txt") -> Dict[str, str]:
+    """`name==version` lines of constraints.txt (the versions the harness is tested with)."""
+    pins = {}
+    if constraints.exists():
+        for line in constraints.read_text().splitlines():
+            match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s#]+)", line.strip())
+            if match:
+                pins[match.group(1).lower()] = match.group(2)
+    return pins
+
+
+def python_fact() -> List[Fact]:
+    version = platform.python_version()
+    ok = sys.version_info >= (3, 10)
+    return [Fact(PASS if ok else WARN, "python", f"{version} ({sys.executable})" + ("" if ok else ": needs >= 3.10"))]
+
+
+def library_facts() -> List[Fact]:
+    pins, facts = pinned_versions(), []
+    for name in LIBRARIES:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            facts.append(Fact(WARN, name, "not installed (make setup)"))
+            continue
+        pin = pins.get(name.lower())
+        if pin and pin != version:
+            facts.append(Fact(WARN, name, f"{version}, tested with {pin} (constraints.txt)"))
+        else:
+            facts.append(Fact(PASS, name, version))
+    return facts
+
+
+def torch_facts() -> List[Fact]:
+    import torch
+    import torch.distributed as dist
+
+    facts = [Fact(PASS if dist.is_gloo_available() else WARN, "gloo",
+                  "available (CPU runs)" if dist.is_gloo_available() else "missing: CPU runs cannot start")]
+    if not torch.cuda.is_available():
+        facts.append(Fact(WARN, "cuda", f"not available (torch {torch.__version__}): CPU runs only, cluster=cpu"))
+        return facts
+    facts.append(Fact(PASS, "cuda", f"{torch.version.cuda or torch.version.hip}, {torch.cuda.device_count()} device(s)"))
+    nccl = dist.is_nccl_available()
+    version = ".".join(map(str, torch.cuda.nccl.version())) if nccl else ""
+    facts.append(Fact(PASS if nccl else WARN, "nccl", version if nccl else "not available: GPU runs need NCCL"))
+    names = sorted({torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())})
+    for name in names:
+        key = accelerator_key(name)
+        facts.append(Fact(PASS, "gpu", f"{name} -> cluster.accelerator={key} (harness/plan/peak.py)") if key
+                     else Fact(WARN, "gpu", f"{name}: no row in harness/plan/peak.py, MFU unknown"))
+    return facts
+
+
+def deepspeed_facts() -> List[Fact]:
+    """Whether each JIT op could build here (DeepSpeed's own is_compatible, its chatter silenced)."""
+    facts = []
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from deepspeed.ops import op_builder
+
+        for name in DEEPSPEED_OPS:
+            builder = getattr(op_builder, name)()
+            ok = builder.is_compatible(verbose=False)
+            facts.append(Fact(PASS if ok else WARN, f"deepspeed op {builder.NAME}",
+                              "compatible (JIT-built on first use)" if ok else "not compatible on this machine"
+                              + (" (NVMe offload; needs Debian's libaio-dev)" if builder.NAME == "async_io" else "")))
+    return facts
+
+
+def slurm_facts(timeout_s: float = 5.0) -> List[Fact]:
+    sinfo = shutil.which("sinfo")
+    if sinfo is None:
+        return [Fact(WARN, "slurm", "sinfo not found: launcher=slurm_* unavailable (make slurm-up for a local one)")]
+    try:
+        out = subprocess.run([sinfo, "-h", "-o", "%P %D %t"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return [Fact(WARN, "slurm", f"sinfo did not answer in {timeout_s:.0f} s")]
+    if out.returncode != 0:
+        first = ((out.stderr or out.stdout).strip().splitlines() or [""])[0]
+        hint = "" if os.environ.get("SLURM_CONF") else " (SLURM_CONF unset: `make slurm-up` prints it)"
+        return [Fact(WARN, "slurm", f"sinfo failed: {first}{hint}")]
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    summary = ", ".join(f"{p} ({n} node(s) {s})" for p, n, s in rows) or "no partitions"
+    return [Fact(PASS if rows else WARN, "slurm", f"reachable: {summary}")]
+
+
+def wandb_facts(environ: Optional[Dict[str, str]] = None) -> List[Fact]:
+    """Mode and whether an online run could log in; the key is only ever read from the environment."""
+    environ = dict(os.environ if environ is None else environ)
+    mode = environ.get("WANDB_MODE") or "offline (tracking=wandb_offline, the default)"
+    facts = [Fact(PASS, "wandb mode", mode)]
+    if environ.get("WANDB_API_KEY"):
+        facts.append(Fact(PASS, "wandb login", "WANDB_API_KEY is set: tracking=wandb_online can log"))
+    else:
+        facts.append(Fact(WARN, "wandb login", "WANDB_API_KEY not set: offline runs only; upload later with "
+                                               "`harness sync DIR`"))
+    return facts
+
+
+CHECKS: Sequence[Tuple[str, Callable[[], List[Fact]]]] = (
+    ("python", python_fact), ("libraries", library_facts), ("torch", torch_facts),
+    ("deepspeed", deepspeed_facts), ("slurm", slurm_facts), ("wandb", wandb_facts),
+)
+
+
+def gather(checks: Sequence[Tuple[str, Callable[[], List[Fact]]]] = CHECKS) -> List[Fact]:
+    """Every check's facts; a check that raises becomes one WARN line naming the error."""
+    facts = []
+    for name, check in checks:
+        try:
+            facts.extend(check())
+        except Exception as error:  # a broken install is a fact to report, not a crash
+            first = str(error).splitlines()[0] if str(error) else ""
+            facts.append(Fact(WARN, name, f"check failed: {type(error).__name__}: {first}"))
+    return facts
+
+
+def fact_lines(facts: Sequence[Fact], width: int) -> List[str]:
+    """One line per fact, `STATUS  name  detail`, the detail cut to `width` (never wrapped)."""
+    name_width = max((len(fact.name) for fact in facts), default=0)
+    lines = []
+    for fact in facts:
+        line = f"{fact.status}  {fact.name:<{name_width}}  {fact.detail}"
+        lines.append(line if len(line) <= width else line[: width - 1] + "…")
+    return lines
+
+
+def doctor_main(args: List[str]) -> int:
+    """Print the facts; exit 0 (every line PASS or WARN: the doctor informs, it never blocks)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    facts = gather()
+    console = Console()
+    for fact, line in zip(facts, fact_lines(facts, console.width)):
+        text = Text(line)
+        text.stylize("green" if fact.status == PASS else "yellow", 0, len(fact.status))
+        console.print(text, no_wrap=True, overflow="ignore")
+    warnings = sum(fact.status == WARN for fact in facts)
+    console.print(f"{len(facts) - warnings} pass, {warnings} warn", highlight=False)
+    return 0

@@ -1,0 +1,24 @@
+"""A local sweep through the real CLI: each run's step lines, the sweep's counts and ETA."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def test_local_sweep_shows_steps_and_counts(results_root):
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "sweep", "engine=deepspeed,fsdp", "layout.zero_stage=1",
+         "bench.steps=2", "tracking=disabled", f"results_dir={results_root / 'sweep_live'}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "160"},
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    steps = [line for line in out.splitlines() if "[step " in line]
+    assert len(steps) == 4 and steps[-1].strip().startswith("000-") and "[step 4/4] loss " in steps[-1], steps
+    assert "1 done, 0 failed, 1 pruned, 0 remaining" in out and "ETA 0:00:00" in out

@@ -1,0 +1,85 @@
+"""Rank 0's live step line and W&B row, the launcher's copy of them, and a sweep's counts and ETA."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from harness.launch.live import copy_lines, start_copier, step_line
+from harness.launch.sweep_progress import SweepProgress, clock, eta_s
+from harness.plan.utilization import mfu
+from harness.runtime.progress import PROGRESS_PREFIX, StepRecord, StepReporter
+
+
+class FakeTracker:
+    def __init__(self):
+        self.rows = []
+
+    def log_step(self, row):
+        self.rows.append(row)
+
+
+def reporter(rank=0, tracker=None):
+    return StepReporter(rank, total_steps=5, warmup_steps=2, tokens_per_step=256, flops_per_token=1e6,
+                        world_size=2, tracker=tracker, kind=None, peak_flops=1e9)
+
+
+def test_timed_step_line_and_row_carry_throughput_mfu_memory(capsys):
+    tracker = FakeTracker()
+    report = reporter(tracker=tracker)
+    report.metered_bytes = 3 * 2**20
+    record = report(2, 5.25, 0.128)
+    assert record.tokens_per_s == pytest.approx(2000.0)
+    assert record.mfu == pytest.approx(mfu(2000.0, 1e6, 1e9, 2))
+    line = capsys.readouterr().out.strip()
+    assert line == "[step 3/5] loss 5.2500 | 2,000 tokens/s | MFU 100.0% | mem 3.0 MiB | 128.0 ms"
+    assert tracker.rows == [{"step": 3, "loss": 5.25, "step_time_s": 0.128, "tokens_per_s": 2000.0,
+                             "mfu_pct": pytest.approx(100.0), "memory_gib": pytest.approx(3 / 1024)}]
+
+
+def test_warmup_steps_have_loss_only_and_other_ranks_stay_silent(capsys):
+    tracker = FakeTracker()
+    assert reporter(tracker=tracker)(0, 5.5, None).line() == "[step 1/5 warm-up] loss 5.5000"
+    assert tracker.rows == [{"step": 1, "loss": 5.5}]
+    capsys.readouterr()
+    assert reporter(rank=1, tracker=tracker)(3, 5.0, 0.1) is None
+    assert capsys.readouterr().out == "" and len(tracker.rows) == 1
+
+
+def test_launcher_copy_keeps_every_line_and_echoes_step_lines():
+    log, echoed = io.StringIO(), []
+    source = io.BytesIO(b"warning: something\n[rank0]:[step 1/2 warm-up] loss 5.0\n[step 2/2] loss 4.9 | 1 tokens/s\n")
+    copy_lines(source, log, echoed.append)
+    assert log.getvalue().count("\n") == 3
+    assert echoed == ["[step 1/2 warm-up] loss 5.0", "[step 2/2] loss 4.9 | 1 tokens/s"]
+    assert step_line(b"no progress here\n") is None and PROGRESS_PREFIX == "[step "
+
+
+def test_copier_drains_a_real_pipe():
+    process = subprocess.Popen([sys.executable, "-c", "print('[step 1/1] loss 1.0'); print('done')"],
+                               stdout=subprocess.PIPE)
+    log, echoed = io.StringIO(), []
+    thread = start_copier(process.stdout, log, echoed.append)
+    process.wait(timeout=30)
+    thread.join(timeout=30)
+    assert echoed == ["[step 1/1] loss 1.0"] and log.getvalue().endswith("done\n")
+
+
+def test_eta_is_mean_run_time_times_runs_left():
+    assert eta_s(60.0, 2, 3) == pytest.approx(90.0)
+    assert eta_s(5.0, 0, 3) is None
+    assert clock(3725) == "1:02:05" and clock(None) == "?"
+
+
+def test_sweep_progress_counts_done_failed_pruned_remaining():
+    from rich.console import Console
+
+    out = io.StringIO()
+    with SweepProgress(3, 1, console=Console(file=out, width=120)) as progress:
+        progress.finished("000-a", "COMPLETED", "")
+        progress.finished("001-b", "FAILED", "rank 1: boom")
+    text = out.getvalue()
+    assert "1 done, 1 failed, 1 pruned, 1 remaining" in text and "ETA" in text
