@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -38,15 +39,25 @@ def build_report(roots: List[Path], out_dir: Path, publish_timeout_s: float = PU
 
 
 def default_out_dir(roots: Sequence[Path]) -> Path:
-    """One sweep: its own folder. Several: `compare/` beside them (under their common folder)."""
+    """One sweep: its own folder. Several: `compare/<a>_vs_<b>` under their common folder, named by what
+    tells the folders apart, so comparing other sweeps never overwrites this comparison."""
     if len(roots) == 1:
         return Path(roots[0])
-    common = Path(os.path.commonpath([str(Path(r).resolve()) for r in roots]))
-    return common / "compare"
+    resolved = [Path(r).resolve() for r in roots]
+    common = Path(os.path.commonpath([str(r) for r in resolved]))
+    names = ["-".join(r.relative_to(common).parts) or r.name for r in resolved]
+    name = "_vs_".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", n) for n in names)
+    return common / "compare" / (name if len(name) <= 120 else name[:100] + f"-and-{len(names)}-sweeps")
 
 
 def report_main(roots: List[Path], out_dir: Optional[Path] = None) -> int:
-    """What `harness report DIR [DIR ...]` does: build, print the table and where everything went."""
+    """What `harness report DIR [DIR ...] [--out DIR]` does: build, print the table and where everything went."""
+    if any(str(root) == "--out" for root in roots):
+        at = [str(root) for root in roots].index("--out")
+        if at + 1 >= len(roots):
+            print("[harness] --out needs a directory", file=sys.stderr)
+            return 2
+        out_dir, roots = roots[at + 1], roots[:at] + roots[at + 2:]
     missing = [str(root) for root in roots if not Path(root).is_dir()]
     if missing:
         print(f"[harness] not a directory: {', '.join(missing)}", file=sys.stderr)

@@ -80,9 +80,10 @@ def _status_counts(frame: pd.DataFrame) -> str:
     return ", ".join(f"{n} {state.lower()}" for state, n in counts.items())
 
 
-def _answer(best: Dict[str, Any]) -> str:
+def _answer(best: Dict[str, Any], across: bool = False) -> str:
     world = _num(best.get("world_size"))
-    text = (f"Use {best['label']}: {best['tokens_per_s']:,.0f} tokens/s"
+    source = f" from {best['series']}" if across else ""
+    text = (f"Use {best['label']}{source}: {best['tokens_per_s']:,.0f} tokens/s"
             + (f" on {world:.0f} device{'s' if world != 1 else ''}" if world else "")
             + f" ({best['tokens_per_s_per_device']:,.0f} per device)")
     if _num(best.get("mfu")) is not None:
@@ -111,8 +112,9 @@ def _comparison(ranked: pd.DataFrame, best: Dict[str, Any]) -> str:
     return text
 
 
-def headline(frame: pd.DataFrame, sweep: str = "") -> Headline:
-    """The answer to "which layout should I use" for the runs in `frame` (one sweep)."""
+def headline(frame: pd.DataFrame, sweep: str = "", across: bool = False) -> Headline:
+    """The answer to "which layout should I use" for the runs in `frame` (one sweep; `across`: several
+    sweeps compared, the answer names the sweep its run comes from)."""
     ranked = candidates(frame)
     unfinished = int((~frame["status"].isin(FINAL_STATES)).sum()) if not frame.empty else 0
     partial = f" {unfinished} of {len(frame)} runs have not finished: the answer may change." if unfinished else ""
@@ -123,11 +125,18 @@ def headline(frame: pd.DataFrame, sweep: str = "") -> Headline:
     runner = ranked.iloc[1].to_dict() if len(ranked) > 1 else None
     detail = (f"Layout: {layout_summary(best)}. Fastest of {len(ranked)} completed layouts that fit "
               f"({len(frame)} runs: {_status_counts(frame)}).")
-    return Headline(sweep, best, runner, _answer(best), detail + _comparison(ranked, best) + partial)
+    if across:
+        per_sweep = [f"{name}: {group.iloc[0]['label']} ({group.iloc[0]['tokens_per_s']:,.0f} tokens/s)"
+                     for name, group in ranked.groupby("series", sort=True)]
+        detail += " Best of each sweep: " + "; ".join(per_sweep) + "."
+    return Headline(sweep, best, runner, _answer(best, across), detail + _comparison(ranked, best) + partial)
 
 
 def headlines(frame: pd.DataFrame) -> List[Headline]:
-    """One headline per sweep (per `series`: a sweep name found in several folders counts once per folder)."""
+    """One headline: for one sweep its best layout; for several (per `series`: a sweep name found in several
+    folders counts once per folder) the best across all of them, naming its sweep."""
     if frame.empty:
         return [headline(frame)]
+    if frame["series"].nunique(dropna=False) > 1:
+        return [headline(frame, "compared", across=True)]
     return [headline(group, str(series)) for series, group in frame.groupby("series", sort=True, dropna=False)]

@@ -1,4 +1,4 @@
-"""The local HTML report: one self-contained file (inline SVG, CSS and a few lines of JS; no network)."""
+"""The local HTML report: one page with interactive plotly plots; plotly.js sits beside it (no network)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from harness.report import svg
+from harness.report import plots
 from harness.report.headline import Headline, format_bytes, headlines
 from harness.report.table import STATUS_ORDER
 from harness.rundir import COMPLETED, write_text
@@ -23,27 +23,28 @@ TITLES = {
     "status": "Run status and failure reasons",
     "results": "Results table",
 }
-MEMORY_UNITS = ((" GiB", 2.0**30), (" MiB", 2.0**20), (" KiB", 2.0**10), (" B", 1.0))
-RATE_UNITS = (("M", 1e6), ("k", 1e3), ("", 1.0))
-TIME_UNITS = ((" s", 1.0), (" ms", 1e-3), (" µs", 1e-6))
 STATUS_COLORS = {"COMPLETED": "#2e7d32", "RUNNING": "#1565c0", "PENDING": "#6d6d6d", "OOM": "#c62828",
                  "FAILED": "#c62828", "TIMEOUT": "#ef6c00", "CANCELLED": "#6d6d6d", "PRUNED": "#8e6d00"}
-MAX_LABEL = 56
+MAX_LABEL = 72
 # Results table: (column, header, kind) where kind picks the cell format.
 RESULT_COLUMNS: Sequence[Tuple[str, str, str]] = (
-    ("series", "sweep", "text"), ("run", "run", "text"), ("label", "layout", "text"), ("status", "status", "status"),
-    ("engine", "engine", "text"), ("model", "model", "text"), ("cluster", "cluster", "text"),
+    ("series", "sweep", "text"), ("label", "layout", "text"), ("status", "status", "status"),
+    ("tokens_per_s", "tokens/s", "rate"), ("tokens_per_s_per_device", "tokens/s/device", "rate"),
+    ("tokens_per_s_predicted", "tokens/s predicted", "rate"),
+    ("step_time_s", "step (median)", "time"), ("step_time_min_s", "step min", "time"),
+    ("step_time_max_s", "step max", "time"), ("mfu", "MFU", "pct"), ("mfu_predicted", "MFU predicted", "pct"),
+    ("mfu_ratio", "MFU meas/pred", "ratio"), ("hfu", "HFU", "pct"),
+    ("mem_state_activation_gib", "mem params+grads+opt+act", "gib"),
+    ("mem_predicted_state_activation_gib", "mem predicted params+grads+opt+act", "gib"),
+    ("mem_ratio", "mem meas/pred", "ratio"), ("mem_allocated_peak_gib", "mem allocator peak", "gib"),
+    ("mem_predicted_gib", "mem predicted total", "gib"), ("device_memory_gib", "device mem", "gib"),
+    ("tflops_per_device", "TFLOP/s/device", "float"), ("loss_first", "loss first", "float"),
+    ("loss_final", "loss final", "float"),
+    ("run", "run", "text"), ("engine", "engine", "text"), ("model", "model", "text"), ("cluster", "cluster", "text"),
     ("world_size", "devices", "int"), ("dp_replicate", "dp_rep", "int"), ("dp_shard", "dp_shard", "int"),
     ("tp", "tp", "int"), ("pp", "pp", "int"), ("cp", "cp", "int"), ("ep", "ep", "int"),
     ("zero_stage", "zero", "int"), ("micro_batch", "micro", "int"), ("grad_accum", "accum", "int"),
     ("seq_len", "seq", "int"), ("activation_checkpointing", "ckpt", "text"), ("precision", "dtype", "text"),
-    ("tokens_per_s", "tokens/s", "rate"), ("tokens_per_s_per_device", "tokens/s/device", "rate"),
-    ("step_time_s", "step (median)", "time"), ("tflops_per_device", "TFLOP/s/device", "float"),
-    ("mfu", "MFU", "pct"), ("mfu_predicted", "MFU predicted", "pct"), ("mfu_ratio", "MFU meas/pred", "ratio"),
-    ("hfu", "HFU", "pct"), ("mem_state_activation_gib", "mem params+grads+opt+act", "gib"),
-    ("mem_allocated_peak_gib", "mem allocator peak", "gib"), ("mem_predicted_gib", "mem predicted", "gib"),
-    ("mem_ratio", "mem meas/pred", "ratio"), ("device_memory_gib", "device mem", "gib"),
-    ("loss_first", "loss first", "float"), ("loss_final", "loss final", "float"),
     ("flop_convention", "FLOP convention", "text"), ("peak_flops_source", "peak FLOP/s source", "text"),
 )
 
@@ -94,111 +95,19 @@ def ordered(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(_key=key, _speed=-speed).sort_values(["_key", "_speed", "run"]).drop(columns=["_key", "_speed"])
 
 
-def _note(row: pd.Series) -> str:
-    if row["status"] == COMPLETED:
+def noise_caption(frame: pd.DataFrame, best_runs: set) -> str:
+    """The step-time warnings of the completed runs, the recommended one first (few steps, wide spread)."""
+    done = frame[frame["status"] == COMPLETED]
+    notes = []
+    for _, row in sorted(done.iterrows(), key=lambda item: item[1]["run_dir"] not in best_runs):
+        times = row.get("step_times_s")
+        warning = plots.noise_warning([float(t) for t in times]) if plots._is_sequence(times) else None
+        if warning:
+            notes.append(f"{row['label']}: {warning}")
+    if not notes:
         return ""
-    return str(row["status"]) + (" (predicted OOM)" if row.get("fits_predicted") is False else "")
-
-
-def throughput_chart(frame: pd.DataFrame, labels: Dict[int, str], best_runs: set) -> str:
-    maximum = max([_num(v) or 0.0 for v in frame["tokens_per_s_per_device"]] + [0.0])
-    fmt = svg.scaled_formatter(maximum, RATE_UNITS)
-    series = [svg.Series("measured", "#4e79a7"), svg.Series("recommended", "#59a14f"),
-              svg.Series("predicted", "#e15759", dashed=True)]
-    rows = []
-    for i, row in frame.iterrows():
-        value = _num(row["tokens_per_s_per_device"])
-        chosen = row["run_dir"] in best_runs
-        bars = [[("recommended" if chosen else "measured", value)]] if value is not None else [[]]
-        predicted = _num(row.get("tokens_per_s_predicted"))
-        world = _num(row.get("world_size"))
-        markers = [("predicted", predicted / world)] if predicted is not None and world else []
-        rows.append(svg.Row(labels[i], bars, markers, note=_note(row), highlight=chosen))
-    return svg.bar_chart(TITLES["throughput"], rows, series, fmt, "tokens/s per device (higher is better)",
-                         "chart-throughput")
-
-
-def mfu_chart(frame: pd.DataFrame, labels: Dict[int, str]) -> str:
-    with_hfu = any((_num(h) or 0) != (_num(m) or 0) for h, m in zip(frame["hfu"], frame["mfu"]))
-    series = [svg.Series("MFU measured", "#4e79a7")] + ([svg.Series("HFU measured", "#a0cbe8")] if with_hfu else [])
-    series.append(svg.Series("MFU predicted", "#e15759", dashed=True))
-    rows = []
-    for i, row in frame.iterrows():
-        mfu, hfu, predicted = _num(row["mfu"]), _num(row["hfu"]), _num(row.get("mfu_predicted"))
-        bars = [[("MFU measured", mfu)]] if mfu is not None else [[]]
-        if with_hfu:
-            bars.append([("HFU measured", hfu)] if hfu is not None else [])
-        markers = [("MFU predicted", predicted)] if predicted is not None else []
-        note = "" if mfu is not None else _note(row) or f"MFU unknown (peak FLOP/s: {row.get('peak_flops_source')})"
-        rows.append(svg.Row(labels[i], bars, markers, note=note))
-    return svg.bar_chart(TITLES["mfu"], rows, series, lambda v: f"{v:.3g}" if v == 0 else f"{v:.2%}",
-                         "model FLOPs utilization (higher is better)", "chart-mfu")
-
-
-MEMORY_PARTS = (("param_bytes", "parameters", "#4e79a7"), ("grad_bytes", "gradients", "#f28e2b"),
-                ("optimizer_bytes", "optimizer states", "#e15759"), ("activation_bytes", "activations", "#76b7b2"))
-OTHER = "predicted other (gathered, recompute, allowance)"
-PREDICTED_SHADES = {"predicted parameters": "#8f8f8f", "predicted gradients": "#a8a8a8",
-                    "predicted optimizer states": "#c0c0c0", "predicted activations": "#d6d6d6",
-                    OTHER: "#e9e9e9", "predicted total": "#a8a8a8"}
-
-
-def _memory_bars(row: pd.Series) -> Tuple[List[Tuple[str, float]], List[Tuple[str, float]]]:
-    measured = [(f"measured {name}", _num(row[col])) for col, name, _ in MEMORY_PARTS]
-    measured = [(n, v) for n, v in measured if v is not None]
-    predicted_total = _num(row.get("mem_predicted_gib"))
-    predicted = [(f"predicted {name}", _num(row.get(f"pred_{col}"))) for col, name, _ in MEMORY_PARTS]
-    if all(v is not None for _, v in predicted):
-        rest = (predicted_total or 0) * 2**30 - sum(v for _, v in predicted)
-        predicted = predicted + ([(OTHER, rest)] if rest > 0 else [])
-    elif predicted_total is not None:
-        predicted = [("predicted total", predicted_total * 2**30)]
-    else:
-        predicted = []
-    return measured, predicted
-
-
-def memory_chart(frame: pd.DataFrame, labels: Dict[int, str]) -> Tuple[str, str]:
-    """The chart, and a caption saying where device memory is when it is far off the scale."""
-    rows, biggest = [], 0.0
-    for i, row in frame.iterrows():
-        measured, predicted = _memory_bars(row)
-        peak = _num(row.get("mem_allocated_peak_gib"))
-        markers = [("allocator peak (measured)", peak * 2**30)] if peak is not None else []
-        biggest = max([biggest, sum(v for _, v in measured), sum(v for _, v in predicted)] + [v for _, v in markers])
-        note = "" if measured or predicted else _note(row) or "no measurement"
-        rows.append((i, svg.Row(labels[i], [measured, predicted], markers, note=note)))
-    device = [(_num(v) or 0.0) * 2**30 for v in frame["device_memory_gib"]]
-    on_scale = bool(device) and max(device) > 0 and max(device) <= 3 * max(biggest, 1.0)
-    caption = ""
-    if on_scale:
-        for (i, row), dev in zip(rows, device):
-            if dev:
-                row.markers.append(("device memory", dev))
-    elif any(device):
-        caption = (f"Device memory ({format_bytes(max(device))} per device) is off this scale: the largest bar is "
-                   f"{format_bytes(biggest)} ({biggest / max(device):.2%} of it).")
-    series = [svg.Series(f"measured {name}", color) for _, name, color in MEMORY_PARTS]
-    series += [svg.Series(name, color) for name, color in PREDICTED_SHADES.items()]
-    series += [svg.Series("allocator peak (measured)", "#222"), svg.Series("device memory", "#d62728", dashed=True)]
-    fmt = svg.scaled_formatter(max(biggest, max(device) if on_scale else 0.0), MEMORY_UNITS)
-    chart = svg.bar_chart(TITLES["memory"], [row for _, row in rows], series, fmt,
-                          "bytes per device (upper bar measured, lower bar predicted)", "chart-memory")
-    return chart, caption
-
-
-def _is_sequence(value: Any) -> bool:
-    """A list of step times (a list, or the numpy array Parquet gives back), not a missing value."""
-    return hasattr(value, "__len__") and not isinstance(value, str) and len(value) > 0
-
-
-def step_time_chart(frame: pd.DataFrame, labels: Dict[int, str]) -> str:
-    rows = [(labels[i], [float(t) for t in row["step_times_s"]]) for i, row in frame.iterrows()
-            if _is_sequence(row.get("step_times_s"))]
-    maximum = max([max(v) for _, v in rows if len(v)] + [0.0])
-    fmt = svg.scaled_formatter(maximum, TIME_UNITS)
-    return svg.distribution_chart(TITLES["step_times"], rows, fmt, "time of one optimizer step (lower is better)",
-                                  "chart-step-times")
+    more = f" (and {len(notes) - 3} more runs)" if len(notes) > 3 else ""
+    return "Noise: " + "; ".join(notes[:3]) + more + "."
 
 
 def _table(frame: pd.DataFrame, columns: Sequence[Tuple[str, str, str]], table_id: str,
@@ -311,7 +220,7 @@ th{background:#f4f4f4;cursor:pointer;position:sticky;top:0}td:nth-child(-n+3){te
 #status-table td{white-space:normal;text-align:left;max-width:640px}
 tr.best td{background:#eef7ee;font-weight:600}
 .badge{color:#fff;border-radius:3px;padding:1px 5px;font-size:11px}
-.scroll{overflow-x:auto}svg.plot{display:block;margin:4px 0 12px;max-width:100%;height:auto}
+.scroll{overflow-x:auto}div.plot{margin:4px 0 12px}
 footer{color:#666;font-size:12px;margin-top:30px;border-top:1px solid #ddd}
 """
 
@@ -350,12 +259,15 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
         view = ordered(frame)
         labels = chart_labels(view)
         best_runs = {item.best["run_dir"] for item in items if item.best is not None}
-        memory, caption = memory_chart(view, labels)
-        parts += [f"<h2>{TITLES['throughput']}</h2>", throughput_chart(view, labels, best_runs),
-                  f"<h2>{TITLES['mfu']}</h2>", _caption(peak_caption(view)), mfu_chart(view, labels),
-                  f"<h2>{TITLES['memory']}</h2>", _caption(caption),
-                  memory,
-                  f"<h2>{TITLES['step_times']}</h2>", step_time_chart(view[view["status"] == COMPLETED], labels)]
+        memory, caption = plots.memory_figure(view, labels)
+        parts += [_caption(noise_caption(view, best_runs)),
+                  f"<h2>{TITLES['throughput']}</h2>",
+                  plots.chart(plots.throughput_figure(view, labels, best_runs), "chart-throughput"),
+                  f"<h2>{TITLES['mfu']}</h2>", _caption(peak_caption(view)),
+                  plots.chart(plots.mfu_figure(view, labels), "chart-mfu"),
+                  f"<h2>{TITLES['memory']}</h2>", _caption(caption), plots.chart(memory, "chart-memory"),
+                  f"<h2>{TITLES['step_times']}</h2>",
+                  plots.chart(plots.step_time_figure(view[view["status"] == COMPLETED], labels), "chart-step-times")]
         if several:
             parts += [f"<h2>{TITLES['compare']}</h2>", f'<div class="scroll">{compare_table(view)}</div>']
         columns = [c for c in RESULT_COLUMNS if c[0] in view and (c[0] != "series" or several)]
@@ -366,9 +278,10 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
     parts.append(_footer(frame, roots))
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(parts)}<script>{SCRIPT}</script></body></html>\n")
+            f"<style>{STYLE}</style><script src=\"{plots.PLOTLY_JS}\"></script></head><body>{''.join(parts)}<script>{SCRIPT}</script></body></html>\n")
 
 
 def write_html(frame: pd.DataFrame, roots: Sequence[Path], path: Path) -> Path:
     path = Path(path)
+    plots.write_plotly_js(path.parent)
     return write_text(path, render_html(frame, roots))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -38,7 +39,16 @@ def test_default_out_dir(tmp_path):
     assert default_out_dir([tmp_path / "a"]) == tmp_path / "a"
     (tmp_path / "x" / "a").mkdir(parents=True)
     (tmp_path / "x" / "b").mkdir(parents=True)
-    assert default_out_dir([tmp_path / "x" / "a", tmp_path / "x" / "b"]) == (tmp_path / "x" / "compare").resolve()
+    compared = (tmp_path / "x" / "compare" / "a_vs_b").resolve()
+    assert default_out_dir([tmp_path / "x" / "a", tmp_path / "x" / "b"]) == compared
+    (tmp_path / "x" / "c").mkdir()
+    assert default_out_dir([tmp_path / "x" / "a", tmp_path / "x" / "c"]) != compared  # never overwritten
+
+
+def test_report_main_writes_where_out_says(tmp_path):
+    root = make_sweep(tmp_path / "a", "sweep_a")
+    assert report_main([root, Path("--out"), tmp_path / "mine"]) == 0
+    assert (tmp_path / "mine" / "report.html").exists() and (tmp_path / "mine" / "plotly.min.js").exists()
 
 
 def test_report_main_compares_sweeps(tmp_path, capsys):

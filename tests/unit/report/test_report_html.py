@@ -9,7 +9,7 @@ import pytest
 
 from harness.report.headline import candidates, format_bytes, headline, headlines
 from harness.report.html import TITLES, render_html
-from harness.report.svg import Row, Series, bar_chart, distribution_chart, nice_ticks
+from harness.report.plots import hover_text, noise_warning
 from harness.report.table import summary_frame
 from tests.unit.report.synthetic_runs import make_run, make_sweep
 
@@ -43,9 +43,10 @@ def test_no_completed_run(tmp_path):
     assert "1 running, 1 pruned" in answer.detail
 
 
-def test_one_headline_per_sweep(tmp_path):
+def test_several_sweeps_get_one_answer(tmp_path):
     frame = summary_frame([make_sweep(tmp_path / "a", "sweep_a"), make_sweep(tmp_path / "b", "sweep_b")])
-    assert [h.sweep for h in headlines(frame)] == ["sweep_a", "sweep_b"]
+    (answer,) = headlines(frame)
+    assert answer.sweep == "compared" and answer.best["series"] in ("sweep_a", "sweep_b")
 
 
 def test_format_bytes():
@@ -62,7 +63,7 @@ def test_report_has_every_section_and_the_answer(frame, sweep_dir):
     assert TITLES["compare"] not in page  # one sweep
     assert "Which layout should I use?" in page
     assert "Use dp2 tp1 zero2 mb2: " in page
-    assert page.count('<svg class="plot"') == 4
+    assert page.count('<div class="plot"') == 4 and page.count("Plotly.newPlot") == 4
     assert "rank 1: RuntimeError: NCCL timeout in all_reduce" in page
     assert "tp=3 must divide num_attention_heads=4" in page
     for state in ("COMPLETED", "FAILED", "OOM", "PRUNED", "RUNNING", "PENDING"):
@@ -83,8 +84,9 @@ def test_several_sweeps_are_compared(tmp_path):
     roots = [make_sweep(tmp_path / "a", "sweep_a"), make_sweep(tmp_path / "b", "sweep_b")]
     page = render_html(summary_frame(roots), roots)
     assert TITLES["compare"] in page and 'id="compare-table"' in page
-    assert "sweep_a · dp2 tp1 zero2 mb2" in page
-    assert page.count('class="headline"') == 2
+    assert "sweep_a \\u00b7 dp2 tp1 zero2 mb2" in page  # a plot's label, inside plotly's JSON
+    assert page.count('class="headline"') == 1  # one answer across the sweeps, naming its sweep
+    assert re.search(r"Use dp2 tp1 zero2 mb2 from sweep_[ab]: ", page) and "Best of each sweep: sweep_a: " in page
 
 
 def test_text_is_escaped(tmp_path):
@@ -95,28 +97,33 @@ def test_text_is_escaped(tmp_path):
 
 def test_empty_report(tmp_path):
     page = render_html(pd.DataFrame(), [tmp_path])
-    assert "No runs found." in page and "<svg" not in page
+    assert "No runs found." in page and "Plotly.newPlot" not in page
 
 
-def test_nice_ticks():
-    assert nice_ticks(9.2) == [0, 2, 4, 6, 8, 10]
-    assert nice_ticks(0.036)[-1] >= 0.036 and len(nice_ticks(0.036)) <= 7
-    assert nice_ticks(0) == [0.0, 1.0]
+def test_noise_warning_for_few_steps_or_a_wide_spread():
+    assert "only 3 timed steps" in noise_warning([0.1, 0.1, 0.1])
+    assert "spread 50% of the median" in noise_warning([0.1] * 5 + [0.15])
+    assert noise_warning([0.1, 0.101, 0.099, 0.1, 0.1]) is None and noise_warning([]) is None
 
 
-def test_charts_draw_bars_markers_and_dots():
-    rows = [Row("a", [[("x", 1.0), ("y", 2.0)], [("z", 2.5)]], [("m", 2.8)]), Row("b", [[]], note="OOM")]
-    chart = bar_chart("T", rows,
-                      [Series("x", "#111"), Series("y", "#222"), Series("z", "#333"), Series("m", "#444", dashed=True),
-                       Series("unused", "#555")], str, "units", "c1")
-    assert chart.count('class="bar"') == 3 and chart.count('class="marker"') == 1 and "OOM" in chart
-    assert "unused" not in chart  # the legend lists only what is drawn
-    dots = distribution_chart("D", [("r", [1.0, 2.0, 3.0]), ("empty", [])], str, "s", "c2")
-    assert dots.count('class="dot"') == 3 and "empty" not in dots
+def test_hover_shows_the_layout_and_the_numbers(frame):
+    row = frame[frame["status"] == "COMPLETED"].iloc[0]
+    text = hover_text(row)
+    assert row["label"] in text and "tokens/s/device: " in text and "MFU: " in text and "step min / max: " in text
+    assert "ZeRO-" in text  # the whole layout, not only what differs
+
+
+def test_measured_columns_come_before_the_configuration(frame, sweep_dir):
+    page = render_html(frame, [sweep_dir])
+    head = re.search(r'<table id="results-table".*?</thead>', page, re.S).group(0)
+    headers = re.findall(r"<th data-kind=\"\w+\">(.*?)</th>", head)
+    assert headers[:4] == ["layout", "status", "tokens/s", "tokens/s/device"]
+    assert headers.index("step min") < headers.index("engine") and headers.index("MFU") < headers.index("tp")
 
 
 def test_two_invocations_of_one_sweep_are_compared(tmp_path):
     roots = [make_sweep(tmp_path / "monday", "grid").parent, make_sweep(tmp_path / "tuesday", "grid").parent]
     page = render_html(summary_frame(roots), roots)
+    assert page.count('class="headline"') == 1
     assert 'id="compare-table"' in page
-    assert "grid (monday/grid) · dp2 tp1 zero2 mb2" in page and "grid (tuesday/grid)" in page
+    assert "grid (monday\\u002fgrid) \\u00b7 dp2 tp1 zero2 mb2" in page and "grid (tuesday/grid)" in page
