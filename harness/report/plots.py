@@ -9,9 +9,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from harness.report.headline import format_bytes, layout_summary
-from harness.rundir import COMPLETED, write_bytes
+from harness.rundir import COMPLETED, PLOTLY_JS, write_bytes
 
-PLOTLY_JS = "plotly.min.js"
 MEASURED, RECOMMENDED, PREDICTED = "#4e79a7", "#59a14f", "#e15759"
 MEMORY_PARTS = (("param_bytes", "parameters", "#4e79a7"), ("grad_bytes", "gradients", "#f28e2b"),
                 ("optimizer_bytes", "optimizer states", "#e15759"), ("activation_bytes", "activations", "#76b7b2"))

@@ -10,6 +10,7 @@ STATUS_FILE = "status.json"  # the run's state; its presence makes a directory a
 METRICS_FILE = "metrics.json"  # the measurement (rank 0), written once the run completed
 ERRORS_DIR = "errors"  # one record per failing rank: errors/rank<N>.json
 LAUNCH_LOG = "launch.log"  # the local launcher's combined output
+LAUNCH_COMMAND = "launch_command.sh"  # a local run's launch with every value filled, runnable by hand
 WANDB_DIR = "wandb"  # every W&B file of the run stays below here
 JOB_SCRIPT = "job.sbatch"  # the Slurm batch script of the run
 SUBMISSION_FILE = "slurm.json"  # written by the submitter: which job the sweep submitted
@@ -29,6 +30,7 @@ SWEEP_SLURM_DIR = "slurm"  # the sweep's array scripts and Slurm logs
 SUMMARY_CSV = "summary.csv"
 SUMMARY_PARQUET = "summary.parquet"
 REPORT_HTML = "report.html"
+PLOTLY_JS = "plotly.min.js"  # plotly.js beside report.html, written once per report folder
 WANDB_REPORT_JSON = "wandb_report.json"
 WANDB_REPORT_URL = "wandb_report.url"  # where a published report lives
 

@@ -1,4 +1,5 @@
-"""The HTML report rendered by a real headless Chromium: titles in the DOM, every plot draws, the page is not blank."""
+"""The HTML report rendered by a real headless Chromium: titles in the DOM, every plotly plot draws and hovers,
+the page is not blank; screenshots are kept among the test artifacts."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import List
 
 import pytest
 
+from harness import REPO_ROOT
 from harness.report.build import build_report
 from harness.report.html import TITLES
 from tests.unit.report.synthetic_runs import make_sweep
@@ -23,41 +25,32 @@ pytestmark = pytest.mark.browser
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 WINDOW = (1280, 2400)
-# Injected into a copy of the report: rasterise every inline SVG plot on a canvas, count the pixels that
-# are not background and the distinct colours, sort the results table by a column; write the findings
-# into the DOM for --dump-dom to carry out.
+ARTIFACTS = Path(os.environ.get("HARNESS_TEST_ARTIFACTS", REPO_ROOT / "test-artifacts")) / "report"
+# Injected into a copy of the report: once plotly has drawn, count each plot's bars and boxes, hover its first
+# point with plotly's own Fx.hover and keep the hover text; sort the results table by a column; write the
+# findings into the DOM for --dump-dom to carry out.
 PROBE = r"""
 <script>
-(function () {
+window.addEventListener('load', function () { setTimeout(function () {
   var out = {plots: {}, sorted: null};
-  function done() { document.getElementById('probe-result').textContent = JSON.stringify(out); }
   var header = Array.prototype.find.call(document.querySelectorAll('#results-table th'),
                                          function (th) { return th.textContent === 'tokens/s/device'; });
   header.click(); header.click();  // descending
   var col = Array.prototype.indexOf.call(header.parentNode.children, header);
   out.sorted = Array.prototype.map.call(document.querySelectorAll('#results-table tbody tr'),
                                         function (tr) { return tr.cells[col].dataset.sort || null; });
-  var plots = document.querySelectorAll('svg.plot'), pending = plots.length;
-  plots.forEach(function (svg) {
-    var img = new Image();
-    img.onload = function () {
-      var c = document.createElement('canvas');
-      c.width = svg.width.baseVal.value; c.height = svg.height.baseVal.value;
-      var ctx = c.getContext('2d'); ctx.fillStyle = '#fff'; ctx.fillRect(0, 0, c.width, c.height);
-      ctx.drawImage(img, 0, 0);
-      var d = ctx.getImageData(0, 0, c.width, c.height).data, ink = 0, colours = new Set();
-      for (var k = 0; k < d.length; k += 4) {
-        if (d[k] < 245 || d[k + 1] < 245 || d[k + 2] < 245) ink++;
-        colours.add((d[k] << 16) | (d[k + 1] << 8) | d[k + 2]);
-      }
-      out.plots[svg.id] = {ink: ink, colours: colours.size, width: c.width, height: c.height};
-      if (--pending === 0) done();
-    };
-    img.onerror = function () { out.plots[svg.id] = 'error'; if (--pending === 0) done(); };
-    var xml = new XMLSerializer().serializeToString(svg);
-    img.src = 'data:image/svg+xml;base64,' + btoa(unescape(encodeURIComponent(xml)));
+  document.querySelectorAll('div.plot .js-plotly-plot').forEach(function (gd) {
+    var hover = '';
+    try {
+      Plotly.Fx.hover(gd, [{curveNumber: 0, pointNumber: 0}]);
+      var box = gd.querySelector('g.hovertext'); hover = box ? box.textContent : '';
+    } catch (e) { hover = 'error: ' + e; }
+    out.plots[gd.id] = {bars: gd.querySelectorAll('g.point').length,
+                        boxes: gd.querySelectorAll('g.trace.boxes path.box').length,
+                        hover: hover, width: gd.offsetWidth, height: gd.offsetHeight};
   });
-})();
+  document.getElementById('probe-result').textContent = JSON.stringify(out);
+}, 500); });
 </script>
 """
 PIXELS = r"""
@@ -132,42 +125,66 @@ def probe_result(dom: str) -> dict:
     return json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
 
 
+def keep(shot: Path, name: str) -> Path:
+    """A copy of a screenshot among the test artifacts (HARNESS_TEST_ARTIFACTS, default test-artifacts/)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    kept = ARTIFACTS / name
+    shutil.copyfile(shot, kept)
+    return kept
+
+
 def test_titles_and_answer_are_in_the_rendered_dom(chromium, report, tmp_path):
     dom = dump_dom(chromium, report, tmp_path / "profile")
     for title in ("throughput", "mfu", "memory", "step_times", "status", "results"):
         assert f"<h2>{TITLES[title]}</h2>" in dom, title
-        assert TITLES[title] in dom
     assert "Which layout should I use?" in dom
     assert "Use dp2 tp1 zero2 mb2: " in dom
-    assert len(re.findall(r'<svg class="plot"', dom)) == 4
+    # plotly.js loaded from the file beside the report (no network) and drew all four plots.
+    assert (report.parent / "plotly.min.js").exists()
+    assert len(re.findall(r'class="[^"]*js-plotly-plot', dom)) == 4
 
 
-def test_every_plot_draws(chromium, report, tmp_path):
-    page = tmp_path / "probe.html"
+def test_every_plot_draws_and_hovers_with_the_runs_layout(chromium, report, tmp_path):
+    page = report.parent / "probe.html"
     page.write_text(report.read_text().replace("</body>", '<pre id="probe-result"></pre>' + PROBE + "</body>"))
     result = probe_result(dump_dom(chromium, page, tmp_path / "profile"))
     plots = result["plots"]
     assert set(plots) == {"chart-throughput", "chart-mfu", "chart-memory", "chart-step-times"}
     for name, found in plots.items():
-        assert found != "error", name
-        area = found["width"] * found["height"]
-        assert found["ink"] > 0.02 * area, (name, found)  # bars, axes and text, not an empty frame
-        assert found["colours"] >= 8, (name, found)
+        assert found["width"] > 300 and found["height"] > 150, (name, found)
+        assert not found["hover"].startswith("error"), (name, found)
+    assert plots["chart-throughput"]["bars"] >= 8 and plots["chart-memory"]["bars"] >= 8
+    assert plots["chart-step-times"]["boxes"] == 3  # one box per completed run
+    hover = plots["chart-throughput"]["hover"]
+    assert hover.startswith("dp2 tp1 zero2 mb2") and "ZeRO-2" in hover and "tokens/s/device: " in hover, hover
+    assert "step min / max: " in hover and "MFU: " in hover, hover
     values = [float(v) for v in result["sorted"] if v not in (None, "None")]
     assert values == sorted(values, reverse=True) and len(values) == 3  # the sort script ran
 
 
-def test_screenshot_is_not_blank(chromium, report, tmp_path):
+def test_screenshot_is_not_blank_and_is_kept(chromium, report, tmp_path):
     shot = tmp_path / "report.png"
-    run_chromium(chromium, [f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}", report.as_uri()],
-                 tmp_path / "profile")
+    run_chromium(chromium, ["--virtual-time-budget=10000", f"--screenshot={shot}",
+                            f"--window-size={WINDOW[0]},{WINDOW[1]}", report.as_uri()], tmp_path / "profile")
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == WINDOW
+    keep(shot, "report.png")
     page = tmp_path / "pixels.html"
     page.write_text(PIXELS.replace("{data}", base64.b64encode(data).decode()))
     pixels = probe_result(dump_dom(chromium, page, tmp_path / "profile"))
     assert pixels["pixels"] == width * height
     assert pixels["ink"] > 0.03 * pixels["pixels"], pixels
     assert pixels["colours"] > 50, pixels
+
+
+def test_compare_report_has_one_answer(chromium, tmp_path):
+    roots = [make_sweep(tmp_path / "results" / name, "cpu_grid").parent for name in ("monday", "tuesday")]
+    paths = build_report(roots, tmp_path / "compare")
+    dom = dump_dom(chromium, paths["html"], tmp_path / "profile")
+    assert dom.count('class="headline"') == 1 and re.search(r"Use [^<]* from cpu_grid \((monday|tuesday)", dom)
+    shot = tmp_path / "compare.png"
+    run_chromium(chromium, ["--virtual-time-budget=10000", f"--screenshot={shot}",
+                            f"--window-size={WINDOW[0]},{WINDOW[1]}", paths["html"].as_uri()], tmp_path / "profile")
+    keep(shot, "compare.png")
