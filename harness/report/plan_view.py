@@ -91,19 +91,24 @@ def table_columns(points: Sequence[PlannedPoint]) -> List[tuple]:
     columns = [
         ("layout", 0, lambda p: p.label),
         ("fit", 0, lambda p: p.fit),
-        ("ranks", 3, lambda p: _fmt(p.row.get("world"), "{}")),
         (f"mem/rank ({mem_unit})", 1, valid(lambda plan: scaled(plan.memory.total_bytes, mem_scale), "{:,.2f}")),
         (f"device ({dev_unit})", 3, valid(lambda plan: scaled(plan.device_memory_bytes, dev_scale), "{:,.2f}")),
         (f"margin ({margin_unit})", 2, valid(lambda plan: scaled(plan.margin_bytes, margin_scale), "{:+,.2f}")),
         ("GFLOP/token", 4, valid(lambda plan: plan.flops_per_token / 1e9, "{:,.3g}")),
         ("tokens/step", 5, lambda p: _fmt(p.row.get("tokens_per_step"), "{:,}")),
     ]
+    if len(_world_sizes(points)) > 1:  # one world size for all is said in the title instead
+        columns.insert(2, ("ranks", 3, lambda p: _fmt(p.row.get("world"), "{}")))
     if any(getattr(plan, "tokens_per_s", None) for plan in plans):
         columns.insert(3, ("pred tokens/s", 1, valid(lambda plan: plan.tokens_per_s, "{:,.0f}")))
         columns.insert(4, ("pred MFU (%)", 2, valid(lambda plan: plan.predicted_mfu and 100 * plan.predicted_mfu,
                                                     "{:.1f}")))
     columns.append(("first problem (--why: all)", 0, _first_problem))
     return columns
+
+
+def _world_sizes(points: Sequence[PlannedPoint]) -> set:
+    return {point.row.get("world") for point in points if point.row}
 
 
 def _first_problem(point: PlannedPoint) -> str:
@@ -147,7 +152,9 @@ def print_plan_table(points: Sequence[PlannedPoint], console: Any = None) -> Non
     cells = [[cell(point) for _, _, cell in columns] for point in points]
     widths = fit_columns([c[0] for c in columns], [c[1] for c in columns], cells, console.width)
     counts = pd.Series([point.fit for point in points]).value_counts()
-    title = f"{len(points)} layout(s): " + ", ".join(f"{counts[k]} {k}" for k in FIT_ORDER if k in counts)
+    worlds = _world_sizes(points)
+    title = (f"{len(points)} layout(s)" + (f" on {worlds.pop()} ranks" if len(worlds) == 1 else "") + ": "
+             + ", ".join(f"{counts[k]} {k}" for k in FIT_ORDER if k in counts))
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
     for index, column_width in widths.items():
         table.add_column(columns[index][0], no_wrap=True, overflow="ellipsis", width=column_width,

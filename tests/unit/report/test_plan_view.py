@@ -66,7 +66,7 @@ def test_sweeping_tp_with_filled_dp_keeps_every_layout_valid_and_fits_100_column
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert max(len(line) for line in lines) <= 100, out.stdout
-    assert "4 layout(s): 4 fits" in out.stdout
+    assert "4 layout(s) on 2 ranks: 4 fits" in out.stdout
     header = next(line for line in lines if line.lstrip().startswith("layout"))
     assert "mem/rank (MiB)" in header and "fit" in header
     # Labels come from the values that differ, never from the preset's name.
