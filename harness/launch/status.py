@@ -380,8 +380,13 @@ def one_line(views: Sequence[RunView]) -> str:
     return f"{done}/{len(active)} final ({parts})"
 
 
-def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[str, str]] = None) -> None:
-    """The grid as a table, with a progress bar of the runs that reached a final state."""
+MEASURED_HEADERS = ("tokens/s", "MFU (%)", "memory")
+
+
+def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[str, str]] = None,
+                 measured: Optional[Mapping[str, Sequence[str]]] = None) -> None:
+    """The grid as a table, with a progress bar of the runs that reached a final state. `measured`: the
+    cells of MEASURED_HEADERS per run name; Slurm's columns only where a run has a Slurm job."""
     active = [v for v in views if v.state != PRUNED]
     done = sum(v.final for v in active)
     table = Table(title=title)
