@@ -7,20 +7,17 @@ from typing import Callable, Tuple
 
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun
-from harness.launch.local import launch_local, local_command
+from harness.launch.local import launch_local
 from harness.runtime.sinks import wandb_environment
 
 
 def run_prepared(run_dir: Path, cfg: RunConfig, rendered: RenderedRun, label: str = "",
                  say: Callable[[str], None] = print) -> Tuple[str, str]:
     """(final state, reason) of one prepared run started with its own launcher (`harness run` and the points
-    of a local `harness sweep`); W&B files stay inside the run directory. `say` prints a line: the runnable
-    launch command, rank 0's step lines as they come, and how the run ended."""
+    of a local `harness sweep`); W&B files stay inside the run directory. `say` prints a line (the launch
+    command, how the run ended); rank 0's step lines go to the run's launch.log."""
     label = label or Path(run_dir).name
-    tracking_env = wandb_environment(Path(run_dir), cfg.tracking)
-    command = local_command(rendered, tracking_env)
-    say(f"[harness] {label}: {command.line}")
-    state, reason = launch_local(rendered, cfg.launcher.timeout_s, tracking_env,
-                                 echo=lambda line: say(f"  {Path(run_dir).name} {line}"), command=command)
+    say(f"[harness] {label}: {rendered.command_line()}")
+    state, reason = launch_local(rendered, cfg.launcher.timeout_s, wandb_environment(Path(run_dir), cfg.tracking))
     say(f"[harness] {Path(run_dir).name}: {state} {reason}".rstrip())
     return state, reason

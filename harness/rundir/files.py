@@ -10,7 +10,6 @@ STATUS_FILE = "status.json"  # the run's state; its presence makes a directory a
 METRICS_FILE = "metrics.json"  # the measurement (rank 0), written once the run completed
 ERRORS_DIR = "errors"  # one record per failing rank: errors/rank<N>.json
 LAUNCH_LOG = "launch.log"  # the local launcher's combined output
-LAUNCH_COMMAND = "launch_command.sh"  # a local run's launch with every value filled, runnable by hand
 WANDB_DIR = "wandb"  # every W&B file of the run stays below here
 JOB_SCRIPT = "job.sbatch"  # the Slurm batch script of the run
 SUBMISSION_FILE = "slurm.json"  # written by the submitter: which job the sweep submitted

@@ -19,6 +19,7 @@ def test_local_sweep_shows_steps_and_counts(results_root):
     )  # fmt: skip
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
-    steps = [line for line in out.splitlines() if "[step " in line]
-    assert len(steps) == 4 and steps[-1].strip().startswith("000-") and "[step 4/4] loss " in steps[-1], steps
+    (log,) = (results_root / "sweep_live").rglob("000-*/launch.log")
+    steps = [line for line in log.read_text().splitlines() if line.startswith("[step ")]
+    assert len(steps) == 4 and steps[-1].startswith("[step 4/4] loss "), steps
     assert "1 done, 0 failed, 1 pruned, 0 remaining" in out and "ETA 0:00:00" in out

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 
 import pytest
 
-from harness.launch.live import copy_lines, start_copier, step_line
 from harness.launch.sweep_progress import SweepProgress, clock, eta_s
 from harness.plan.utilization import mfu
 from harness.runtime.progress import PROGRESS_PREFIX, StepRecord, StepReporter
@@ -47,25 +44,6 @@ def test_warmup_steps_have_loss_only_and_other_ranks_stay_silent(capsys):
     capsys.readouterr()
     assert reporter(rank=1, tracker=tracker)(3, 5.0, 0.1) is None
     assert capsys.readouterr().out == "" and len(tracker.rows) == 1
-
-
-def test_launcher_copy_keeps_every_line_and_echoes_step_lines():
-    log, echoed = io.StringIO(), []
-    source = io.BytesIO(b"warning: something\n[rank0]:[step 1/2 warm-up] loss 5.0\n[step 2/2] loss 4.9 | 1 tokens/s\n")
-    copy_lines(source, log, echoed.append)
-    assert log.getvalue().count("\n") == 3
-    assert echoed == ["[step 1/2 warm-up] loss 5.0", "[step 2/2] loss 4.9 | 1 tokens/s"]
-    assert step_line(b"no progress here\n") is None and PROGRESS_PREFIX == "[step "
-
-
-def test_copier_drains_a_real_pipe():
-    process = subprocess.Popen([sys.executable, "-c", "print('[step 1/1] loss 1.0'); print('done')"],
-                               stdout=subprocess.PIPE)
-    log, echoed = io.StringIO(), []
-    thread = start_copier(process.stdout, log, echoed.append)
-    process.wait(timeout=30)
-    thread.join(timeout=30)
-    assert echoed == ["[step 1/1] loss 1.0"] and log.getvalue().endswith("done\n")
 
 
 def test_eta_is_mean_run_time_times_runs_left():
