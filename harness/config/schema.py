@@ -320,6 +320,15 @@ class BenchConfig:
 
 
 @dataclass
+class StandinConfig:
+    """Set when the run is the CPU stand-in of a GPU recipe (harness.config.standin)."""
+
+    of: Optional[str] = None
+    # What the stand-in cannot execute on CPU, and why; reported with the run's metrics.
+    not_executed: List[str] = field(default_factory=list)
+
+
+@dataclass
 class RunConfig:
     """Everything one benchmark run needs; `recipes/` and the command line only override it."""
 
@@ -332,6 +341,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    standin: StandinConfig = field(default_factory=StandinConfig)
     # Sweep name: the folder under `results/` and the W&B group.
     sweep_name: str = "adhoc"
     results_dir: str = "results"
