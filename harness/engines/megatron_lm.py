@@ -191,6 +191,42 @@ def flags_to_argv(flags: Flags) -> List[str]:
     return argv
 
 
+def single_device_connection(cfg: RunConfig) -> bool:
+    """Whether Megatron-LM needs CUDA_DEVICE_MAX_CONNECTIONS=1 for this layout.
+
+    megatron/training/arguments.py::validate_args (core_r0.16) asserts it when tp > 1 or cp > 1 on GPUs
+    before Blackwell (compute capability < 10) unless Megatron-FSDP or overlap_moe_expert_parallel_comm is on
+    (the export uses neither): one hardware queue keeps each tensor/context-parallel collective ahead of the
+    compute it overlaps. Blackwell accepts the setting, so the export sets it whatever the GPU.
+    """
+    return cfg.layout.tp > 1 or cfg.layout.cp > 1
+
+
+def _environment_lines(cfg: RunConfig) -> List[str]:
+    if not single_device_connection(cfg):
+        return []
+    return ["# tp > 1 or cp > 1: Megatron-LM's validate_args requires one device connection before Blackwell.",
+            "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+
+
+def _checkpoint_lines(cfg: RunConfig) -> List[str]:
+    """Bash lines that build CHECKPOINT_ARGS: empty unless LOAD_DIR / SAVE_DIR ask for a load or a save."""
+    run_name = f"{cfg.model.name}-{cfg.layout.name}"
+    return [
+        "CHECKPOINT_ARGS=()",
+        'if [ -n "$LOAD_DIR" ]; then',
+        '  CHECKPOINT_ARGS+=(--load "$LOAD_DIR" --finetune --no-load-optim --no-load-rng)',
+        "fi",
+        'if [ -n "$SAVE_DIR" ]; then',
+        '  RUN_ID=${RUN_ID:-${SLURM_JOB_ID:?set RUN_ID (the same on every node) to name the checkpoint directory of this run}}',
+        f'  RUN_CHECKPOINT_DIR="$SAVE_DIR/{run_name}-$RUN_ID"',
+        '  if [ "$RUN_CHECKPOINT_DIR" = "$LOAD_DIR" ]; then echo "SAVE_DIR: $RUN_CHECKPOINT_DIR is LOAD_DIR" >&2; exit 2; fi',
+        '  CHECKPOINT_ARGS+=(--save "$RUN_CHECKPOINT_DIR" --save-interval "$SAVE_INTERVAL")',
+        "fi",
+        'if [ ${#CHECKPOINT_ARGS[@]} -gt 0 ]; then CHECKPOINT_ARGS+=(--ckpt-format torch_dist); fi',
+    ]
+
+
 def _script(cfg: RunConfig, flags: Flags) -> str:
     layout, cluster = cfg.layout, cfg.cluster
     vocab = model_spec_from_hf(cfg.model.name, cfg.model.hf_config).vocab_size
@@ -207,12 +243,17 @@ def _script(cfg: RunConfig, flags: Flags) -> str:
         "#   <prefix> of <prefix>.bin/.idx (weighted blends: DATA_PATH='0.7 a_text_document 0.3 b_text_document').",
         "#   The default, DATA_PATH=--mock-data, runs on synthetic tokens with a NullTokenizer of the model's",
         "#   vocabulary; real data needs TOKENIZER_MODEL (the model's Hugging Face tokenizer: hub id or path).",
-        "# Checkpoints: CHECKPOINT_DIR is written every SAVE_INTERVAL steps in torch_dist format; to start from HF",
-        "#   weights convert them first (Megatron-Bridge or tools/checkpoint/convert.py) into CHECKPOINT_DIR.",
+        "# Checkpoints: a benchmark run neither loads nor saves by default. LOAD_DIR (optional) starts from converted",
+        "#   weights (Megatron-Bridge or tools/checkpoint/convert.py) with --finetune: iteration, optimizer and RNG",
+        "#   start fresh, so the run always trains every step. SAVE_DIR (optional) saves every SAVE_INTERVAL steps",
+        "#   into this run's own directory $SAVE_DIR/<model>-<layout>-$RUN_ID (RUN_ID: the Slurm job id, or set it",
+        "#   to the same value on every node), which nothing loads.",
         "set -euo pipefail",
+        *_environment_lines(cfg),
         'MEGATRON_LM=${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}',
         'DATA_PATH=${DATA_PATH:---mock-data}',
-        'CHECKPOINT_DIR=${CHECKPOINT_DIR:-checkpoints}',
+        'LOAD_DIR=${LOAD_DIR:-}',
+        'SAVE_DIR=${SAVE_DIR:-}',
         'SAVE_INTERVAL=${SAVE_INTERVAL:-1000}',
         f'TOKENIZER_MODEL=${{TOKENIZER_MODEL:-{tokenizer}}}',
         "",
@@ -227,9 +268,7 @@ def _script(cfg: RunConfig, flags: Flags) -> str:
         '  DATA_ARGS=(--data-path $DATA_PATH --split 949,50,1 --tokenizer-type HuggingFaceTokenizer '
         '--tokenizer-model "$TOKENIZER_MODEL")',
         "fi",
-        "CHECKPOINT_ARGS=(",
-        '  --save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "$SAVE_INTERVAL" --ckpt-format torch_dist',
-        ")",
+        *_checkpoint_lines(cfg),
         "",
         f"torchrun --nnodes {cluster.nodes} --nproc_per_node {cluster.accelerators_per_node} "
         '--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \\',

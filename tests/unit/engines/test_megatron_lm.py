@@ -278,3 +278,53 @@ def test_real_data_needs_a_tokenizer(tmp_path):
     proc = subprocess.run(["bash", str(Path(tmp_path) / megatron_lm.SCRIPT_FILE)], env=env, capture_output=True,
                           text=True)  # fmt: skip
     assert proc.returncode != 0 and "TOKENIZER_MODEL" in proc.stderr
+
+
+def run_script(tmp_path, cfg, **env_vars):
+    """Run the rendered script with a stand-in torchrun that prints its environment variable
+    CUDA_DEVICE_MAX_CONNECTIONS, then its argv, one item a line."""
+    megatron_lm.render(cfg, tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = '#!/bin/sh\nprintf "%s\\n" "${CUDA_DEVICE_MAX_CONNECTIONS:-unset}"\nfor a in "$@"; do printf "%s\\n" "$a"; done\n'
+    (bin_dir / "torchrun").write_text(stub)
+    (bin_dir / "torchrun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "MEGATRON_LM": "/megatron", "NODE_RANK": "0", "MASTER_ADDR": "host",
+           "MASTER_PORT": "1234", **env_vars}  # fmt: skip
+    return subprocess.run(["bash", str(tmp_path / megatron_lm.SCRIPT_FILE)], env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("fields", [dict(tp=8, dp_shard=8), dict(cp=2, dp_shard=32), dict(tp=1, dp_shard=64)])
+def test_script_sets_one_device_connection_where_validate_args_asserts_it(tmp_path, fields):
+    # validate_args (core_r0.16): tp > 1 or cp > 1 before Blackwell asserts CUDA_DEVICE_MAX_CONNECTIONS == "1".
+    cfg = layout_cfg(seq_len=4096, **fields)
+    proc = run_script(tmp_path, cfg, CUDA_DEVICE_MAX_CONNECTIONS="8")
+    assert proc.returncode == 0, proc.stderr
+    required = fields.get("tp", 1) > 1 or fields.get("cp", 1) > 1
+    assert proc.stdout.split("\n")[0] == ("1" if required else "8")
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_every_gpu_export_sets_one_device_connection(tmp_path, name):
+    cfg = PRESETS[name]
+    assert cfg.layout.tp > 1 or cfg.layout.cp > 1  # every GPU export uses model parallelism
+    assert run_script(tmp_path, cfg).stdout.split("\n")[0] == "1"
+
+
+def test_a_benchmark_run_neither_loads_nor_saves_by_default(tmp_path):
+    argv = run_script(tmp_path, PRESETS[GPU_RECIPES[0]]).stdout.split("\n")
+    assert not {"--load", "--save", "--save-interval", "--ckpt-format"} & set(argv)
+
+
+def test_saving_goes_to_a_directory_of_its_own_and_loading_restarts_the_iterations(tmp_path):
+    cfg = PRESETS[GPU_RECIPES[0]]
+    proc = run_script(tmp_path, cfg, SAVE_DIR="/ckpt", LOAD_DIR="/ckpt/converted", SLURM_JOB_ID="77")
+    argv = proc.stdout.split("\n")
+    assert argv[argv.index("--save") + 1] == f"/ckpt/{cfg.model.name}-{cfg.layout.name}-77"
+    assert argv[argv.index("--load") + 1] == "/ckpt/converted"
+    assert {"--finetune", "--no-load-optim", "--no-load-rng"} <= set(argv)  # iteration 0: every step trains
+
+
+def test_saving_without_a_run_id_is_refused(tmp_path):
+    proc = run_script(tmp_path, PRESETS[GPU_RECIPES[0]], SAVE_DIR="/ckpt")
+    assert proc.returncode != 0 and "RUN_ID" in proc.stderr
