@@ -541,7 +541,9 @@ class FsdpSession:
         return contextlib.nullcontext()
 
     def _clip_gradients(self) -> None:
-        import torch
+        import torch.distributed as dist
+
+        from harness.engines.grad_norm import clip_grad_norm
 
         max_norm = self.cfg.bench.grad_clip
         if not max_norm or max_norm <= 0:
@@ -549,12 +551,9 @@ class FsdpSession:
         if self.settings.version == 1:
             self.model.clip_grad_norm_(max_norm)
             return
-        # DTensor gradients: the norm of the local shards is a partial result; full_tensor() reduces it.
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
-        if hasattr(total, "full_tensor"):
-            total = total.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        # With tp > 1 the DTensor gradients live on two meshes (data; data x tp): one all-reduce over every rank.
+        grads = [p.grad for p in self.model.parameters()]
+        clip_grad_norm(grads, max_norm, ranks_per_model=dist.get_world_size(), device=self.device)
 
     def train_step(self, micro_batches, on_boundary=None):
         """One optimizer step; `on_boundary` runs after the last backward, before clipping and the step."""

@@ -280,35 +280,11 @@ class NdSession:
                 param.grad = grad.redistribute(param.device_mesh, param.placements)
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        """Scale gradients to a global L2 norm of at most `max_norm` (torch's clip_grad_norm_ rule).
+        """Scale gradients to a global L2 norm of at most `max_norm` (torch's rule, over every stage)."""
+        from harness.engines.grad_norm import clip_grad_norm
 
-        Each shard's squared sum is divided by the number of ranks holding a copy of it (ranks of this
-        pipeline stage over the number of distinct shards), then summed over every rank: each element counts
-        once, whichever mix of plain tensors, TP shards and FSDP shards holds it.
-        """
-        torch = _torch()
-        import torch.distributed as dist
-        from torch.distributed.tensor import DTensor
-
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        for grad in grads:
-            shards = 1
-            if isinstance(grad, DTensor):
-                for size, placement in zip(grad.device_mesh.shape, grad.placements):
-                    if placement.is_partial():
-                        raise RuntimeError(f"unreduced (Partial) gradient with placements {grad.placements}")
-                    shards *= size if placement.is_shard() else 1
-            local = _local(grad)
-            if local.numel():
-                total += local.double().pow(2).sum() * (shards / self.ranks_per_stage)
-        dist.all_reduce(total)
-        norm = float(total.sqrt())
-        coef = min(1.0, max_norm / (norm + 1e-6))
-        if coef < 1.0:
-            for grad in grads:
-                _local(grad).mul_(coef)
-        return norm
+        grads = [p.grad for p in self.params]
+        return clip_grad_norm(grads, max_norm, ranks_per_model=self.ranks_per_stage, device=self.device)
 
     # -- measurement ------------------------------------------------------------------------------
     def state_bytes(self) -> Dict[str, int]:
