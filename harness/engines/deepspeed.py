@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Tuple
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun, render_launch
 from harness.plan.model_spec import model_spec_from_hf, param_tensors
-from harness.plan.states import stage_layer_counts
+from harness.plan.parallel_dims import ParallelDims
+from harness.plan.pipeline import stage_layer_counts, stage_layer_indices
 from harness.rundir import DS_CONFIG_FILE, write_text
 
 CONFIG_FILE = DS_CONFIG_FILE
@@ -36,11 +37,6 @@ NVME_PARAM_BUFFERS = 5
 NVME_OPTIMIZER_BUFFERS = 4
 
 
-def data_parallel_size(cfg: RunConfig) -> int:
-    layout = cfg.layout
-    return layout.dp_replicate * layout.dp_shard
-
-
 def ranks_in_batch_check(cfg: RunConfig) -> int:
     """Ranks DeepSpeed's batch check counts: train_batch_size = micro_batch x grad_accum x this.
 
@@ -49,8 +45,8 @@ def ranks_in_batch_check(cfg: RunConfig) -> int:
     rank, AutoTP ranks included, although the ranks of one TP group share their batch.
     """
     if cfg.layout.pp > 1:
-        return data_parallel_size(cfg)
-    return data_parallel_size(cfg) * cfg.layout.tp
+        return ParallelDims.of(cfg.layout).dp
+    return ParallelDims.of(cfg.layout).dp * cfg.layout.tp
 
 
 def ds_config(cfg: RunConfig) -> Dict[str, Any]:
@@ -122,7 +118,7 @@ def largest_param_partition(cfg: RunConfig) -> int:
     tensor (an upper bound under AutoTP, which splits some tensors first)."""
     layer, first, last = param_tensors(model_spec_from_hf(cfg.model.name, cfg.model.hf_config))
     largest = max(math.prod(tensor.shape) for tensor in (*layer, *first, *last))
-    return -(-largest // data_parallel_size(cfg))
+    return -(-largest // ParallelDims.of(cfg.layout).dp)
 
 
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
@@ -334,11 +330,9 @@ def pipe_stage_class():
 
 
 def stage_layers(cfg: RunConfig, num_layers: int) -> List[List[int]]:
-    """Decoder-layer indices of each stage: the planner's split (harness.plan.states), so the bytes it
+    """Decoder-layer indices of each stage: the planner's split (harness.plan.pipeline), so the bytes it
     predicts for a stage are the bytes that stage holds."""
-    counts = stage_layer_counts(num_layers, cfg.layout.pp, 1, cfg.layout.pp_stage_layers)
-    starts = [sum(counts[:stage]) for stage in range(len(counts))]
-    return [list(range(start, start + count)) for start, count in zip(starts, counts)]
+    return stage_layer_indices(stage_layer_counts(num_layers, cfg.layout.pp, 1, cfg.layout.pp_stage_layers))
 
 
 def pipeline_module(cfg: RunConfig, model):

@@ -28,6 +28,7 @@ import yaml
 
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun, render_launch
+from harness.plan.parallel_dims import ParallelDims
 from harness.rundir import ACCELERATE_CONFIG_FILE, write_text
 
 CONFIG_FILE = ACCELERATE_CONFIG_FILE
@@ -69,13 +70,7 @@ def _launch_problems(cfg: RunConfig) -> List[str]:
         )
     if engine.fsdp_version not in (1, 2):
         problems.append(f"engine.fsdp_version={engine.fsdp_version} must be 1 or 2")
-    world = cluster.nodes * cluster.accelerators_per_node
-    if layout.dp_replicate * layout.dp_shard * layout.tp * layout.cp != world:
-        problems.append(
-            f"layout.dp_replicate={layout.dp_replicate} x dp_shard={layout.dp_shard} x tp={layout.tp} x "
-            f"cp={layout.cp} must equal the {world} ranks of cluster.nodes={cluster.nodes} x "
-            f"accelerators_per_node={cluster.accelerators_per_node}"
-        )
+    problems += ParallelDims.of(layout).world_problems(cluster.nodes, cluster.accelerators_per_node)[0]
     return problems
 
 

@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Tuple
 from harness.config.schema import RunConfig
 from harness.engines import nd_plans
 from harness.engines.rendered import RenderedRun, render_launch
+from harness.plan.parallel_dims import ParallelDims
+from harness.plan.pipeline import SINGLE_STAGE_SCHEDULES
 from harness.rundir import ND_PLAN_FILE, write_text
 
 PLAN_FILE = ND_PLAN_FILE
@@ -161,14 +163,14 @@ class NdSession:
         self.plan, self.mesh, self.stages = plan, mesh, stages
         self.optimizer, self.schedule, self.stage_specs = optimizer, schedule, stage_specs
         self.device, self.cfg = device, cfg
-        layout = cfg.layout
-        self.dp_size = nd_plans.data_parallel_size(layout)
-        self.dp_rank = nd_plans.data_parallel_rank(layout, mesh.get_rank())
+        dims = ParallelDims.of(cfg.layout)
+        self.dp_size = dims.dp
+        self.dp_rank = dims.data_parallel_rank(mesh.get_rank())
         self.params = [p for stage in stages for p in stage.parameters()]
         # What the runtime's activation meter excludes as weights: this rank's local shards.
         self.model = LocalShards(self.params)
         # Ranks holding copies of one parameter shard: everything in this pipeline stage, over its shards.
-        self.ranks_per_stage = mesh.size() // layout.pp
+        self.ranks_per_stage = dims.ranks_per_stage
         self.has_first = any(spec["embedding"] for spec in stage_specs)
         self.has_last = any(spec["head"] for spec in stage_specs)
         # The loss exists on the rank of the last stage (pp-1 under loop placement, 0 under V placement).
@@ -468,7 +470,7 @@ def _schedule(plan: Dict[str, Any], stages, specs, mesh, device):
     name = pipeline["schedule"]
     cls = getattr(pipelining, f"Schedule{name}")
     n = pipeline["n_microbatches"]
-    if name in nd_plans.SINGLE_STAGE_SCHEDULES:
+    if name in SINGLE_STAGE_SCHEDULES:
         return cls(pipeline_stages[0], n_microbatches=n, loss_fn=causal_lm_loss, scale_grads=True)
     return cls(pipeline_stages, n_microbatches=n, loss_fn=causal_lm_loss, scale_grads=True)
 

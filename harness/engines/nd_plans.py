@@ -11,11 +11,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.config.schema import LayoutConfig, RunConfig
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
-
-# Mesh dimensions, outermost first. Pipeline outermost and tensor innermost, as in torchtitan's
-# ParallelDims: TP all-reduces every layer (keep it on NVLink, adjacent ranks), PP only sends activations
-# point to point (it may cross nodes), the data axes reduce gradients once per step in between.
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+from harness.plan.parallel_dims import MESH_DIMS, ParallelDims
+from harness.plan.pipeline import V_SCHEDULES, pipeline_problems, stage_layer_counts, stage_to_rank
 
 # Families whose decoder layers share Llama's module names (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
 # input_layernorm, post_attention_layernorm) and whose stages the engine can rebuild from `model.model`.
@@ -23,52 +20,12 @@ DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_FAMILIES = ("mixtral",)  # attention tensor-parallel; the MoE block is replicated over TP
 TP_FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 
-# Schedules that hold one stage per rank, and those that take a list of (virtual) stages per rank.
-SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
-MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-# ZBV and DualPipeV place exactly two stages per rank in a "V": rank r holds stages r and 2*pp-1-r.
-V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
-
 REPLICATE, SHARD_SEQ, SHARD_LAST = "Replicate()", "Shard(1)", "Shard(-1)"
 # AdamW as every engine of the harness configures it (DeepSpeed's ds_config holds the same betas and eps).
 ADAMW_BETAS, ADAMW_EPS = (0.9, 0.95), 1e-8
 
 
 # --------------------------------------------------------------------------------------------- mesh
-def mesh_shape(layout: LayoutConfig) -> List[int]:
-    sizes = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
-             "cp": layout.cp, "tp": layout.tp}  # fmt: skip
-    return [sizes[name] for name in MESH_DIMS]
-
-
-def world_size(layout: LayoutConfig) -> int:
-    return layout.pp * layout.dp_replicate * layout.dp_shard * layout.cp * layout.tp
-
-
-def data_parallel_size(layout: LayoutConfig) -> int:
-    """Ranks that read different batches; cp and tp ranks of one data-parallel rank read the same batch."""
-    return layout.dp_replicate * layout.dp_shard
-
-
-def mesh_coordinates(layout: LayoutConfig, rank: int) -> Dict[str, int]:
-    """Row-major coordinates of `rank` in the mesh (what `init_device_mesh` assigns)."""
-    coords, rest = {}, rank
-    for name, size in reversed(list(zip(MESH_DIMS, mesh_shape(layout)))):
-        coords[name] = rest % size
-        rest //= size
-    return {name: coords[name] for name in MESH_DIMS}
-
-
-def data_parallel_rank(layout: LayoutConfig, rank: int) -> int:
-    c = mesh_coordinates(layout, rank)
-    return c["dp_replicate"] * layout.dp_shard + c["dp_shard"]
-
-
-def data_ranks(layout: LayoutConfig) -> int:
-    """Ranks that hold the same weights of one stage and TP shard: dp_replicate x dp_shard x cp."""
-    return layout.dp_replicate * layout.dp_shard * layout.cp
-
-
 def fsdp_shard_size(layout: LayoutConfig) -> int:
     """Ranks one parameter is sharded over: dp_shard x cp under FSDP (zero_stage 2/3), else 1.
 
@@ -81,7 +38,7 @@ def fsdp_shard_size(layout: LayoutConfig) -> int:
 def data_parallel_plan(layout: LayoutConfig) -> Optional[Dict[str, Any]]:
     """How the data axes hold the weights: FSDP2 `fully_shard` (zero_stage 2/3, HSDP when dp_replicate > 1)
     or FSDP2-style `replicate` (zero_stage 0); None when every data axis has size 1."""
-    if data_ranks(layout) == 1:
+    if ParallelDims.of(layout).data_ranks == 1:
         return None
     shard_dim = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
     if layout.zero_stage >= 2:
@@ -95,7 +52,7 @@ def data_parallel_plan(layout: LayoutConfig) -> Optional[Dict[str, Any]]:
         # Names of the mesh dims the wrapper is given (flattened from MESH_DIMS where they join several).
         "mesh_dims": dims,
         "shard_size": fsdp_shard_size(layout),
-        "replicate_size": data_ranks(layout) // fsdp_shard_size(layout),
+        "replicate_size": ParallelDims.of(layout).data_ranks // fsdp_shard_size(layout),
         # ZeRO-3 frees the gathered weights after forward; ZeRO-2 keeps them until backward.
         "reshard_after_forward": layout.zero_stage >= 3,
         "units": ["each decoder layer", "each pipeline stage (root)"],
@@ -186,36 +143,10 @@ def tp_attention_heads(spec: ModelSpec, tp: int) -> Dict[str, int]:
 
 
 # ------------------------------------------------------------------------------------------ pipeline
-def num_stages(layout: LayoutConfig) -> int:
-    return layout.pp * layout.pp_virtual_stages
-
-
-def stage_layer_counts(num_layers: int, stages: int, explicit: Optional[List[int]] = None) -> List[int]:
-    """Layers per stage: the explicit list, else an even split whose remainder goes to the middle stages.
-
-    The first stage also holds the embedding and the last the final norm and LM head, so the extra layers
-    of an uneven split go to the stages between them (starting at stage 1), never to the ends first.
-    """
-    if explicit:
-        return list(explicit)
-    base, extra = divmod(num_layers, stages)
-    order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 2 else list(range(stages))
-    counts = [base] * stages
-    for index in order[:extra]:
-        counts[index] += 1
-    return counts
-
-
-def stage_to_rank(stage: int, pp: int, schedule: str) -> int:
-    """Loop placement (stage s on rank s % pp) for every schedule but the V ones (rank s, then back)."""
-    if schedule in V_SCHEDULES:
-        return stage if stage < pp else 2 * pp - 1 - stage
-    return stage % pp
-
-
 def pipeline_plan(num_layers: int, layout: LayoutConfig) -> Dict[str, Any]:
-    stages = num_stages(layout)
-    counts = stage_layer_counts(num_layers, stages, list(layout.pp_stage_layers))
+    """Stages in global order with their layers and pipeline rank (harness.plan.pipeline's split and placement)."""
+    counts = stage_layer_counts(num_layers, layout.pp, layout.pp_virtual_stages, layout.pp_stage_layers)
+    stages = len(counts)
     out, first = [], 0
     for index, count in enumerate(counts):
         out.append({
@@ -249,13 +180,14 @@ def nd_plan(cfg: RunConfig) -> Dict[str, Any]:
     sp = engine.sequence_parallel and layout.tp > 1
     lp = engine.loss_parallel and layout.tp > 1
     data = data_parallel_plan(layout)
+    dims = ParallelDims.of(layout)
     return {
         "engine": "nd",
         "model_type": spec.model_type,
-        "mesh": {"dim_names": list(MESH_DIMS), "shape": mesh_shape(layout), "world_size": world_size(layout),
+        "mesh": {"dim_names": list(MESH_DIMS), "shape": dims.mesh_shape(), "world_size": dims.world_size,
                  "device_type": "cpu" if cfg.cluster.accelerator == "cpu" else "cuda"},
         # Ranks with one data-parallel rank read the same batch; the wrapper says how weights are held.
-        "data_parallel": {"size": data_parallel_size(layout), "batch_dims": ["dp_replicate", "dp_shard"],
+        "data_parallel": {"size": dims.dp, "batch_dims": ["dp_replicate", "dp_shard"],
                           **(data or {"wrapper": None})},
         "tensor_parallel": {
             "size": layout.tp,
@@ -291,54 +223,10 @@ def context_parallel_plan(layout: LayoutConfig) -> Dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- checks
-def _schedule_problems(layout: LayoutConfig) -> List[str]:
-    pp, v, schedule, n = layout.pp, layout.pp_virtual_stages, layout.pp_schedule, layout.grad_accum
-    stages = pp * v
-    problems = []
-    if schedule in SINGLE_STAGE_SCHEDULES and v != 1:
-        problems.append(f"layout.pp_schedule={schedule} holds one stage per rank, but pp_virtual_stages={v} "
-                        f"(use Interleaved1F1B, LoopedBFS or InterleavedZeroBubble)")
-    if schedule in V_SCHEDULES and v != 2:
-        problems.append(f"layout.pp_schedule={schedule} needs exactly pp_virtual_stages=2, got {v}")
-    if schedule == "1F1B" and n < pp:
-        problems.append(f"layout.pp_schedule=1F1B needs grad_accum (micro-batches per step) >= pp: "
-                        f"grad_accum={n} < pp={pp}")
-    if schedule == "DualPipeV" and n < stages:
-        problems.append(f"layout.pp_schedule=DualPipeV needs grad_accum >= pp*pp_virtual_stages={stages}, got {n}")
-    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
-        rounds = max(1, n // pp)
-        if n % rounds:
-            problems.append(f"layout.pp_schedule={schedule} needs grad_accum={n} to be a multiple of "
-                            f"max(1, grad_accum // pp)={rounds}")
-    return problems
-
-
 def _pipeline_problems(spec: ModelSpec, layout: LayoutConfig) -> List[str]:
-    problems: List[str] = []
-    stages = num_stages(layout)
-    if layout.pp_virtual_stages < 1:
-        return [f"layout.pp_virtual_stages={layout.pp_virtual_stages} must be >= 1"]
-    if layout.pp == 1:
-        if layout.pp_virtual_stages != 1:
-            problems.append(f"layout.pp_virtual_stages={layout.pp_virtual_stages} needs pp > 1 (pp=1)")
-        if layout.pp_stage_layers:
-            problems.append(f"layout.pp_stage_layers={list(layout.pp_stage_layers)} needs pp > 1 (pp=1)")
-        return problems
-    explicit = list(layout.pp_stage_layers)
-    if explicit:
-        if len(explicit) != stages:
-            problems.append(f"layout.pp_stage_layers has {len(explicit)} entries but pp*pp_virtual_stages="
-                            f"{layout.pp}*{layout.pp_virtual_stages}={stages} stages")
-        if sum(explicit) != spec.num_layers:
-            problems.append(f"layout.pp_stage_layers={explicit} sums to {sum(explicit)}, "
-                            f"not num_hidden_layers={spec.num_layers}")
-        if any(count < 1 for count in explicit[1:-1]) or any(count < 0 for count in explicit):
-            problems.append(f"layout.pp_stage_layers={explicit}: the middle stages need >= 1 layer "
-                            f"(the first and last may hold 0: the embedding, or the norm and LM head, alone)")
-    elif spec.num_layers < stages:
-        problems.append(f"num_hidden_layers={spec.num_layers} < pp*pp_virtual_stages={stages}: "
-                        f"every stage needs >= 1 layer")
-    return problems + _schedule_problems(layout)
+    errors, _ = pipeline_problems(layout.pp, layout.pp_virtual_stages, layout.grad_accum, layout.pp_schedule,
+                                  layout.pp_stage_layers, spec.num_layers)
+    return list(errors)
 
 
 def _tp_problems(spec: ModelSpec, layout: LayoutConfig, cfg: RunConfig) -> List[str]:
@@ -388,7 +276,7 @@ def _data_parallel_problems(layout: LayoutConfig) -> List[str]:
             problems.append(f"layout.offload_optimizer={offload[0]}, offload_params={offload[1]}, zero_stage="
                             f"{layout.zero_stage}: engine=nd offloads only with FSDP2's CPUOffloadPolicy, which moves "
                             f"parameters, gradients and the optimizer step together (both cpu, zero_stage=3)")
-        elif data_ranks(layout) == 1:
+        elif ParallelDims.of(layout).data_ranks == 1:
             problems.append("layout.offload_*=cpu needs a data axis (dp_replicate*dp_shard*cp > 1) "
                             "for FSDP2 to offload")
     return problems
@@ -400,11 +288,7 @@ def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
     errors = _model_problems(spec, cfg)
     warnings: List[str] = []
-    processes = cfg.cluster.nodes * cfg.cluster.accelerators_per_node
-    if world_size(layout) != processes:
-        errors.append(f"pp*dp_replicate*dp_shard*cp*tp={layout.pp}*{layout.dp_replicate}*{layout.dp_shard}*"
-                      f"{layout.cp}*{layout.tp}={world_size(layout)} must equal cluster.nodes*"
-                      f"accelerators_per_node={cfg.cluster.nodes}*{cfg.cluster.accelerators_per_node}={processes}")
+    errors += ParallelDims.of(layout).world_problems(cfg.cluster.nodes, cfg.cluster.accelerators_per_node)[0]
     if layout.ep != 1:
         errors.append(f"layout.ep={layout.ep}: engine=nd has no expert parallelism (engine=megatron_lm exports it)")
     if layout.precision == "fp16":
@@ -499,7 +383,7 @@ def local_numel(tensor: ParamTensor, tp: int, tp_rank: int, fsdp: int, fsdp_rank
 def rank_param_numel(hf_config: Mapping[str, Any], layout: LayoutConfig, rank: int) -> int:
     """Parameter elements `rank` holds under this layout (the exact prediction `state_bytes` is tested against)."""
     spec = model_spec_from_hf("model", hf_config)
-    c = mesh_coordinates(layout, rank)
+    c = ParallelDims.of(layout).coordinates(rank)
     fsdp_rank = c["dp_shard"] * layout.cp + c["cp"]
     tp_rank = c["tp"]
     if layout.pp > 1:

@@ -7,15 +7,15 @@ from typing import Any, Dict, NamedTuple, Tuple
 
 from harness.plan.conventions import COMPUTE_BYTES
 from harness.plan.model_spec import ModelSpec
+from harness.plan.pipeline import V_SCHEDULES, rank_stages
 from harness.plan.support import ENGINE_SUPPORT
 
 # "hf": transformers' modules as they run under deepspeed / fsdp / nd (RMSNorm upcasts to fp32, eager
 # softmax in fp32, the loss upcasts logits); "megatron": Megatron-LM's fused kernels, the setting of
 # Korthikanti et al. 2022 (norms save their input only, softmax in the compute dtype).
 PROFILES = ("hf", "megatron")
-V_SHAPED = ("ZBVZeroBubble", "DualPipeV")  # two stages per rank, placed 0 and 2p-1 on rank 0
 # Schedules that split backward into an input pass and a deferred weight pass (torch's I / W actions).
-SPLIT_BACKWARD = ("InterleavedZeroBubble", *V_SHAPED)
+SPLIT_BACKWARD = ("InterleavedZeroBubble", *V_SCHEDULES)
 
 
 class LayerActivations(NamedTuple):
@@ -200,13 +200,6 @@ def split_backward_moments(schedule: str, pp: int, virtual_stages: int, microbat
             if op >= r:
                 counts[backward_stage(op - r)] -= 1
     return tuple(moments)
-
-
-def rank_stages(schedule: str, pp: int, virtual_stages: int, rank: int) -> tuple:
-    """Pipeline stage indices a rank runs: looped (r, r+p, ...) or V-shaped (r, 2p-1-r)."""
-    if schedule in V_SHAPED:
-        return (rank, 2 * pp - 1 - rank)
-    return tuple(rank + k * pp for k in range(virtual_stages))
 
 
 class TokenActivations(NamedTuple):

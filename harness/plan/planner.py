@@ -9,6 +9,7 @@ from harness.plan.flops import FlopConvention, flops_per_token, recompute_flops_
 from harness.plan.hardware import achievable_peak, hardware_profile
 from harness.plan.memory import Allowance, MemoryBreakdown, memory_per_rank
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
+from harness.plan.parallel_dims import ParallelDims
 from harness.plan.peak import Peak, device_memory_gib, peak_flops
 from harness.plan.records import build
 from harness.plan.time_model import StepTime, predict_step_time
@@ -202,7 +203,7 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
     """Plan one RunConfig. `peak_flops_per_device` is a measured peak (the CPU matmul benchmark);
     without it the datasheet table is used. `tokens_per_s` (global) adds a predicted MFU / HFU."""
     layout, cluster, engine, bench = cfg.layout, cfg.cluster, cfg.engine, cfg.bench
-    world = layout.dp_replicate * layout.dp_shard * layout.tp * layout.pp * layout.cp
+    world = ParallelDims.of(layout).world_size
     tokens = tokens_per_step(layout.micro_batch, layout.grad_accum, layout.dp_replicate, layout.dp_shard,
                              layout.seq_len)
     convention = _CONVENTIONS.get((bench.flop_attention, bench.flop_include_lm_head))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
-from harness.plan.activations import V_SHAPED, rank_stages
 from harness.plan.conventions import StateConvention, flat_shard_numel, partition_numel, state_convention
 from harness.plan.model_spec import ModelSpec, ParamTensor, param_tensors
+from harness.plan.pipeline import V_SCHEDULES, rank_stages, stage_layer_counts
 from harness.plan.support import ENGINE_SUPPORT
 
 
@@ -82,14 +82,6 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layers: int, first: bool, las
                         units)
     _RANK_PARAMS[key] = (spec, result)
     return result
-
-
-def stage_layer_counts(num_layers: int, pp: int, virtual_stages: int, explicit: Sequence[int]) -> Tuple[int, ...]:
-    """Layers of each pipeline stage: the explicit split, or an even one."""
-    stages = pp * virtual_stages
-    if explicit:
-        return tuple(explicit)
-    return (num_layers // stages,) * stages
 
 
 def state_bytes(conv: StateConvention, params: RankParams, zero_stage: int, dense_shards: int,
@@ -196,10 +188,9 @@ def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: in
     if conv is None:
         raise ValueError(f"no state convention for engine={engine_name!r} precision={layout.precision!r}")
     counts = stage_layer_counts(spec.num_layers, pp, v, layout.pp_stage_layers)
-    ranks = (0,) if pp == 1 or layout.pp_schedule in V_SHAPED else (0, pp - 1)
     result = []
-    for rank in ranks:
-        stages = rank_stages(layout.pp_schedule, pp, v, rank) if pp > 1 else (0,)
+    for rank in candidate_ranks(pp, layout.pp_schedule, bool(layout.pp_stage_layers)):
+        stages = rank_stages(layout.pp_schedule, pp, v, rank)
         params = rank_params(spec, layout.tp, layout.ep, sum(counts[s] for s in stages), 0 in stages,
                              len(counts) - 1 in stages, pp, ENGINE_SUPPORT[engine_name].tp_shards_vocab)
         result.append(place_states(conv, params, layout, rank))
@@ -207,6 +198,15 @@ def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: in
         _RANK_STATES.clear()
     _RANK_STATES[key] = (spec, tuple(result))
     return tuple(result)
+
+
+def candidate_ranks(pp: int, schedule: str, explicit_split: bool) -> Tuple[int, ...]:
+    """Pipeline ranks whose memory can be the largest. Under an even split, rank 0 (the embedding; the most
+    micro-batches in flight) or the last rank (the norm and LM head; under a V schedule rank 0 holds both ends);
+    an explicit split can make any rank the largest, so every rank is evaluated."""
+    if pp == 1 or (schedule in V_SCHEDULES and not explicit_split):
+        return (0,)
+    return tuple(range(pp)) if explicit_split else (0, pp - 1)
 
 
 def place_states(conv: StateConvention, params: RankParams, layout: Any, rank: int) -> RankStates:

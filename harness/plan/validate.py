@@ -9,15 +9,15 @@ from harness.config import schema
 from harness.plan.construction import check_model_init
 from harness.plan.conventions import state_convention
 from harness.plan.model_spec import ModelSpec
+from harness.plan.parallel_dims import ParallelDims
 from harness.plan.peak import accelerator_problem
+from harness.plan.pipeline import pipeline_problems
 from harness.plan.support import ENGINE_SUPPORT
 
 # Each rule is a pure function of the few primitive fields it reads, returning (errors, warnings);
 # memoised, since a sweep repeats the same sub-combinations many times.
 Found = Tuple[Tuple[str, ...], Tuple[str, ...]]
 OK: Found = ((), ())
-SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
-TWO_STAGE_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 _DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "pp_virtual_stages", "micro_batch",
             "grad_accum", "seq_len")
 
@@ -89,20 +89,9 @@ def check_enums(engine: str, launcher: str, precision: str, offload_optimizer: s
 @lru_cache(maxsize=None)
 def check_world(dp_replicate: int, dp_shard: int, tp: int, pp: int, cp: int, nodes: int,
                 accelerators_per_node: int) -> Found:
-    """Every rank sits at one coordinate of the dp_replicate x dp_shard x cp x pp x tp mesh; experts
-    borrow their degree from inside dp_shard x cp (torchtitan ParallelDims), so ep does not multiply."""
-    errors, warnings = [], []
-    world = dp_replicate * dp_shard * tp * pp * cp
-    if nodes < 1 or accelerators_per_node < 1:
-        errors.append(f"cluster.nodes={nodes}, cluster.accelerators_per_node={accelerators_per_node} "
-                      "must be >= 1")
-    elif world != nodes * accelerators_per_node:
-        errors.append(f"dp_replicate={dp_replicate} x dp_shard={dp_shard} x tp={tp} x pp={pp} x cp={cp} = "
-                      f"{world} must equal cluster.nodes={nodes} x cluster.accelerators_per_node="
-                      f"{accelerators_per_node} = {nodes * accelerators_per_node}")
-    if tp > accelerators_per_node >= 1:
-        warnings.append(f"tp={tp} > cluster.accelerators_per_node={accelerators_per_node}: tensor-parallel "
-                        "collectives cross the inter-node network")
+    """The mesh covers the cluster's ranks exactly (harness.plan.parallel_dims)."""
+    dims = ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp)
+    errors, warnings = dims.world_problems(nodes, accelerators_per_node)
     return tuple(errors), tuple(warnings)
 
 
@@ -125,45 +114,8 @@ def check_tensor_parallel(tp: int, sequence_parallel: bool, loss_parallel: bool,
 @lru_cache(maxsize=None)
 def check_pipeline(pp: int, virtual: int, microbatches: int, schedule: str, stage_layers: Tuple[int, ...],
                    num_layers: int) -> Found:
-    """Stages vs layers and schedule; micro-batch counts torch.distributed.pipelining accepts."""
-    errors, warnings = [], []
-    explicit = list(stage_layers)
-    if pp == 1:
-        if explicit and explicit != [num_layers]:
-            errors.append(f"pp_stage_layers={explicit} given with pp=1")
-        if virtual > 1:
-            errors.append(f"pp_virtual_stages={virtual} needs pp > 1")
-        return tuple(errors), ()
-    stages, m = pp * virtual, microbatches
-    if schedule in SINGLE_STAGE_SCHEDULES and virtual != 1:
-        errors.append(f"pp_schedule={schedule} runs one stage per rank: pp_virtual_stages={virtual} must be 1")
-    if schedule in TWO_STAGE_SCHEDULES and virtual != 2:
-        errors.append(f"pp_schedule={schedule} runs exactly two stages per rank: pp_virtual_stages={virtual} "
-                      "must be 2")
-    if explicit:
-        if len(explicit) != stages:
-            errors.append(f"pp_stage_layers has {len(explicit)} entries; pp={pp} x pp_virtual_stages={virtual} "
-                          f"= {stages} stages need one each")
-        elif sum(explicit) != num_layers or min(explicit) < 0:
-            errors.append(f"pp_stage_layers={explicit} must be >= 0 and sum to num_hidden_layers={num_layers} "
-                          f"(sum {sum(explicit)})")
-        else:
-            warnings.append(f"pp_stage_layers={explicit}: uneven split, the largest stage sets the pace")
-    elif num_layers % stages:
-        errors.append(f"pp={pp} x pp_virtual_stages={virtual} = {stages} must divide num_hidden_layers="
-                      f"{num_layers} (or give pp_stage_layers)")
-    # torch.distributed.pipelining: 1F1B and DualPipeV refuse fewer micro-batches than stages; the
-    # interleaved schedules need whole rounds (n_microbatches % max(1, n // pp) == 0).
-    if schedule == "1F1B" and m < pp:
-        errors.append(f"pp_schedule=1F1B needs grad_accum (micro-batches)={m} >= pp={pp}")
-    if schedule == "DualPipeV" and m < stages:
-        errors.append(f"pp_schedule=DualPipeV needs grad_accum (micro-batches)={m} >= pp x 2 = {stages}")
-    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and m % max(1, m // pp):
-        errors.append(f"pp_schedule={schedule} needs grad_accum={m} to be a multiple of its "
-                      f"{max(1, m // pp)} rounds (grad_accum // pp)")
-    if m < pp and schedule not in ("1F1B", "DualPipeV"):
-        warnings.append(f"grad_accum={m} < pp={pp}: the pipeline never fills (bubble > 50%)")
-    return tuple(errors), tuple(warnings)
+    """Stages vs layers and schedule (harness.plan.pipeline)."""
+    return pipeline_problems(pp, virtual, microbatches, schedule, stage_layers, num_layers)
 
 
 @lru_cache(maxsize=None)

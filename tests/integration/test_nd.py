@@ -15,7 +15,8 @@ import torch
 
 from harness.config.compose import compose_run_config
 from harness.engines import nd_plans
-from harness.plan.activations import V_SHAPED
+from harness.plan.parallel_dims import ParallelDims
+from harness.plan.pipeline import V_SCHEDULES
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.model import build_model
 from tests.integration.runs import prepare_and_launch
@@ -72,16 +73,16 @@ def check_run(name, overrides, results_root, record_property):
     WALL_TIMES[name] = seconds
     record_property("wall_time_s", round(seconds, 1))
     layout = cfg.layout
-    rows = layout.micro_batch * nd_plans.data_parallel_size(layout)
+    rows = layout.micro_batch * ParallelDims.of(layout).dp
     want = reference(json.dumps(cfg.model.hf_config, sort_keys=True), rows, layout.grad_accum, len(measured["losses"]))
     assert measured["losses"] == pytest.approx(want, rel=FP32_RTOL)
     by_rank = {r["rank"]: r for r in measured["per_rank"]}
-    assert sorted(by_rank) == list(range(nd_plans.world_size(layout)))
+    assert sorted(by_rank) == list(range(ParallelDims.of(layout).world_size))
     for rank, record in by_rank.items():
         exact = nd_plans.predicted_state_bytes(cfg.model.hf_config, layout, rank)
         assert {k: record[k] for k in exact} == exact, f"rank {rank}"
     # The planner's figure is for the pipeline rank it reports (plan.json memory.pp_rank); its first rank.
-    stage_rank = predicted["pp_rank"] * (nd_plans.world_size(layout) // layout.pp)
+    stage_rank = predicted["pp_rank"] * (ParallelDims.of(layout).world_size // layout.pp)
     for key in ("param_bytes", "grad_bytes", "optimizer_bytes"):
         assert by_rank[stage_rank][key] == predicted[key], key
     # Both sides name the rank that needs the most memory: the saved activations of its in-flight
@@ -137,7 +138,7 @@ def test_pp2_two_stages_per_rank(schedule, results_root, record_property):
         f"pp2_{schedule}", ["recipes=cpu_nd_pp2", f"layout.pp_schedule={schedule}", "layout.pp_virtual_stages=2",
                             FOUR_LAYERS], results_root, record_property)  # fmt: skip
     assert by_rank[0]["param_bytes"] + by_rank[1]["param_bytes"] == full_model_bytes(cfg)
-    if schedule in V_SHAPED:
+    if schedule in V_SCHEDULES:
         assert by_rank[0]["param_bytes"] > by_rank[1]["param_bytes"]
 
 

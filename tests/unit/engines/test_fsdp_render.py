@@ -190,7 +190,7 @@ REFUSED = [
     (["layout.activation_checkpointing=selective"], "selective"),
     (["layout.precision=fp16"], "fp16"),
     (["engine.launcher=torchrun"], "engine.launcher='torchrun'"),
-    (["layout.dp_shard=4"], "must equal the"),
+    (["layout.dp_shard=4"], "must equal cluster.nodes="),
 ]  # fmt: skip
 
 
@@ -317,7 +317,7 @@ ND_REFUSED = [
     (["cluster=gpu_h100_1x8", "layout.dp_shard=1", "layout.tp=8"], "FSDP2 needs a dp_shard"),
     (["cluster=gpu_h100_1x8", "layout.dp_replicate=2", "layout.dp_shard=1", "layout.tp=2", "layout.cp=2"],
      "FSDP2 needs a dp_shard"),
-    (["cluster=gpu_h100_1x8", "layout.dp_shard=2", "layout.tp=2"], "x tp=2 x cp=1 must equal the 8 ranks"),
+    (["cluster=gpu_h100_1x8", "layout.dp_shard=2", "layout.tp=2"], "x tp=2 x pp=1 x cp=1 = 4 must equal cluster.nodes=1 x cluster.accelerators_per_node=8"),
 ]  # fmt: skip
 
 

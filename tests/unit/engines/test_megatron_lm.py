@@ -123,7 +123,7 @@ def test_megatron_core_rejects_a_bad_split_we_also_refuse():
 @pytest.mark.parametrize(
     "fields, sp, message",
     [
-        (dict(tp=8, dp_shard=4), False, "must equal cluster.nodes*accelerators_per_node=64"),
+        (dict(tp=8, dp_shard=4), False, "= 32 must equal cluster.nodes=8 x cluster.accelerators_per_node=8 = 64"),
         (dict(tp=8, pp=3, dp_shard=2, grad_accum=3), False, "must equal"),
         (dict(tp=8, pp=8, pp_virtual_stages=3, pp_schedule="Interleaved1F1B", grad_accum=8), False,
          "num_layers=80 must be divisible by pp*pp_virtual_stages=24"),

@@ -8,6 +8,7 @@ import pytest
 from harness.config.compose import compose_run_config
 from harness.engines import nd_plans
 from harness.plan.model_spec import model_spec_from_hf
+from harness.plan.parallel_dims import ParallelDims
 
 BASE = compose_run_config(["engine=nd", "layout=single", "layout.precision=fp32"])
 GPU = compose_run_config(["engine=nd", "layout=single", "cluster=h100_8x8", "model=llama3_1_70b"])
@@ -21,7 +22,7 @@ HF = {
 
 def with_layout(cfg=BASE, processes=None, **fields):
     layout = replace(cfg.layout, **fields)
-    cluster = replace(cfg.cluster, nodes=1, accelerators_per_node=processes or nd_plans.world_size(layout))
+    cluster = replace(cfg.cluster, nodes=1, accelerators_per_node=processes or ParallelDims.of(layout).world_size)
     return replace(cfg, layout=layout, cluster=cluster)
 
 
@@ -30,31 +31,6 @@ def errors_of(cfg):
 
 
 # ------------------------------------------------------------------------------------------- mesh
-def test_mesh_dims_pipeline_outermost_tensor_innermost():
-    layout = replace(BASE.layout, pp=2, dp_replicate=3, dp_shard=5, cp=7, tp=11)
-    assert nd_plans.MESH_DIMS == ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-    assert nd_plans.mesh_shape(layout) == [2, 3, 5, 7, 11]
-    assert nd_plans.world_size(layout) == 2 * 3 * 5 * 7 * 11
-
-
-def test_coordinates_are_row_major_and_tp_ranks_are_adjacent():
-    layout = replace(BASE.layout, pp=2, dp_shard=2, tp=2)
-    coords = [nd_plans.mesh_coordinates(layout, r) for r in range(8)]
-    assert [c["tp"] for c in coords] == [0, 1] * 4
-    assert [c["dp_shard"] for c in coords] == [0, 0, 1, 1] * 2
-    assert [c["pp"] for c in coords] == [0] * 4 + [1] * 4
-
-
-def test_tp_cp_and_pp_ranks_of_one_data_rank_read_the_same_batch():
-    layout = replace(BASE.layout, pp=2, dp_replicate=2, dp_shard=2, cp=2, tp=2)
-    assert nd_plans.data_parallel_size(layout) == 4
-    by_dp = {}
-    for rank in range(nd_plans.world_size(layout)):
-        by_dp.setdefault(nd_plans.data_parallel_rank(layout, rank), []).append(rank)
-    assert sorted(by_dp) == [0, 1, 2, 3]
-    assert all(len(ranks) == 8 for ranks in by_dp.values())  # pp x cp x tp
-
-
 # ---------------------------------------------------------------------------------------- TP plans
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
 def test_dense_layer_plan_is_megatron_column_then_row(family):
@@ -111,20 +87,6 @@ def test_heads_per_rank():
 
 
 # ---------------------------------------------------------------------------------------- pipeline
-def test_even_split_and_remainder_to_the_middle_stages():
-    assert nd_plans.stage_layer_counts(8, 4) == [2, 2, 2, 2]
-    assert nd_plans.stage_layer_counts(10, 4) == [2, 3, 3, 2]
-    assert nd_plans.stage_layer_counts(11, 4) == [3, 3, 3, 2]
-    assert nd_plans.stage_layer_counts(5, 2) == [3, 2]
-    assert nd_plans.stage_layer_counts(8, 4, [1, 3, 3, 1]) == [1, 3, 3, 1]
-
-
-def test_loop_and_v_placement():
-    assert [nd_plans.stage_to_rank(s, 2, "Interleaved1F1B") for s in range(4)] == [0, 1, 0, 1]
-    assert [nd_plans.stage_to_rank(s, 2, "ZBVZeroBubble") for s in range(4)] == [0, 1, 1, 0]
-    assert [nd_plans.stage_to_rank(s, 4, "DualPipeV") for s in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
-
-
 def test_pipeline_plan_with_virtual_stages():
     layout = replace(BASE.layout, pp=2, pp_virtual_stages=2, pp_schedule="Interleaved1F1B", grad_accum=4)
     plan = nd_plans.pipeline_plan(8, layout)
@@ -161,14 +123,14 @@ def test_tiny_llama_layouts_that_run_on_cpu_pass():
         (dict(dp_shard=2, zero_stage=2, offload_params="cpu", offload_optimizer="cpu"), "zero_stage=2"),
         (dict(offload_params="cpu", offload_optimizer="cpu", zero_stage=3), "needs a data axis"),
         (dict(cp=2, dp_shard=1, zero_stage=3), "context parallelism runs on GPU only"),
-        (dict(pp=2, pp_schedule="GPipe", pp_virtual_stages=2, grad_accum=2), "holds one stage per rank"),
-        (dict(pp=2, pp_schedule="1F1B", grad_accum=1), "grad_accum=1 < pp=2"),
-        (dict(pp=2, pp_schedule="ZBVZeroBubble", grad_accum=4), "needs exactly pp_virtual_stages=2"),
+        (dict(pp=2, pp_schedule="GPipe", pp_virtual_stages=2, grad_accum=2), "runs one stage per rank"),
+        (dict(pp=2, pp_schedule="1F1B", grad_accum=1), "grad_accum (micro-batches)=1 >= pp=2"),
+        (dict(pp=2, pp_schedule="ZBVZeroBubble", grad_accum=4), "runs exactly two stages per rank"),
         (dict(pp=2, pp_schedule="DualPipeV", pp_virtual_stages=2, grad_accum=2),
-         "grad_accum >= pp*pp_virtual_stages=4"),
-        (dict(pp=2, pp_stage_layers=[1, 2], grad_accum=2), "sums to 3, not num_hidden_layers=2"),
+         "grad_accum (micro-batches)=2 >= pp x 2 = 4"),
+        (dict(pp=2, pp_stage_layers=[1, 2], grad_accum=2), "sum to num_hidden_layers=2 (sum 3)"),
         (dict(pp=2, pp_stage_layers=[2], grad_accum=2), "has 1 entries"),
-        (dict(pp=4, grad_accum=4), "num_hidden_layers=2 < pp*pp_virtual_stages=4"),
+        (dict(pp=4, grad_accum=4), "= 4 must divide num_hidden_layers=2"),
         (dict(pp_virtual_stages=2), "needs pp > 1"),
     ],
 )
@@ -184,7 +146,7 @@ def test_middle_stage_needs_a_layer():
 
 
 def test_world_size_must_match_the_cluster():
-    assert any("must equal cluster.nodes*accelerators_per_node" in e for e in errors_of(with_layout(tp=2, processes=4)))
+    assert any("= 2 must equal cluster.nodes=1 x cluster.accelerators_per_node=4" in e for e in errors_of(with_layout(tp=2, processes=4)))
 
 
 def test_tied_embeddings_refused_with_tp_or_pp():
@@ -276,7 +238,7 @@ def test_invalid_layout_is_not_planned():
 
 # ---------------------------------------------------------------------------------- state bytes
 def _all_ranks(layout, hf):
-    return [nd_plans.rank_param_numel(hf, layout, r) for r in range(nd_plans.world_size(layout))]
+    return [nd_plans.rank_param_numel(hf, layout, r) for r in range(ParallelDims.of(layout).world_size)]
 
 
 @pytest.mark.parametrize("family", sorted(HF))
@@ -323,7 +285,7 @@ def test_planner_predicts_the_same_bytes():
         cfg = with_layout(**fields)
         plan = planner.make_plan(cfg)
         predicted = plan_record(plan)["predicted"]
-        per_pp = nd_plans.world_size(cfg.layout) // cfg.layout.pp
+        per_pp = ParallelDims.of(cfg.layout).world_size // cfg.layout.pp
         numel = nd_plans.rank_param_numel(cfg.model.hf_config, cfg.layout, plan.memory.pp_rank * per_pp)
         assert predicted["param_bytes"] == 4 * numel, fields
         assert predicted["grad_bytes"] == 4 * numel, fields

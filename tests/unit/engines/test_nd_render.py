@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import (
 from harness.config.compose import compose_run_config
 from harness.engines import nd, nd_plans
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, RANK_PROGRAM
+from harness.plan.parallel_dims import ParallelDims
 from harness.runtime.model import build_model
 
 BASE = compose_run_config(["engine=nd", "layout=single", "layout.precision=fp32", "tracking=disabled"])
@@ -33,7 +34,7 @@ FAMILIES = {
 
 def config(**layout):
     cfg = replace(BASE, layout=replace(BASE.layout, **layout))
-    processes = nd_plans.world_size(cfg.layout)
+    processes = ParallelDims.of(cfg.layout).world_size
     return replace(cfg, cluster=replace(cfg.cluster, accelerators_per_node=processes))
 
 
