@@ -4,12 +4,11 @@ import itertools
 import json
 from dataclasses import replace
 
+import deepspeed
 import pytest
 
 from harness.config.compose import compose_run_config
 from harness.engines import deepspeed as ds_engine
-
-deepspeed = pytest.importorskip("deepspeed")
 
 
 class _DataParallel:

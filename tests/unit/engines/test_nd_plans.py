@@ -7,8 +7,10 @@ import pytest
 
 from harness.config.compose import compose_run_config
 from harness.engines import nd_plans
+from harness.launch.prepare import plan_record
 from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.parallel_dims import ParallelDims
+from harness.plan.planner import make_plan
 
 BASE = compose_run_config(["engine=nd", "layout=single", "layout.precision=fp32"])
 GPU = compose_run_config(["engine=nd", "layout=single", "cluster=h100_8x8", "model=llama3_1_70b"])
@@ -276,14 +278,12 @@ def test_predicted_state_bytes_are_fp32_weights_grads_and_two_moments():
 def test_planner_predicts_the_same_bytes():
     """The planner's nd prediction (harness.plan, for the pipeline rank it reports) equals this engine's count
     for the first rank of that pipeline stage (FSDP's first chunk is the largest)."""
-    planner = pytest.importorskip("harness.plan.planner")
-    from harness.launch.prepare import plan_record
 
     for fields in (dict(tp=2), dict(pp=2, grad_accum=2), dict(pp=2, grad_accum=2, pp_schedule="GPipe"),
                    dict(dp_shard=2, zero_stage=3), dict(tp=2, dp_shard=2, zero_stage=3),
                    dict(pp=2, dp_shard=2, zero_stage=3, grad_accum=2), dict(dp_shard=2, zero_stage=0)):  # fmt: skip
         cfg = with_layout(**fields)
-        plan = planner.make_plan(cfg)
+        plan = make_plan(cfg)
         predicted = plan_record(plan)["predicted"]
         per_pp = ParallelDims.of(cfg.layout).world_size // cfg.layout.pp
         numel = nd_plans.rank_param_numel(cfg.model.hf_config, cfg.layout, plan.memory.pp_rank * per_pp)

@@ -8,6 +8,7 @@ import pytest
 from harness import REPO_ROOT
 from harness.config.compose import compose_run_config
 from harness.engines import nd, nd_plans
+from harness.launch.prepare import prepare_run
 
 RECIPES = REPO_ROOT / "recipes"
 ND_PRESETS = sorted(p.stem for p in [*RECIPES.glob("cpu_nd_*.yaml"), *RECIPES.glob("gpu_*_nd_*.yaml")])
@@ -15,7 +16,6 @@ MEGATRON_PRESETS = sorted(p.stem for p in RECIPES.glob("gpu_*_megatron_*.yaml"))
 
 
 def prepare(name, tmp_path):
-    prepare_run = pytest.importorskip("harness.launch.prepare").prepare_run
     cfg = compose_run_config([f"recipes={name}"])
     return cfg, prepare_run(cfg, tmp_path / name)
 
