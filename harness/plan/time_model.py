@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, NamedTuple, Optional
 
-from harness.plan.activations import V_SHAPED, rank_stages
+from harness.plan.pipeline import V_SCHEDULES, rank_stages
 from harness.plan.comm import Group, axis_group, collective_time
 from harness.plan.compute_time import OpTime, layer_time, outside_time, streaming_time
 from harness.plan.conventions import COMPUTE_BYTES, state_convention
@@ -88,11 +88,11 @@ def pipeline_time(schedule: str, pp: int, virtual: int, microbatches: int, forwa
         bubble = (p - 1) * (forward + backward)
     elif schedule in ("Interleaved1F1B", "LoopedBFS"):
         bubble = (p - 1) * (f + i + w)
-    elif microbatches < p * v and schedule in ("InterleavedZeroBubble", *V_SHAPED):
+    elif microbatches < p * v and schedule in ("InterleavedZeroBubble", *V_SCHEDULES):
         bubble = (p - 1) * (f + i + w)  # too few micro-batches to fill the bubble with W passes
     elif schedule == "InterleavedZeroBubble":
         bubble = (p - 1) * max(0.0, f + i - w)
-    elif schedule in V_SHAPED:
+    elif schedule in V_SCHEDULES:
         bubble = (p - 1) * max(0.0, f + i - 2 * w)
     else:
         raise ValueError(f"pp_schedule={schedule!r} has no time model")
@@ -129,7 +129,7 @@ def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwarePro
 
 
 def _critical_ranks(layout: Any):
-    if layout.pp == 1 or layout.pp_schedule in V_SHAPED:
+    if layout.pp == 1 or layout.pp_schedule in V_SCHEDULES:
         return (0,)
     return (0, layout.pp - 1)
 
