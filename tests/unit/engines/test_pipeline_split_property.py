@@ -32,7 +32,7 @@ def pipeline_layouts(draw, schedules):
     if draw(st.booleans()):  # explicit, usually uneven: the ends may hold no layer, the middle at least one
         ends = draw(st.lists(st.integers(0, 4), min_size=2, max_size=2))
         middle = draw(st.lists(st.integers(1, 4), min_size=stages - 2, max_size=stages - 2))
-        explicit = [ends[0], *middle, ends[1]]
+        explicit = [ends[0], *middle, max(ends[1], 1 - ends[0] - sum(middle))]  # a model has >= 1 layer
         return schedule, pp, virtual, sum(explicit), explicit
     return schedule, pp, virtual, stages * draw(st.integers(1, 3)), []
 
