@@ -31,7 +31,7 @@ PR_SET_CHILD_SUBREAPER = 36
 EXIT_TIMEOUT = 124  # as coreutils `timeout`
 EXIT_STOPPED = 130  # the harness died or asked the run to stop
 POLL_S = 0.02  # short enough to see a dead rank before its launcher reaps it (torchrun polls every 0.1 s)
-DISCOVER_EVERY = 10
+DISCOVER_EVERY = 5
 GRACE_S = 10.0  # SIGTERM, then SIGKILL: ranks get this long to flush
 # A SIGKILL of a rank while the host had less than this fraction of its memory free reads as the kernel's
 # OOM killer (it sends SIGKILL and only under memory pressure).

@@ -51,6 +51,7 @@ def test_kill9_of_one_rank_names_that_rank_not_its_peer(fake_run):
     worker = threading.Thread(target=lambda: result.update(out=launch_local(fake_job(fake_run), 120, {})))
     worker.start()
     ranks = wait_for_ranks(fake_run)
+    time.sleep(1.0)  # a rank dies some time into a run, not in its first milliseconds
     os.kill(ranks[1], signal.SIGKILL)
     worker.join(timeout=90)
     state, reason = result["out"]
