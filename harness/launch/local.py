@@ -86,7 +86,10 @@ def first_failure(run_dir: Path) -> Optional[Tuple[str, str]]:
     if not errors:
         return None
     when = {error.rank: (run_dir / ERRORS_DIR / f"rank{error.rank}.json").stat().st_mtime for error in errors}
-    ordered = sorted(errors, key=lambda error: (not error.out_of_memory, when[error.rank], error.rank))
+    # Ranks last seen alive in the same sample tie; the launcher's SIGTERM of the survivors comes after.
+    cleanup = {"SIGTERM": 2, "killed": 1}
+    ordered = sorted(errors, key=lambda error: (not error.out_of_memory, when[error.rank],
+                                                cleanup.get(error.type, 0), error.rank))
     root = ordered[0]
     return (OOM if root.out_of_memory else FAILED), root.reason()
 
