@@ -49,9 +49,9 @@ def ranks_in_batch_check(cfg: RunConfig) -> int:
     return ParallelDims.of(cfg.layout).dp * cfg.layout.tp
 
 
-def ds_config(cfg: RunConfig) -> Dict[str, Any]:
-    """A concrete DeepSpeed config (no "auto" values: DeepSpeed's own validator cannot evaluate them)."""
-    layout, bench, engine = cfg.layout, cfg.bench, cfg.engine
+def zero_section(cfg: RunConfig) -> Dict[str, Any]:
+    """The `zero_optimization` section: stage, offload targets and the NVMe swap settings."""
+    layout = cfg.layout
     zero: Dict[str, Any] = {"stage": layout.zero_stage}
     if layout.zero_stage >= 2:
         zero.update(contiguous_gradients=True, overlap_comm=cfg.cluster.accelerator != "cpu")
@@ -80,6 +80,13 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
         # read silently leaves stale data (wrong updates, no error). In its own sub-group a parameter starts at
         # offset 0, and each parameter's optimizer states go to NVMe iff its fp32 partition reaches 1 MiB.
         zero["sub_group_size"] = 1
+    return zero
+
+
+def ds_config(cfg: RunConfig) -> Dict[str, Any]:
+    """A concrete DeepSpeed config (no "auto" values: DeepSpeed's own validator cannot evaluate them)."""
+    layout, bench, engine = cfg.layout, cfg.bench, cfg.engine
+    zero = zero_section(cfg)
     optimizer_params = {
         "lr": bench.lr,
         "betas": [0.9, 0.95],

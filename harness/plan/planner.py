@@ -198,6 +198,35 @@ def cluster_allowance(cluster: Any) -> Allowance:
                      default.fixed_bytes if fixed is None else int(fixed * GIB))
 
 
+def _convention(bench: Any) -> Optional[FlopConvention]:
+    """The FLOP convention the bench config names (cached), or None when it names none."""
+    key = (bench.flop_attention, bench.flop_include_lm_head)
+    if key not in _CONVENTIONS:
+        try:
+            _CONVENTIONS[key] = FlopConvention(bench.flop_attention, bool(bench.flop_include_lm_head))
+        except ValueError:
+            return None
+    return _CONVENTIONS[key]
+
+
+def _peak(accelerator: str, precision: str, measured: Optional[float]) -> Any:
+    """Peak FLOP/s per device: a measured figure as given, else the datasheet table's entry (cached)."""
+    if measured is not None:
+        return peak_flops(accelerator, precision, measured)
+    key = (accelerator, precision)
+    if key not in _PEAKS:
+        _PEAKS[key] = peak_flops(accelerator, precision, None)
+    return _PEAKS[key]
+
+
+def _allowance(cluster: Any) -> Allowance:
+    """The cluster's memory allowance (cached per accelerator and allowance settings)."""
+    key = (cluster.accelerator, cluster.memory_allowance_fraction, cluster.memory_allowance_fixed_gib)
+    if key not in _ALLOWANCES:
+        _ALLOWANCES[key] = cluster_allowance(cluster)
+    return _ALLOWANCES[key]
+
+
 def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_per_s: Optional[float] = None,
               allowance: Optional[Allowance] = None, predict_time: bool = True) -> Plan:
     """Plan one RunConfig. `peak_flops_per_device` is a measured peak (the CPU matmul benchmark);
@@ -206,34 +235,20 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
     world = ParallelDims.of(layout).world_size
     tokens = tokens_per_step(layout.micro_batch, layout.grad_accum, layout.dp_replicate, layout.dp_shard,
                              layout.seq_len)
-    convention = _CONVENTIONS.get((bench.flop_attention, bench.flop_include_lm_head))
-    if convention is None:
-        try:
-            convention = FlopConvention(bench.flop_attention, bool(bench.flop_include_lm_head))
-        except ValueError:
-            convention = None
-        else:
-            _CONVENTIONS[(bench.flop_attention, bench.flop_include_lm_head)] = convention
+    convention = _convention(bench)
     try:
         spec = spec_for(cfg.model)
     except (ValueError, KeyError, TypeError) as exc:
         return _invalid(cfg, None, world, tokens, [f"model {cfg.model.name!r}: {exc}"], [], convention)
     errors, warnings = validate(cfg, spec)
-    peak = _PEAKS.get((cluster.accelerator, layout.precision)) if peak_flops_per_device is None else None
-    if peak is None:
-        peak = peak_flops(cluster.accelerator, layout.precision, peak_flops_per_device)
-        if peak_flops_per_device is None:
-            _PEAKS[(cluster.accelerator, layout.precision)] = peak
+    peak = _peak(cluster.accelerator, layout.precision, peak_flops_per_device)
     if peak.warning:
         warnings.append(peak.warning)
     if errors or convention is None:
         return _invalid(cfg, spec, world, tokens, errors, warnings, convention, peak)
     model_flops, hardware_flops = _flops(spec, layout.seq_len, convention, layout.activation_checkpointing)
     if allowance is None:
-        key = (cluster.accelerator, cluster.memory_allowance_fraction, cluster.memory_allowance_fixed_gib)
-        allowance = _ALLOWANCES.get(key)
-        if allowance is None:
-            allowance = _ALLOWANCES[key] = cluster_allowance(cluster)
+        allowance = _allowance(cluster)
     memory = memory_per_rank(spec, layout, engine, cluster.accelerator, allowance)
     device_bytes, device_source = _device_memory(cluster)
     fits = margin = None
