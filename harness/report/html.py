@@ -49,18 +49,8 @@ RESULT_COLUMNS: Sequence[Tuple[str, str, str]] = (
 )
 
 
-def _num(value: Any) -> Optional[float]:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if pd.isna(number) else number
-
-
 def _fmt(value: Any, kind: str) -> str:
-    number = _num(value)
+    number = plots.num(value)
     if kind in ("text", "status"):
         return "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
     if number is None:
@@ -120,7 +110,7 @@ def _table(frame: pd.DataFrame, columns: Sequence[Tuple[str, str, str]], table_i
         for column, _, kind in columns:
             value = row.get(column)
             text = escape(_fmt(value, kind))
-            sort = _num(value)
+            sort = plots.num(value)
             attr = f' data-sort="{sort!r}"' if sort is not None and kind not in ("text", "status") else ""
             if kind == "status":
                 color = STATUS_COLORS.get(str(value), "#444")
@@ -134,7 +124,7 @@ def _table(frame: pd.DataFrame, columns: Sequence[Tuple[str, str, str]], table_i
 
 def status_table(frame: pd.DataFrame) -> str:
     def when(value: Any) -> str:
-        number = _num(value)
+        number = plots.num(value)
         if number is None:
             return ""
         return _dt.datetime.fromtimestamp(number, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -162,7 +152,7 @@ def compare_table(frame: pd.DataFrame) -> str:
         for s in sweeps:
             for metric, kind in (("tokens_per_s_per_device", "rate"), ("mfu", "pct")):
                 value = pivot[(metric, s)][label] if (metric, s) in pivot.columns else None
-                cells.append(f'<td data-sort="{_num(value)!r}">{escape(_fmt(value, kind))}</td>')
+                cells.append(f'<td data-sort="{plots.num(value)!r}">{escape(_fmt(value, kind))}</td>')
         rows.append(f"<tr>{''.join(cells)}</tr>")
     return (f'<table id="compare-table" class="sortable"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
@@ -176,7 +166,7 @@ def peak_caption(frame: pd.DataFrame) -> str:
     """Warn when MFU divides by peaks measured run by run (CPU), which makes runs' MFU hard to compare."""
     done = frame[frame["status"] == COMPLETED]
     measured = done[done["peak_flops_source"].astype(str).str.startswith("measured")]
-    peaks = [p for p in (_num(v) for v in measured["peak_flops_per_device"]) if p]
+    peaks = [p for p in (plots.num(v) for v in measured["peak_flops_per_device"]) if p]
     if len(peaks) < 2 or max(peaks) < 1.1 * min(peaks):
         return ""
     return (f"MFU here divides by a peak FLOP/s measured in each run (a matmul micro-benchmark run beside that "

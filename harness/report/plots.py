@@ -113,12 +113,20 @@ def throughput_figure(frame: pd.DataFrame, labels: Dict[int, str], best_runs: se
                            marker_color=colours, text=notes, textposition="outside", hovertext=hover,
                            hoverinfo="text"))
     predicted = [_per_device(row) for _, row in frame.iterrows()]
-    if any(p is not None for p in predicted):
-        fig.add_trace(go.Scatter(y=names, x=predicted, mode="markers", name="predicted",
-                                 marker=dict(symbol="diamond", size=11, color=PREDICTED), hovertext=hover,
-                                 hoverinfo="text"))
+    _add_predicted(fig, names, predicted, hover, "predicted")
     _layout(fig, "throughput", "tokens/s per device (higher is better)", len(names), ",.0f")
     return fig
+
+
+def _add_predicted(fig: "go.Figure", names: Sequence[str], predicted: Sequence[Optional[float]],
+                   hover: Sequence[str], name: str) -> None:
+    """Predicted values as diamonds beside the measured bars (nothing when no run has a prediction)."""
+    import plotly.graph_objects as go
+
+    if any(p is not None for p in predicted):
+        fig.add_trace(go.Scatter(y=names, x=predicted, mode="markers", name=name,
+                                 marker=dict(symbol="diamond", size=11, color=PREDICTED), hovertext=hover,
+                                 hoverinfo="text"))
 
 
 def _per_device(row: pd.Series) -> Optional[float]:
@@ -148,10 +156,7 @@ def mfu_figure(frame: pd.DataFrame, labels: Dict[int, str]):
         fig.add_trace(go.Bar(y=names, x=[v or 0 for v in hfu], orientation="h", name="HFU measured",
                              marker_color="#a0cbe8", hovertext=hover, hoverinfo="text"))
     predicted = [num(v) for v in frame.get("mfu_predicted", pd.Series([None] * len(frame), index=frame.index))]
-    if any(p is not None for p in predicted):
-        fig.add_trace(go.Scatter(y=names, x=predicted, mode="markers", name="MFU predicted",
-                                 marker=dict(symbol="diamond", size=11, color=PREDICTED), hovertext=hover,
-                                 hoverinfo="text"))
+    _add_predicted(fig, names, predicted, hover, "MFU predicted")
     _layout(fig, "mfu", "model FLOPs utilization (higher is better)", len(names), ".1%")
     return fig
 
