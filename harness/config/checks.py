@@ -62,6 +62,7 @@ def run_config_problems(run: RunConfig) -> Iterator[Problem]:
     yield from _closed_int_problems(run)
     yield from _model_problems(run)
     yield from sbatch_option_problems(run.launcher.extra_sbatch)
+    yield from _launcher_problems(run)
     problem = data_file_problem(run.data, run.layout, run.model.hf_config.get("vocab_size"))
     if problem:
         yield problem
@@ -120,6 +121,18 @@ def _model_problems(run: RunConfig) -> Iterator[Problem]:
     if hub_id is not None and not HUB_ID.fullmatch(hub_id):
         yield ("model.hub_id", hub_id,
                "is not a Hugging Face repository id ('owner/name' of letters, digits, '-', '_', '.')")
+
+
+def _launcher_problems(run: RunConfig) -> Iterator[Problem]:
+    """Launch lines that cannot work where they would run."""
+    if run.engine.launcher == "deepspeed" and (run.launcher.backend == "slurm" or run.cluster.nodes > 1):
+        # deepspeed/launcher/runner.py (0.19) without a hostfile: raises "Num nodes is >1 but no extra nodes
+        # available via hostfile", sets master_addr to 127.0.0.1 and deletes CUDA_VISIBLE_DEVICES.
+        where = "launcher.backend=slurm" if run.launcher.backend == "slurm" else f"cluster.nodes={run.cluster.nodes}"
+        yield ("engine.launcher", run.engine.launcher,
+               f"cannot start the ranks with {where}: without a hostfile DeepSpeed's runner refuses more than one "
+               "node, rewrites master_addr to 127.0.0.1 and drops CUDA_VISIBLE_DEVICES; use engine.launcher=torchrun "
+               "(the DeepSpeed engine runs the same under torchrun)")
 
 
 def sbatch_option_problems(lines: Sequence[str]) -> Iterator[Problem]:

@@ -58,10 +58,12 @@ def launcher_argv(launcher: str, nnodes: int, nproc_per_node: int, run_dir: str,
             "--node_rank", NODE_RANK, *rendezvous, *extra, *program,
         ]  # fmt: skip
     if launcher == "deepspeed":
-        # One launcher per node under `--no_ssh`; --num_accelerators makes it start every rank on CPU too.
+        # One launcher per node under `--no_ssh`; --num_accelerators makes it start every rank on CPU too;
+        # --no_local_rank keeps `--local_rank=N` out of the program's arguments (bench reads argv[1] as the
+        # run directory; LOCAL_RANK is in the environment). One node only: see harness.config.checks.
         return [
             "deepspeed", "--no_ssh", "--num_nodes", str(nnodes), "--num_accelerators", str(nproc_per_node),
-            "--node_rank", NODE_RANK, *rendezvous, *extra, "--module", *program[1:],
+            "--node_rank", NODE_RANK, *rendezvous, *extra, "--no_local_rank", "--module", *program[1:],
         ]  # fmt: skip
     if launcher == "accelerate":
         return [
