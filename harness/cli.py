@@ -10,6 +10,7 @@ from typing import List, Tuple
 USAGE = """usage: harness COMMAND [hydra overrides...]
 
   run     compose one config (or a Hydra -m grid), plan, render, launch, measure; prints the summary
+          (launcher=slurm*: submitted to Slurm and followed; [--no-wait] [--poll=SECONDS])
   plan    predict memory / FLOPs / validity for one layout or a grid (no launch)
           [--why] every message, [--json | --csv] every column; layout.dp_shard=-1 fills the world
   sweep   run a grid: [sweep=<hydra_configs/sweep/NAME>] [multirun overrides] [launcher=slurm_local]
@@ -28,6 +29,8 @@ examples:
 """
 
 _failed_runs: List[str] = []
+# `harness run` on a Slurm backend: wait for the job (or only submit it) and how often to look.
+_run_options = {"wait": True, "poll_s": None}
 # The shell's code for a command ended by SIGINT (128 + 2); SIGTERM ends `run` and `sweep` the same way.
 INTERRUPTED = 130
 
@@ -37,7 +40,6 @@ def _run_task(cfg) -> None:
 
     from harness.config.compose import to_run_config
     from harness.launch.prepare import RunRejected, prepare_run
-    from harness.launch.run import run_prepared
 
     run = to_run_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -48,14 +50,32 @@ def _run_task(cfg) -> None:
         _failed_runs.append(run_dir.name)
         return
     try:
-        state, _ = run_prepared(run_dir, prepared.cfg, prepared.rendered, label=str(run_dir), say=say)
+        state, _ = _launch(run_dir, prepared)
     except KeyboardInterrupt:  # the point is CANCELLED by now; the summary still covers it
         _failed_runs.append(run_dir.name)
         _write_summary(run_dir.parent)
         raise
-    if state != "COMPLETED":
+    if state != "COMPLETED" and (_run_options["wait"] or state not in ("PENDING", "RUNNING")):
         _failed_runs.append(run_dir.name)
     _write_summary(run_dir.parent)
+
+
+def _launch(run_dir: Path, prepared) -> Tuple[str, str]:
+    """One prepared point: on this machine, or (launcher.backend=slurm) submitted and followed."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from harness.launch.run import run_prepared
+    from harness.launch.slurm_run import run_on_slurm
+    from harness.launch.sweep import POLL_S
+
+    if prepared.cfg.launcher.backend != "slurm":
+        return run_prepared(run_dir, prepared.cfg, prepared.rendered, label=str(run_dir), say=say)
+    overrides = list(HydraConfig.get().overrides.task)
+    state, reason = run_on_slurm(run_dir, prepared.cfg, prepared.rendered, _run_options["wait"],
+                                 _run_options["poll_s"] or POLL_S, overrides, say=say)
+    if _run_options["wait"]:
+        say(f"[harness] {run_dir.name}: {state} {reason}".rstrip())
+    return state, reason
 
 
 def _write_summary(sweep_dir: Path) -> None:
@@ -103,8 +123,10 @@ def split_hydra_flags(args: List[str]) -> Tuple[List[str], List[str]]:
 
 
 COMMAND_USAGE = {
-    "run": "usage: harness run [hydra overrides...] [-m] [--cfg job|hydra|all]\n\n"
-           "  Compose one config (or, with -m, a Hydra grid), plan, render and launch each point locally.",
+    "run": "usage: harness run [hydra overrides...] [-m] [--cfg job|hydra|all] [--no-wait] [--poll=SECONDS]\n\n"
+           "  Compose one config (or, with -m, a Hydra grid), plan, render and launch each point: on this\n"
+           "  machine (launcher=local), or submitted as a Slurm job (launcher=slurm*) and followed until it\n"
+           "  ends (Ctrl-C cancels the job; --no-wait only submits; `harness sweep status DIR` follows).",
     "plan": "usage: harness plan [hydra overrides...]   (comma lists expand to a grid)\n\n"
             "  Predict memory, FLOPs and validity per layout; nothing is launched. Exit 1 if any is refused.",
     "report": "usage: harness report [SWEEP_DIR ...]\n\n"
@@ -128,12 +150,26 @@ def check_points(command: str, flags: List[str], overrides: List[str]) -> bool:
     return True
 
 
+def _take_run_options(args: List[str]) -> List[str]:
+    """--no-wait (submit a Slurm run and return) and --poll=SECONDS; the rest is Hydra's."""
+    rest = []
+    for arg in args:
+        if arg == "--no-wait":
+            _run_options["wait"] = False
+        elif arg.startswith("--poll="):
+            _run_options["poll_s"] = float(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return rest
+
+
 def run_command(args: List[str]) -> int:
     import hydra
 
     from harness.config.compose import CONFIG_DIR, PRIMARY_CONFIG, SEARCHPATH_OVERRIDE, register_schemas
 
     register_schemas()
+    args = _take_run_options(args)
     flags, overrides = split_hydra_flags(args)
     # Hydra creates the run directory before the task runs: refuse bad input before Hydra starts.
     if not check_points("run", flags, overrides):

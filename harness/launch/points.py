@@ -111,6 +111,17 @@ def expand(overrides: Sequence[str], submit_pruned: bool) -> Tuple[Path, List[Po
     return root, prepared, configs[0].launcher.backend
 
 
+def record_sweep(sweep_dir: Path, sweep_name: str, launcher: str, args: Sequence[str], run: str) -> None:
+    """sweep.json for the folder of `harness run` points (one per run, or a Hydra -m grid's): each run
+    added as it is launched, so that `harness sweep status|resume|cancel` follow and mend them."""
+    path = Path(sweep_dir) / SWEEP_FILE
+    record = load_json(path) if path.exists() else {
+        "sweep_name": sweep_name, "launcher": launcher, "created": time.time(), "args": list(args),
+        "params": {}, "points": []}
+    record["points"] = [*[p for p in record["points"] if p["run"] != run], {"run": run, "overrides": list(args)}]
+    write_json(path, record)
+
+
 def sweep_record(sweep_dir: Path) -> Dict[str, Any]:
     """sweep.json: how the sweep was asked for (its name, launcher and points)."""
     return load_json(Path(sweep_dir) / SWEEP_FILE)

@@ -32,6 +32,7 @@ from harness.rundir import (
 from harness.runtime.sinks import wandb_environment
 
 RESUBMIT_STATES = (FAILED, OOM, TIMEOUT, CANCELLED)
+POLL_S = 5.0  # seconds between two looks at Slurm while a sweep or run is followed
 # Writes the sweep's summary and reports; returns {run name: layout label} and the lines to print.
 Reporter = Callable[[Path], Tuple[Dict[str, str], List[str]]]
 
@@ -48,7 +49,11 @@ class Options:
     wait: bool = True
     watch: bool = False
     as_json: bool = False
-    poll_s: float = 5.0
+    poll_s: float = POLL_S
+
+
+def _echo(text: str) -> None:
+    print(text, flush=True)
 
 
 def print_pruned(points: Sequence[Point]) -> None:
@@ -111,14 +116,15 @@ def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_
     return submissions
 
 
-def wait_for(runs: Sequence[Path], poll_s: float) -> List[RunView]:
-    """Poll until every submitted run is final; print a line whenever the counts change."""
+def wait_for(runs: Sequence[Path], poll_s: float, describe: Callable[[Sequence[RunView]], str] = one_line,
+             say: Optional[Callable[[str], None]] = None) -> List[RunView]:
+    """Poll until every submitted run is final; say a line (`describe`: the counts) whenever it changes."""
     last = None
     while True:
         views = refresh(runs)
-        line = one_line(views)
+        line = describe(views)
         if line != last:
-            print(f"[harness] {time.strftime('%H:%M:%S')} {line}", flush=True)
+            (say or _echo)(f"[harness] {time.strftime('%H:%M:%S')} {line}")
             last = line
         if all(v.settled or v.job_key is None for v in views):
             return views
