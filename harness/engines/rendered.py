@@ -13,6 +13,10 @@ from harness.rundir import RENDERED_FILE, write_text
 # Placeholders in `argv` that the launcher fills: locally with concrete values, on Slurm with env vars.
 NODE_RANK, MASTER_ADDR, MASTER_PORT = "{node_rank}", "{master_addr}", "{master_port}"
 RANK_PROGRAM = ["-m", "harness.runtime.bench"]
+# Rendezvous port of a Slurm job: PORT_BASE + job id mod PORT_SPAN. 20000-29999 stays below Linux's ephemeral
+# range (32768-60999), so a port is never taken by an outgoing connection; two jobs collide only if their ids
+# differ by a multiple of 10000. Used by the job template and by the Megatron-LM export's script.
+PORT_BASE, PORT_SPAN = 20000, 10000
 
 
 @dataclass(frozen=True)

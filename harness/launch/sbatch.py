@@ -21,13 +21,10 @@ import jinja2
 
 from harness import REPO_ROOT
 from harness.config.schema import RunConfig
-from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, RenderedRun
+from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, PORT_BASE, PORT_SPAN, RenderedRun
 from harness.rundir import JOB_SCRIPT, SWEEP_SLURM_DIR, write_text
 
 TEMPLATE_DIR = REPO_ROOT / "slurm" / "templates"
-# Rendezvous ports: 20000 + job id mod 10000 stays below Linux's ephemeral range (32768-60999), so a
-# port is never taken by an outgoing connection; two jobs collide only if their ids differ by 10000.
-PORT_BASE, PORT_SPAN = 20000, 10000
 # What each placeholder of `RenderedRun.argv` becomes inside a node's task.
 NODE_VARIABLES = {NODE_RANK: "SLURM_NODEID", MASTER_ADDR: "MASTER_ADDR", MASTER_PORT: "MASTER_PORT"}
 # Environment variable names that look like credentials are never written into a script.
