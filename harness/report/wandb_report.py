@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from harness.report.headline import headline
-from harness.rundir import write_text
+from harness.rundir import wandb_file_environment, write_text
 
 PUBLISH_TIMEOUT_S = 120
 # Summary keys the runtime writes (harness/runtime/bench.py `_flat_summary`: the scalar fields of `Measured`).
@@ -181,6 +181,12 @@ def publish(path: Path, entity: Optional[str] = None, project: Optional[str] = N
     return report.url
 
 
+def publish_environment(path: Path, environ: Mapping[str, str]) -> Dict[str, str]:
+    """The publishing child's environment: every file wandb writes stays below the spec's folder (as a run's
+    stay in its run directory), not in ~/.cache/wandb or ~/.config/wandb."""
+    return {**environ, **wandb_file_environment(Path(path).resolve().parent), "WANDB_SILENT": "true"}
+
+
 def publish_with_timeout(path: Path, timeout_s: float = PUBLISH_TIMEOUT_S, entity: Optional[str] = None,
                          project: Optional[str] = None) -> Optional[str]:
     """`publish` in a child process killed (with its whole group) after `timeout_s`; the URL, or None."""
@@ -188,7 +194,7 @@ def publish_with_timeout(path: Path, timeout_s: float = PUBLISH_TIMEOUT_S, entit
     argv += [f"--entity={entity}"] if entity else []
     argv += [f"--project={project}"] if project else []
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, env={**os.environ, "WANDB_SILENT": "true"})
+                               start_new_session=True, env=publish_environment(path, os.environ))
     try:
         out, err = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Dict, Union
+
 # A run directory (one point of a sweep, or one `harness run`).
 CONFIG_FILE = "config.json"  # the resolved RunConfig
 PLAN_FILE = "plan.json"  # the planner's verdict and prediction
@@ -37,3 +40,17 @@ WANDB_REPORT_URL = "wandb_report.url"  # where a published report lives
 def error_file(rank: int) -> str:
     """The error record of one rank, relative to the run directory."""
     return f"{ERRORS_DIR}/rank{rank}.json"
+
+
+def wandb_file_environment(folder: Union[str, Path]) -> Dict[str, str]:
+    """The variables that keep every file wandb writes below `folder`/wandb: its runs (wandb puts them in
+    $WANDB_DIR/wandb/, where `wandb sync <folder>/wandb` finds them), caches, settings and artifacts.
+    Without the four *_DIR variables besides WANDB_DIR, wandb writes into ~/.cache/wandb and ~/.config/wandb."""
+    base = Path(folder) / WANDB_DIR
+    return {
+        "WANDB_DIR": str(Path(folder)),
+        "WANDB_CACHE_DIR": str(base / ".cache"),
+        "WANDB_DATA_DIR": str(base / ".data"),
+        "WANDB_CONFIG_DIR": str(base / ".config"),
+        "WANDB_ARTIFACT_DIR": str(base / ".artifacts"),
+    }

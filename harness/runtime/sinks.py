@@ -7,25 +7,17 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from harness.config.schema import TrackingConfig
-from harness.rundir import WANDB_DIR
+from harness.rundir import wandb_file_environment
 
 
 def wandb_environment(run_dir: Path, tracking: TrackingConfig) -> Dict[str, str]:
     """Variables that keep every wandb file inside the run dir and bound its waits.
 
-    WANDB_MODE must be in the environment (init(mode=) alone still looks up telemetry at exit), and
-    without the four *_DIR variables wandb writes caches and artifacts outside its `dir`.
+    WANDB_MODE must be in the environment (init(mode=) alone still looks up telemetry at exit).
     """
-    # wandb puts its runs in $WANDB_DIR/wandb/: with the run dir as WANDB_DIR they land in <run>/wandb/,
-    # where `wandb sync <run>/wandb` finds them.
-    base = Path(run_dir) / WANDB_DIR
     return {
         "WANDB_MODE": tracking.mode,
-        "WANDB_DIR": str(Path(run_dir)),
-        "WANDB_CACHE_DIR": str(base / ".cache"),
-        "WANDB_DATA_DIR": str(base / ".data"),
-        "WANDB_CONFIG_DIR": str(base / ".config"),
-        "WANDB_ARTIFACT_DIR": str(base / ".artifacts"),
+        **wandb_file_environment(run_dir),
         "WANDB_INIT_TIMEOUT": str(tracking.init_timeout_s),
         "WANDB_SILENT": "true",
         "WANDB_CONSOLE": "off",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from harness.report.wandb_report import (
     group_filter,
     load_spec,
     online,
+    publish_environment,
     publish_with_timeout,
     report_spec,
     spec_dict,
@@ -123,6 +125,23 @@ def test_publishing_without_a_server_gives_up_in_time(report, tmp_path, monkeypa
     start = time.monotonic()
     assert publish_with_timeout(path, timeout_s=4, entity="someone") is None
     assert time.monotonic() - start < 15
+
+
+def test_publishing_writes_no_wandb_file_outside_the_report_folder(report, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    folder = tmp_path / "sweep"
+    path = write_spec(report, folder / "wandb_report.json")
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR",
+                 "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    assert publish_with_timeout(path, timeout_s=20, entity="someone") is None
+    assert not any(home.rglob("*")), sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    environment = publish_environment(path, {})
+    assert all(Path(value).is_relative_to(folder) for value in environment.values() if value.startswith("/"))
 
 
 def test_untracked_runs_are_said(sweep_dir):
