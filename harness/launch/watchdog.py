@@ -10,7 +10,6 @@ even by SIGKILL; the time limit is its own, so it holds without the harness.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -23,10 +22,8 @@ from typing import Dict, List, Optional
 import psutil
 
 from harness.rundir import CANCELLED, ERRORS_DIR, LAUNCH_LOG, TIMEOUT, RankError, write_json, write_status
+from harness.runtime.lifecycle import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
-# prctl options from <linux/prctl.h>.
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 # Exit codes the harness reads back (beside the launcher's own, which is passed through).
 EXIT_TIMEOUT = 124  # as coreutils `timeout`
 EXIT_STOPPED = 130  # the harness died or asked the run to stop
@@ -40,12 +37,6 @@ OOM_AVAILABLE_FRACTION = 0.10
 
 class Stop(Exception):
     """SIGTERM / SIGINT / the parent-death signal reached the watchdog."""
-
-
-def prctl(option: int, value: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
 @dataclass

@@ -35,6 +35,7 @@ from harness.rundir import (
     write_json,
     write_status,
 )
+from harness.runtime.lifecycle import die_with_parent
 from harness.runtime.progress import GIB, MEMORY_KEY, MFU_KEY, StepReporter
 from harness.runtime.sinks import WandbRun, wandb_group
 
@@ -239,6 +240,7 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main() -> int:
+    die_with_parent()
     run_dir = Path(sys.argv[1])
     try:
         return run(run_dir)

@@ -101,3 +101,32 @@ def test_a_stale_lock_is_replaced(fake_run):
     assert "ran" in (fake_run / "launch.log").read_text()
     assert state == "FAILED" and "no metrics.json" in reason
     assert not (fake_run / LOCK_FILE).exists()
+
+
+# A launcher (parent) that starts one rank and sleeps; the rank asks to die with it or not, then sleeps.
+_LAUNCHER = ("import subprocess, sys, time; "
+             "child = subprocess.Popen([sys.executable, '-c', sys.argv[1]]); "
+             "print(child.pid, flush=True); time.sleep(120)")
+_RANK = "import time; {arm}time.sleep(120)"
+
+
+def _orphan_after_parent_kill(arm: str) -> bool:
+    """Start launcher -> rank, kill -9 the launcher alone; True when the rank outlives it by 5 s."""
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, _RANK.format(arm=arm)], stdout=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    rank = int(launcher.stdout.readline())
+    time.sleep(1.0)  # the rank has armed its death signal (imports done)
+    launcher.kill()
+    launcher.wait()
+    survivors = wait_until_gone([rank], timeout_s=5)
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    return bool(survivors)
+
+
+def test_a_rank_dies_with_its_launcher_even_when_only_the_launcher_is_killed():
+    """The rank's own parent-death signal (runtime.lifecycle, armed first thing in bench.main); without it the
+    rank of a kill -9'd launcher outside any watchdog runs on."""
+    assert not _orphan_after_parent_kill("from harness.runtime.lifecycle import die_with_parent; "
+                                         "die_with_parent(); ")
+    assert _orphan_after_parent_kill(""), "control: an unarmed rank outlives its launcher"
