@@ -20,6 +20,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import jinja2
 
 from harness import REPO_ROOT
+from harness.config.checks import sbatch_option_problems
 from harness.config.schema import RunConfig
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, PORT_BASE, PORT_SPAN, RenderedRun
 from harness.rundir import JOB_SCRIPT, SWEEP_SLURM_DIR, write_text
@@ -38,11 +39,7 @@ PARTITION_LIKE = re.compile(r"^[A-Za-z0-9_.,-]+$")
 TIME_LIMIT = re.compile(r"^((\d+-)?\d+(:\d{1,2}){0,2}|\d+-\d+|UNLIMITED|INFINITE|unlimited|infinite)$")
 CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,&|\[\]*:()!-]+$")
 GRES = re.compile(r"^[A-Za-z0-9_:.,-]+$")
-EXTRA_SBATCH = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*(=[^\x00-\x1f\x7f]*)?$|^-[A-Za-z] [^\x00-\x1f\x7f]+$")
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-# Directives the harness owns: where logs go, the array, and the environment (secrets pass via ALL).
-OWNED_DIRECTIVES = ("--array", "-a", "--output", "-o", "--error", "-e", "--chdir", "-D", "--export",
-                    "--open-mode", "--job-name", "-J")
 
 
 class ScriptValueRejected(ValueError):
@@ -74,16 +71,16 @@ def check_run_dir(run_dir: Path) -> str:
 
 
 def check_extra_sbatch(lines: Sequence[str]) -> List[str]:
-    checked = []
+    """Each line is safe to write as one #SBATCH line (no control characters) and passes the config's rule
+    for extra options (harness.config.checks.sbatch_option_problems: one option, none the harness owns in
+    any spelling, no % pattern)."""
     for index, line in enumerate(lines):
-        name = f"launcher.extra_sbatch[{index}]"
-        check_pattern(name, line, EXTRA_SBATCH,
-                      "must be one sbatch option such as '--mem=0' or '--gpus-per-task=1' (no newline)")
-        option = re.split(r"[= ]", line, maxsplit=1)[0]
-        if option in OWNED_DIRECTIVES:
-            raise ScriptValueRejected(f"{name}={line!r}: {option} is set by the harness")
-        checked.append(line)
-    return checked
+        if not isinstance(line, str) or CONTROL_CHARS.search(line):
+            raise ScriptValueRejected(f"launcher.extra_sbatch[{index}]={line!r} must be one sbatch option such "
+                                      "as '--mem=0' (one line: no newline or control character)")
+    for field_name, value, why in sbatch_option_problems(lines):
+        raise ScriptValueRejected(f"{field_name}={value!r} {why}")
+    return list(lines)
 
 
 def check_env_setup(lines: Sequence[str]) -> List[str]:

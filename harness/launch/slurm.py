@@ -24,7 +24,6 @@ from harness.launch.job_records import (  # noqa: F401 (re-exported)
 from harness.launch.sbatch import (  # noqa: F401 (re-exported)
     CONTROL_CHARS,
     NODE_VARIABLES,
-    OWNED_DIRECTIVES,
     PORT_BASE,
     PORT_SPAN,
     SECRET_NAME,

@@ -215,9 +215,15 @@ def test_bad_sbatch_values_are_rejected_by_name(field, value):
 @pytest.mark.parametrize("line,rule", [
     ("--mem=0\n#SBATCH --uid=0", "one sbatch option"),
     ("mem=0", "one sbatch option"),
-    ("--output=/tmp/x", "set by the harness"),
-    ("--export=NONE", "set by the harness"),
-    ("--array=0-99", "set by the harness"),
+    ("--output=/tmp/x", "which the harness writes itself"),
+    ("--export=NONE", "which the harness writes itself"),
+    ("--array=0-99", "which the harness writes itself"),
+    # The spellings sbatch accepts for an owned option: a unique prefix, a short flag with its value attached.
+    ("--out=/tmp/x", "sets --output"),
+    ("-o/tmp/x", "sets --output"),
+    ("-J name", "sets --job-name"),
+    ("--comment=x --output=/tmp/p-%j.log", "one option"),
+    ("--comment=%j", "'%' pattern"),
 ])
 def test_bad_extra_sbatch_lines_are_rejected(line, rule):
     with pytest.raises(ScriptValueRejected, match=rule):
