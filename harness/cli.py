@@ -147,7 +147,21 @@ def check_points(command: str, flags: List[str], overrides: List[str]) -> bool:
     except Exception as error:  # every composition and value error becomes one line
         print(f"harness {command}: {explain(error)}", file=sys.stderr)
         return False
+    _grid_points[:] = points
     return True
+
+
+# The points of a `harness run -m` grid, in Hydra's order: their directory names are those of
+# `harness sweep` (the values that differ, harness.config.naming.point_names), not the layout preset's.
+_grid_points: List[List[str]] = []
+POINT_NAME_RESOLVER = "harness_point_name"
+POINT_SUBDIR = f"hydra.sweep.subdir='${{{POINT_NAME_RESOLVER}:${{hydra.job.num}},${{engine.name}}-${{layout.name}}}}'"
+
+
+def _point_name(num: int, default: str) -> str:
+    from harness.config.naming import point_names
+
+    return point_names(_grid_points, [default] * len(_grid_points))[int(num)]
 
 
 def _take_run_options(args: List[str]) -> List[str]:
@@ -174,7 +188,10 @@ def run_command(args: List[str]) -> int:
     # Hydra creates the run directory before the task runs: refuse bad input before Hydra starts.
     if not check_points("run", flags, overrides):
         return 2
-    sys.argv = ["harness run", *flags, SEARCHPATH_OVERRIDE, *overrides]
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver(POINT_NAME_RESOLVER, _point_name, replace=True)
+    sys.argv = ["harness run", *flags, SEARCHPATH_OVERRIDE, POINT_SUBDIR, *overrides]
     try:
         hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
     except KeyboardInterrupt:
