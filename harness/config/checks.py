@@ -45,6 +45,10 @@ OWNED_SBATCH = {"--output": "-o", "--error": "-e", "--array": "-a", "--job-name"
                 "--export": None, "--open-mode": None}
 SBATCH_LONG = re.compile(r"--([A-Za-z][A-Za-z0-9-]*)(=\S*)?")
 SBATCH_SHORT = re.compile(r"-([A-Za-z])(\s*\S+)?")
+# NCCL_SOCKET_IFNAME / NCCL_IB_HCA: a comma-separated list of interface or adapter[:port] names, optionally
+# prefixed by `^` (exclude) and `=` (exact names), as NCCL's documentation writes them; nothing a shell reads.
+NCCL_NAMES = re.compile(r"\^?=?[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*")
+NCCL_NAME_FIELDS = ("launcher.nccl_socket_ifname", "launcher.nccl_ib_hca")
 # A Hugging Face repository id: `name` or `owner/name`, letters, digits and `-_.`, at most 96 characters.
 HUB_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 
@@ -124,7 +128,7 @@ def _model_problems(run: RunConfig) -> Iterator[Problem]:
 
 
 def _launcher_problems(run: RunConfig) -> Iterator[Problem]:
-    """Launch lines that cannot work where they would run."""
+    """Launcher settings that cannot work where the run would start, or that a job script could not carry."""
     if run.engine.launcher == "deepspeed" and (run.launcher.backend == "slurm" or run.cluster.nodes > 1):
         # deepspeed/launcher/runner.py (0.19) without a hostfile: raises "Num nodes is >1 but no extra nodes
         # available via hostfile", sets master_addr to 127.0.0.1 and deletes CUDA_VISIBLE_DEVICES.
@@ -133,6 +137,11 @@ def _launcher_problems(run: RunConfig) -> Iterator[Problem]:
                f"cannot start the ranks with {where}: without a hostfile DeepSpeed's runner refuses more than one "
                "node, rewrites master_addr to 127.0.0.1 and drops CUDA_VISIBLE_DEVICES; use engine.launcher=torchrun "
                "(the DeepSpeed engine runs the same under torchrun)")
+    for name in NCCL_NAME_FIELDS:
+        value = _value(run, name)
+        if value is not None and not (isinstance(value, str) and NCCL_NAMES.fullmatch(value)):
+            yield (name, value, "must be a comma-separated list of interface or adapter names (letters, digits, "
+                   "'_.:-'), optionally starting with '^' (exclude) and '=' (exact match)")
 
 
 def sbatch_option_problems(lines: Sequence[str]) -> Iterator[Problem]:

@@ -78,6 +78,15 @@ class LaunchBackend(Choice):
     slurm = "slurm"
 
 
+class NcclDebug(Choice):
+    """NCCL_DEBUG levels (NCCL's environment variables documentation)."""
+
+    VERSION = "VERSION"
+    WARN = "WARN"
+    INFO = "INFO"
+    TRACE = "TRACE"
+
+
 class FlopAttention(Choice):
     """Attention FLOPs of the MFU convention: the causal half, or the full T x T matrix (PaLM)."""
 
@@ -300,6 +309,11 @@ class LauncherConfig:
     extra_sbatch: List[str] = field(default_factory=list)
     env_setup: List[str] = field(default_factory=list)
     array_concurrency: int = 8
+    # NCCL hints the job script exports when set: NCCL_DEBUG, NCCL_SOCKET_IFNAME (the bootstrap and socket
+    # interfaces, e.g. `ib0` or `^lo,docker`), NCCL_IB_HCA (the InfiniBand adapters, e.g. `mlx5_0:1,mlx5_1:1`).
+    nccl_debug: Optional[NcclDebug] = None
+    nccl_socket_ifname: Optional[str] = None
+    nccl_ib_hca: Optional[str] = None
     # Per-run wall-clock limit of a local launch, seconds.
     timeout_s: int = 1800
 

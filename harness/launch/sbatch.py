@@ -106,6 +106,16 @@ def script_environment(env: Dict[str, str]) -> List[Tuple[str, str]]:
     return out
 
 
+# NCCL's own variables, from `launcher.nccl_*` (values checked by harness.config.checks, quoted here).
+NCCL_HINTS = {"NCCL_DEBUG": "nccl_debug", "NCCL_SOCKET_IFNAME": "nccl_socket_ifname", "NCCL_IB_HCA": "nccl_ib_hca"}
+
+
+def nccl_environment(cfg: RunConfig) -> List[Tuple[str, str]]:
+    """The NCCL hints the job script exports: only those the launcher config sets."""
+    values = {name: getattr(cfg.launcher, field) for name, field in NCCL_HINTS.items()}
+    return [(name, str(value)) for name, value in values.items() if value is not None]
+
+
 # ------------------------------------------------------------------------------------------- rendering
 
 
@@ -205,6 +215,7 @@ def render_job_script(cfg: RunConfig, rendered: RenderedRun, extra_env: Optional
         python=python_executable(cfg),
         env_setup=check_env_setup(cfg.launcher.env_setup),
         env=script_environment({**rendered.env, **(extra_env or {})}),
+        nccl=nccl_environment(cfg),
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
         nnodes=rendered.nnodes,
