@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 USAGE = """usage: harness COMMAND [hydra overrides...]
 
@@ -25,6 +25,8 @@ USAGE = """usage: harness COMMAND [hydra overrides...]
 examples:
   harness run recipes=cpu_zero2
   harness run recipes=cpu_zero2 layout.zero_stage=3 --cfg job
+  harness run recipes=gpu_llama70b_nd_tp8_pp4 standin=cpu   (the GPU recipe's CPU stand-in; overrides
+          after standin=cpu apply to the stand-in, e.g. launcher=local)
   harness plan model=llama3_1_70b cluster=h100_8x8 layout.tp=8 layout.pp=4 layout.dp_shard=2
 """
 
@@ -49,6 +51,10 @@ def _run_task(cfg) -> None:
         print(f"{run_dir.name}: {error}", file=sys.stderr)
         _failed_runs.append(run_dir.name)
         return
+    if run.standin.of:
+        from harness.config.standin import standin_banner
+
+        say(standin_banner(run.standin.of, run.standin.not_executed))
     try:
         state, _ = _launch(run_dir, prepared)
     except KeyboardInterrupt:  # the point is CANCELLED by now; the summary still covers it
@@ -177,6 +183,19 @@ def _take_run_options(args: List[str]) -> List[str]:
     return rest
 
 
+def standin_point(flags: List[str], overrides: List[str]) -> Optional[List[str]]:
+    """`standin=cpu` expanded before Hydra composes the run (Hydra's own grid cannot expand it per point)."""
+    from harness.config.compose import STANDIN_KEY, expand_standin
+
+    if not any(text.split("=", 1)[0] == STANDIN_KEY for text in overrides):
+        return overrides
+    if {"-m", "--multirun"} & set(flags):
+        print("harness run: standin=cpu stands in for one recipe; run a grid of stand-ins with "
+              "`harness sweep ... standin=cpu`", file=sys.stderr)
+        return None
+    return expand_standin(overrides)
+
+
 def run_command(args: List[str]) -> int:
     import hydra
 
@@ -187,6 +206,9 @@ def run_command(args: List[str]) -> int:
     flags, overrides = split_hydra_flags(args)
     # Hydra creates the run directory before the task runs: refuse bad input before Hydra starts.
     if not check_points("run", flags, overrides):
+        return 2
+    overrides = standin_point(flags, overrides)
+    if overrides is None:
         return 2
     from omegaconf import OmegaConf
 

@@ -14,11 +14,14 @@ from harness.config.checks import check_run_config
 from harness.config.errors import ConfigRejected, nearest
 from harness.config.fill import fill_data_parallel
 from harness.config.schema import ENGINE_OPTIONS, EngineName, RunConfig, allowed
+from harness.config.standin import make_standin
 
 CONFIG_DIR = REPO_ROOT / "hydra_configs"
 PRIMARY_CONFIG = "config"
 # The repository root is on the search path so that `recipes/` is the `recipes` config group.
 SEARCHPATH_OVERRIDE = f"hydra.searchpath=[file://{REPO_ROOT}]"
+# `standin=cpu`: the CPU stand-in of the composed recipe (harness/config/standin.py).
+STANDIN_KEY, STANDIN_CHOICES = "standin", ("cpu",)
 
 
 def register_schemas() -> None:
@@ -34,6 +37,7 @@ def compose_config(overrides: Iterable[str] = (), return_hydra_config: bool = Fa
     """Compose the primary config with command-line style overrides (used by tests and `plan`/`sweep`);
     `return_hydra_config` keeps the `hydra` node (a sweep preset's axes and sweep directory), resolved
     while Hydra is still initialised."""
+    overrides = expand_standin(list(overrides))
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="harness"):
@@ -43,6 +47,25 @@ def compose_config(overrides: Iterable[str] = (), return_hydra_config: bool = Fa
             for node in (cfg.hydra.sweep, cfg.hydra.sweeper):
                 OmegaConf.resolve(node)
         return cfg
+
+
+def expand_standin(overrides: List[str]) -> List[str]:
+    """`standin=cpu` replaced by the stand-in's overrides. The overrides before it are the recipe (the
+    stand-in shrinks what they compose to); the ones after it apply to the stand-in itself
+    (`recipes=X standin=cpu launcher=local` runs the stand-in on this machine)."""
+    at = [i for i, text in enumerate(overrides) if text.split("=", 1)[0] == STANDIN_KEY]
+    if not at:
+        return overrides
+    value = overrides[at[-1]].split("=", 1)[-1]
+    if len(at) > 1 or value not in STANDIN_CHOICES:
+        raise ConfigRejected(STANDIN_KEY, value if len(at) == 1 else "given twice",
+                             f"must be given once, as one of {', '.join(STANDIN_CHOICES)} (the CPU stand-in of a "
+                             f"GPU recipe: standin=cpu){nearest(value, STANDIN_CHOICES)}")
+    before, after = overrides[:at[0]], overrides[at[0] + 1:]
+    recipes = [text.split("=", 1)[1] for text in before if text.startswith("recipes=")]
+    cfg = to_run_config(compose_config(before))
+    recipe = recipes[-1] if recipes else f"{cfg.engine.name}/{cfg.layout.name}"
+    return [*before, *make_standin(recipe, cfg).overrides, *after]
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

@@ -16,8 +16,10 @@ from typing import Any, Dict, List, Tuple
 # The local Slurm cluster of slurm/local/up.sh: two virtual nodes, 4 CPUs each (one rank per CPU).
 STANDIN_NODES, CPUS_PER_NODE = 2, 4
 MAX_RANKS = STANDIN_NODES * CPUS_PER_NODE
-# Tiny shapes: head_dim 16 is even (RoPE rotates pairs), vocab 256 divides by every stand-in tp.
-HEAD_DIM, VOCAB, SEQ_LEN, STEPS = 16, 256, 64, 2
+# Tiny shapes: head_dim 8 is even (RoPE rotates pairs), vocab 256 divides by every stand-in tp. bf16
+# matmuls without native CPU instructions run ~15x slower than fp32 (a 6.7M-parameter model at head_dim 16
+# took 2 s per 64-token forward and backward on one core), so the widths stay at the smallest that splits.
+HEAD_DIM, VOCAB, SEQ_LEN, STEPS = 8, 256, 64, 2
 AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 
 
@@ -111,6 +113,12 @@ def layers_needed(layout: Any, degrees: Dict[str, int], split: List[int]) -> int
     return max(2, degrees["pp"] * layout.pp_virtual_stages)
 
 
+def pipeline_micro_batches(schedule: str, pp: int) -> int:
+    """The fewest micro-batches torch.distributed.pipelining accepts: one per rank (1F1B, one whole
+    interleaved round), one per stage for DualPipeV (harness/plan/pipeline.py holds the rules)."""
+    return 2 * pp if schedule == "DualPipeV" else pp
+
+
 def precision_of(precision: str) -> Tuple[str, List[str]]:
     if precision == "fp16":
         return "fp32", ["precision=fp16 (CPU kernels have no fp16 training path); runs fp32"]
@@ -122,6 +130,12 @@ def common_not_executed(cluster_accelerator: str) -> List[str]:
     return ["NCCL collectives (gloo carries the same collectives on CPU)",
             f"CUDA memory statistics (state and activation bytes are measured exactly; the "
             f"{cluster_accelerator} allocator's reserved and peak figures are not)"]
+
+
+def standin_banner(of: str, not_executed: List[str]) -> str:
+    """The lines a stand-in run prints (console and launch log): whose stand-in, and what it cannot run."""
+    return "\n".join([f"[standin] CPU stand-in of {of}; not executed on the stand-in:",
+                      *[f"[standin]   - {item}" for item in not_executed]])
 
 
 def make_standin(recipe: str, cfg: Any) -> Standin:
@@ -139,8 +153,8 @@ def make_standin(recipe: str, cfg: Any) -> Standin:
         "layout.precision": precision,
         "layout.seq_len": SEQ_LEN,
         "layout.micro_batch": min(layout.micro_batch, 2),
-        # Pipelines need at least one micro-batch per stage and whole interleaved rounds.
-        "layout.grad_accum": 2 * degrees["pp"] if pipelined else min(layout.grad_accum, 2),
+        "layout.grad_accum": pipeline_micro_batches(layout.pp_schedule, degrees["pp"]) if pipelined
+        else min(layout.grad_accum, 2),
         "layout.name": f"{layout.name}-standin",
     }
     model = tiny_model(cfg.model.hf_config, degrees, layers_needed(layout, degrees, split))

@@ -134,7 +134,18 @@ def status_table(frame: pd.DataFrame) -> str:
                ("status", "status", "status"), ("reason", "reason", "text"), ("updated", "status updated", "text")]
     if frame["series"].nunique(dropna=False) <= 1:
         columns = columns[1:]
+    if "standin_of" in frame and frame["standin_of"].notna().any():
+        view = view.assign(standin=frame.apply(standin_note, axis=1))
+        columns.append(("standin", "CPU stand-in: not executed", "text"))
     return _table(view, columns, "status-table")
+
+
+def standin_note(row: pd.Series) -> str:
+    """`of <recipe>: A; B` with each not-executed item's head (its reason stays in summary.csv)."""
+    if not isinstance(row.get("standin_of"), str):
+        return ""
+    items = [item.split(" (")[0] for item in str(row.get("not_executed") or "").split(" | ") if item]
+    return f"of {row['standin_of']}: {'; '.join(items)}"
 
 
 def compare_table(frame: pd.DataFrame) -> str:

@@ -183,6 +183,13 @@ def _tracking_columns(files: RunFiles) -> Dict[str, Any]:
     }
 
 
+def _standin_columns(files: RunFiles) -> Dict[str, Any]:
+    """A CPU stand-in's recipe and what it did not execute (config.json first: known before it runs)."""
+    standin = files.config.get("standin") or (files.metrics.standin if files.metrics else None) or {}
+    not_executed = standin.get("not_executed") or []
+    return {"standin_of": standin.get("of"), "not_executed": " | ".join(not_executed) if not_executed else None}
+
+
 def run_row(run_dir: Path) -> Dict[str, Any]:
     """One run as a flat record; a missing file leaves its columns empty (a partial sweep still reads) and an
     unreadable one makes the run CORRUPT, naming the file."""
@@ -198,6 +205,7 @@ def run_row(run_dir: Path) -> Dict[str, Any]:
         **_memory_columns(measured, predicted, _device_memory_gib(cluster, predicted)),
         **_prediction_columns(measured, predicted),
         **_tracking_columns(files),
+        **_standin_columns(files),
         "run_dir": str(files.run_dir),
     }
     row["fits"] = _fits(row)

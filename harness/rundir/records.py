@@ -175,6 +175,8 @@ class RunResult:
     predicted: Predicted
     schema: int = SCHEMA_VERSION
     tracking: Optional[Dict[str, Any]] = None  # the W&B run's id or error, added after the run is tracked
+    # A CPU stand-in of a GPU recipe: {"of": recipe, "not_executed": [what CPU cannot run, and why]}.
+    standin: Optional[Dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.predicted, Predicted):
@@ -183,8 +185,9 @@ class RunResult:
     def to_dict(self) -> Dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(measured=self.measured.to_dict(), predicted=self.predicted.to_dict())
-        if out["tracking"] is None:
-            del out["tracking"]
+        for optional in ("tracking", "standin"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     @classmethod

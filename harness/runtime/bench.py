@@ -16,6 +16,7 @@ import torch.distributed as dist
 from harness.config.compose import run_config_from_dict
 from harness.config.naming import run_label
 from harness.config.schema import RunConfig
+from harness.config.standin import standin_banner
 from harness.engines import engine_module
 from harness.plan.peak import peak_flops as peak_flops_of
 from harness.plan.utilization import hfu, mfu
@@ -159,6 +160,8 @@ def run(run_dir: Path) -> int:
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         write_status(run_dir, RUNNING)
+        if cfg.standin.of:
+            print(standin_banner(cfg.standin.of, cfg.standin.not_executed), flush=True)
     engine = engine_module(cfg.engine.name)
     on_meta = plan.get("model_init") == "meta"
     if on_meta and hasattr(engine, "construct"):
@@ -166,8 +169,10 @@ def run(run_dir: Path) -> int:
     else:
         model = build_model(cfg.model.hf_config, cfg.bench.seed, on_meta=on_meta)
     session = engine.apply(cfg, run_dir, model, kind)
-    # Measured on every rank at once, so the figure includes the contention of the real run.
-    peak = measure_matmul_peak_flops(device.dtype_of(cfg.layout.precision)) if cfg.cluster.accelerator == "cpu" else None
+    # Measured on every rank at once, so the figure includes the contention of the real run. Not on a
+    # stand-in: its MFU would rate a GPU recipe's tiny copy against this CPU (and bf16 takes seconds).
+    measure_peak = cfg.cluster.accelerator == "cpu" and not cfg.standin.of
+    peak = measure_matmul_peak_flops(device.dtype_of(cfg.layout.precision)) if measure_peak else None
     source = token_source(cfg.data, cfg.model.hf_config["vocab_size"], cfg.layout.seq_len)
     tracker = open_tracker(run_dir, cfg, plan) if rank == 0 else None
     report = StepReporter(rank, cfg.bench.warmup_steps + cfg.bench.steps, cfg.bench.warmup_steps,
@@ -209,6 +214,7 @@ def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: 
         tokens_per_step=plan["tokens_per_step"],
         measured=measured,
         predicted=plan["predicted"],
+        standin={"of": cfg.standin.of, "not_executed": list(cfg.standin.not_executed)} if cfg.standin.of else None,
     )
     payload = result.to_dict()
     # Local results first: a tracking failure or hang must never cost the measurement.

@@ -9,11 +9,13 @@ import pytest
 
 from harness import REPO_ROOT
 from harness.config.compose import compose_run_config
+from harness.config.errors import ConfigRejected, explain
 from harness.config.standin import (
     CPUS_PER_NODE,
     MAX_RANKS,
     make_standin,
     stage_layers,
+    standin_banner,
     standin_degree,
     tiny_model,
 )
@@ -74,3 +76,51 @@ def test_every_gpu_recipe_has_a_valid_standin(recipe, tmp_path):
     assert not plan.errors and plan.fits, plan.errors
     engine = engine_module(small.engine.name)
     assert not (engine.check(small)[0] if hasattr(engine, "check") else [])
+
+
+# The switch: `standin=cpu` on the command line (run, plan, sweep: every composition goes through it).
+
+
+def test_the_switch_applies_the_standin_overrides_after_the_recipe():
+    recipe = "gpu_llama70b_nd_tp8_pp4"
+    standin = make_standin(recipe, compose_run_config([f"recipes={recipe}"]))
+    expected = compose_run_config([f"recipes={recipe}", *standin.overrides])
+    assert compose_run_config([f"recipes={recipe}", "standin=cpu"]) == expected
+
+
+def test_overrides_before_the_switch_shape_the_recipe_and_after_it_the_standin():
+    before = compose_run_config(["recipes=gpu_llama8b_fsdp_8gpu", "layout.dp_shard=1", "standin=cpu"])
+    assert before.layout.dp_shard == 1 and before.cluster.accelerators_per_node == 1  # nothing to split
+    after = compose_run_config(["recipes=gpu_llama8b_fsdp_8gpu", "standin=cpu", "launcher=local", "bench.steps=3"])
+    assert (after.launcher.backend, after.bench.steps, after.layout.dp_shard) == ("local", 3, 2)
+    assert after.standin.of == "gpu_llama8b_fsdp_8gpu"
+
+
+def test_without_a_recipe_the_standin_names_the_engine_and_layout():
+    cfg = compose_run_config(["engine=nd", "layout=nd_tp2", "standin=cpu"])
+    assert cfg.standin.of == "nd/nd_tp2" and cfg.layout.tp == 2
+
+
+@pytest.mark.parametrize("args", [["standin=gpu"], ["standin=cpu", "standin=cpu"]])
+def test_a_bad_switch_is_one_line_naming_it(args):
+    with pytest.raises(ConfigRejected) as error:
+        compose_run_config(["recipes=gpu_llama8b_fsdp_8gpu", *args])
+    line = explain(error.value)
+    assert line.startswith("standin=") and "standin=cpu" in line and "\n" not in line
+
+
+def test_run_refuses_the_switch_in_a_hydra_grid_and_plan_accepts_it(capsys):
+    from harness.cli import check_points, standin_point
+
+    assert standin_point(["-m"], ["recipes=gpu_llama8b_fsdp_8gpu", "standin=cpu", "bench.seed=0,1"]) is None
+    assert "harness sweep" in capsys.readouterr().err
+    assert standin_point([], ["recipes=cpu_zero2"]) == ["recipes=cpu_zero2"]
+    assert check_points("plan", ["-m"], ["recipes=gpu_llama8b_fsdp_8gpu,gpu_qwen3_32b_fsdp_16gpu", "standin=cpu"])
+    assert not check_points("plan", ["-m"], ["recipes=gpu_llama8b_fsdp_8gpu", "standin=tpu"])
+    assert "standin='tpu'" in capsys.readouterr().err
+
+
+def test_the_banner_names_the_recipe_and_every_item():
+    text = standin_banner("gpu_x", ["A (why)", "B"])
+    assert text.splitlines() == ["[standin] CPU stand-in of gpu_x; not executed on the stand-in:",
+                                 "[standin]   - A (why)", "[standin]   - B"]

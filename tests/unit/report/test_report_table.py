@@ -172,3 +172,20 @@ def test_one_sweep_name_in_two_folders_is_two_series(tmp_path):
     assert set(frame["sweep"]) == {"grid"}
     assert sorted(frame["series"].unique()) == ["grid (monday)", "grid (tuesday)"]
     assert summary_frame([first])["series"].unique().tolist() == ["grid"]
+
+
+def test_a_standin_row_names_its_recipe_and_the_status_table_what_it_did_not_execute(tmp_path):
+    from harness.report.html import status_table
+
+    run_dir = make_run(tmp_path, "000-standin", "COMPLETED")
+    config = json.loads((run_dir / "config.json").read_text())
+    config["standin"] = {"of": "gpu_x", "not_executed": ["NCCL collectives (gloo; on CPU)", "CUDA memory statistics"]}
+    (run_dir / "config.json").write_text(json.dumps(config))
+    make_run(tmp_path, "001-plain", "COMPLETED")
+    frame = summary_frame([tmp_path]).set_index("run", drop=False)
+    assert frame.loc["000-standin", "standin_of"] == "gpu_x"
+    assert frame.loc["000-standin", "not_executed"] == "NCCL collectives (gloo; on CPU) | CUDA memory statistics"
+    assert pd.isna(frame.loc["001-plain", "standin_of"])
+    html = status_table(frame)
+    assert "CPU stand-in: not executed" in html and "of gpu_x: NCCL collectives; CUDA memory statistics" in html
+    assert "not executed" not in status_table(frame[frame["run"] == "001-plain"])

@@ -97,3 +97,11 @@ def test_a_wrong_record_names_what_is_wrong(record, cls, message):
 def test_predicted_state_activation_needs_all_four_terms():
     assert Predicted(param_bytes=1, grad_bytes=2, optimizer_bytes=3, activation_bytes=4).state_activation_bytes == 10
     assert Predicted(param_bytes=1).state_activation_bytes is None
+
+
+def test_a_standin_result_carries_its_recipe_and_what_it_did_not_execute(tmp_path):
+    original = result()
+    assert "standin" not in original.to_dict()  # an ordinary run's metrics.json is unchanged
+    original.standin = {"of": "gpu_x", "not_executed": ["NCCL collectives (gloo carries them)"]}
+    write_metrics(tmp_path, original)
+    assert read_metrics(tmp_path).standin == original.standin
