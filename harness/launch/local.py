@@ -8,9 +8,10 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from harness.engines.rendered import RenderedRun
+from harness.launch.follow import StepFollower
 from harness.launch.run_lock import RunLock, live_holder
 from harness.launch.watchdog import EXIT_TIMEOUT
 from harness.rundir import (
@@ -120,7 +121,9 @@ def _wait_through_interrupts(process: subprocess.Popen) -> None:
             continue
 
 
-def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str]) -> Tuple[str, str]:
+def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str],
+                 say: Optional[Callable[[str], None]] = None) -> Tuple[str, str]:
+    """Run a rendered single-node launch to its final state; `say` gets rank 0's step lines as they come."""
     if rendered.nnodes != 1:
         raise ValueError(f"launcher=local starts one node; cluster.nodes={rendered.nnodes} needs launcher=slurm")
     run_dir = Path(rendered.run_dir)
@@ -130,7 +133,8 @@ def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str
     argv = rendered.argv_for("0", "127.0.0.1", str(free_port()))
     argv[0] = resolve_executable(argv[0])
     (run_dir / LOG_FILE).write_bytes(b"")
-    returncode = _run_watched(run_dir, argv, rank_environment(rendered, extra_env), timeout_s)
+    with StepFollower(run_dir / LOG_FILE, say or (lambda line: None), prefix=f"[{run_dir.name}] "):
+        returncode = _run_watched(run_dir, argv, rank_environment(rendered, extra_env), timeout_s)
     state, reason = classify(run_dir, returncode)
     if state != COMPLETED or read_status(run_dir).state != COMPLETED:
         write_status(run_dir, state, reason)

@@ -15,9 +15,10 @@ def run_prepared(run_dir: Path, cfg: RunConfig, rendered: RenderedRun, label: st
                  say: Callable[[str], None] = print) -> Tuple[str, str]:
     """(final state, reason) of one prepared run started with its own launcher (`harness run` and the points
     of a local `harness sweep`); W&B files stay inside the run directory. `say` prints a line (the launch
-    command, how the run ended); rank 0's step lines go to the run's launch.log."""
+    command, rank 0's step lines as they come (also kept in launch.log), how the run ended)."""
     label = label or Path(run_dir).name
     say(f"[harness] {label}: {rendered.command_line()}")
-    state, reason = launch_local(rendered, cfg.launcher.timeout_s, wandb_environment(Path(run_dir), cfg.tracking))
+    state, reason = launch_local(rendered, cfg.launcher.timeout_s, wandb_environment(Path(run_dir), cfg.tracking),
+                                 say=say)
     say(f"[harness] {Path(run_dir).name}: {state} {reason}".rstrip())
     return state, reason

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional
 
 from harness.plan.utilization import mfu
 
-# The launcher echoes the lines that start with this to the console (harness/launch/local.py).
+# The harness echoes the lines that start with this from launch.log to the console (harness/launch/follow.py).
 PROGRESS_PREFIX = "[step "
 # W&B history keys, each with its unit; `step` is the x-axis of every chart.
 STEP_KEY = "step"

@@ -86,6 +86,9 @@ def test_rank0_prints_a_live_line_per_step_kept_in_launch_log(default_run):
     assert logged[-1].startswith(f"[step {total}/{total}] loss ") and "tokens/s | MFU " in logged[-1]
     assert " MiB" in logged[-1] or " GiB" in logged[-1]
     assert "[harness]" in (run_dir / "cli.log").read_text()
+    # The same lines reach the console while the run goes, prefixed with the run's name.
+    echoed = [line.split("] ", 1)[1] for line in proc.stdout.splitlines() if line.startswith(f"[{run_dir.name}] [step ")]
+    assert echoed == logged
 
 
 def test_wandb_history_is_written_per_step_while_the_run_trains(default_run):
