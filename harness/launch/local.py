@@ -7,9 +7,11 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun
 from harness.launch.follow import StepFollower
 from harness.launch.run_lock import RunLock, live_holder
@@ -32,6 +34,11 @@ from harness.rundir import (
 )
 
 LOG_FILE = LAUNCH_LOG
+LOOPBACK = "127.0.0.1"
+# A prepared local run's line names torch.distributed's default port; every launch takes a free one.
+DEFAULT_PORT = 29500
+# The launchers' rendezvous port flags (harness.engines.rendered.launcher_argv).
+PORT_FLAGS = ("--master_port", "--main_process_port")
 
 
 def free_port() -> int:
@@ -47,12 +54,29 @@ def resolve_executable(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def rank_environment(rendered: RenderedRun, extra: Dict[str, str]) -> Dict[str, str]:
+def on_this_machine(rendered: RenderedRun, port: int) -> RenderedRun:
+    """The run as this machine starts it: node 0, rendezvous on the loopback address at `port` (the line of
+    an earlier local launch gets the new port). A local run's rendered.json holds this line."""
+    argv = rendered.argv_for("0", LOOPBACK, str(port))
+    for index, token in enumerate(argv[:-1]):
+        if token in PORT_FLAGS:
+            argv[index + 1] = str(port)
+    return replace(rendered, argv=argv)
+
+
+def for_backend(cfg: RunConfig, rendered: RenderedRun) -> RenderedRun:
+    """What a prepared run's rendered.json holds: a local run's concrete line, or the placeholders the
+    Slurm job script fills on each node."""
+    return on_this_machine(rendered, DEFAULT_PORT) if cfg.launcher.backend == "local" else rendered
+
+
+def rank_environment(rendered: RenderedRun, extra: Dict[str, str], threads: int = 1) -> Dict[str, str]:
+    """The launcher's environment; `threads` per rank (harness.launch.threads) unless the caller set
+    OMP_NUM_THREADS."""
     env = dict(os.environ)
     env.update(rendered.env)
     env.update(extra)
-    # One intra-op thread per rank: the ranks share this machine's cores.
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OMP_NUM_THREADS", str(threads))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -122,19 +146,24 @@ def _wait_through_interrupts(process: subprocess.Popen) -> None:
 
 
 def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str],
-                 say: Optional[Callable[[str], None]] = None) -> Tuple[str, str]:
-    """Run a rendered single-node launch to its final state; `say` gets rank 0's step lines as they come."""
+                 say: Optional[Callable[[str], None]] = None, threads: int = 1,
+                 announce: Callable[[str], None] = lambda line: None) -> Tuple[str, str]:
+    """Run a rendered single-node launch to its final state on a free port (saved in rendered.json, and
+    `announce`d); `threads` per rank (harness.launch.threads); `say` gets rank 0's step lines as they come."""
     if rendered.nnodes != 1:
         raise ValueError(f"launcher=local starts one node; cluster.nodes={rendered.nnodes} needs launcher=slurm")
     run_dir = Path(rendered.run_dir)
     holder = live_holder(run_dir)
     if holder:  # a launch of this run is alive (a resumed sweep, a second `harness run`): leave it be
         return RUNNING, f"not started again: {holder}"
-    argv = rendered.argv_for("0", "127.0.0.1", str(free_port()))
+    rendered = on_this_machine(rendered, free_port())
+    rendered.save()
+    announce(rendered.command_line())
+    argv = list(rendered.argv)
     argv[0] = resolve_executable(argv[0])
     (run_dir / LOG_FILE).write_bytes(b"")
     with StepFollower(run_dir / LOG_FILE, say or (lambda line: None), prefix=f"[{run_dir.name}] "):
-        returncode = _run_watched(run_dir, argv, rank_environment(rendered, extra_env), timeout_s)
+        returncode = _run_watched(run_dir, argv, rank_environment(rendered, extra_env, threads), timeout_s)
     state, reason = classify(run_dir, returncode)
     if state != COMPLETED or read_status(run_dir).state != COMPLETED:
         write_status(run_dir, state, reason)

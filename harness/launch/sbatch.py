@@ -23,6 +23,7 @@ from harness import REPO_ROOT
 from harness.config.checks import sbatch_option_problems
 from harness.config.schema import RunConfig
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, PORT_BASE, PORT_SPAN, RenderedRun
+from harness.launch.threads import JOB_CPUS_LINE, thread_rule
 from harness.rundir import JOB_SCRIPT, SWEEP_SLURM_DIR, write_text
 
 TEMPLATE_DIR = REPO_ROOT / "slurm" / "templates"
@@ -216,6 +217,8 @@ def render_job_script(cfg: RunConfig, rendered: RenderedRun, extra_env: Optional
         env_setup=check_env_setup(cfg.launcher.env_setup),
         env=script_environment({**rendered.env, **(extra_env or {})}),
         nccl=nccl_environment(cfg),
+        threads=thread_rule(cfg),
+        job_cpus_line=JOB_CPUS_LINE,
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
         nnodes=rendered.nnodes,
