@@ -13,6 +13,7 @@ from harness.config.schema import RunConfig
 from harness.engines import engine_module
 from harness.engines.rendered import RenderedRun
 from harness.launch.grid import UsageError, grid_points, make_unique_dir
+from harness.launch.local import for_backend
 from harness.launch.prepare import prepare_run
 from harness.launch.sbatch import check_name, check_run_dir
 from harness.rundir import (
@@ -59,7 +60,7 @@ def prepare_point(cfg: RunConfig, run_dir: Path, overrides: List[str]) -> Point:
 def render_pruned(point: Point) -> Point:
     """--submit-pruned: render what the planner rejected, and run it anyway."""
     try:
-        rendered = engine_module(point.cfg.engine.name).render(point.cfg, point.run_dir)
+        rendered = for_backend(point.cfg, engine_module(point.cfg.engine.name).render(point.cfg, point.run_dir))
     except Exception as error:
         write_status(point.run_dir, PRUNED, f"{point.reason}; and the engine cannot render it: {error}")
         return point

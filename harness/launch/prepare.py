@@ -12,6 +12,7 @@ from harness.config.hub import HubUnreachable, fetch_hub_config
 from harness.config.schema import RunConfig
 from harness.engines import engine_module
 from harness.engines.rendered import RenderedRun
+from harness.launch.local import for_backend
 from harness.plan.construction import model_init_mode
 from harness.plan.planner import Plan, make_plan
 from harness.rundir import CONFIG_FILE, PENDING, PLAN_FILE, PRUNED, Predicted, write_json, write_status
@@ -113,7 +114,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
         if prune:
             return PreparedRun(run_dir, cfg, plan, None)
         raise RunRejected("the run was not launched:\n  - " + "\n  - ".join(errors))
-    rendered = engine.render(cfg, run_dir)
+    rendered = for_backend(cfg, engine.render(cfg, run_dir))
     rendered.save()
     if getattr(engine, "EXPORT_ONLY", False):
         # Export engines (Megatron-LM) write a command line for the user's own cluster; nothing runs here.
