@@ -34,9 +34,22 @@ def scancel(job_keys: Sequence[str]) -> None:
         slurm_command(["scancel", *job_keys])
 
 
-def squeue_jobs() -> List[Dict[str, Any]]:
-    """Every job slurmctld still holds, finished ones included (22.05: --json ignores -j/-t filters)."""
-    return json.loads(slurm_command(["squeue", "--json"]))["jobs"]
+def squeue_jobs(job_ids: Sequence[str]) -> List[Dict[str, Any]]:
+    """The given jobs (array ids cover their tasks) as slurmctld still holds them, finished ones included.
+
+    Only these ids are asked for: a controller shared by every user answers one sweep's jobs, not the
+    whole queue. 22.05 ignores `--jobs` under `--json` and answers every job; callers index by id either
+    way. An id slurmctld has already forgotten makes squeue fail ("Invalid job id"): none is held then.
+    """
+    if not job_ids:
+        return []
+    try:
+        out = slurm_command(["squeue", f"--jobs={','.join(sorted(set(job_ids)))}", "--json"])
+    except SlurmError as error:
+        if "Invalid job id" in str(error):
+            return []
+        raise
+    return json.loads(out)["jobs"]
 
 
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "DerivedExitCode", "NodeList", "Start", "End")

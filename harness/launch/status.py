@@ -2,8 +2,8 @@
 
 The ranks and the job's hooks write what they know (RUNNING, COMPLETED with metrics.json, a rank's
 error with its `out_of_memory` flag, the launcher's exit code). What only Slurm knows (still queued,
-requeued, time limit, scancel, memory-limit kill, node failure) comes from `squeue --json` and, once
-squeue has forgotten a job, `sacct`. Only final states are written back, and only into the run's own
+requeued, time limit, scancel, memory-limit kill, node failure) comes from `squeue --jobs=<the sweep's
+job ids> --json` and, once squeue has forgotten a job, `sacct`. Only final states are written back, and only into the run's own
 `status.json`; log text is never read.
 """
 
@@ -323,6 +323,12 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
 # ---------------------------------------------------------------------------------------- a sweep
 
 
+def queried_ids(submissions: Iterable[Optional[Mapping[str, Any]]]) -> List[str]:
+    """The job ids to ask squeue for: each array once (its tasks come with it), each single job."""
+    ids = {str(sub.get("array_job_id") or sub.get("job_id")) for sub in submissions if sub}
+    return sorted(ids - {"None", ""})
+
+
 def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]:
     """Every run's state; final states learnt from Slurm are written into that run's status.json."""
     records = {run: read_job_record(run) for run in run_dirs}
@@ -330,7 +336,7 @@ def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]
     index, answered = SlurmIndex(), False
     if query_slurm and any(submissions.values()):
         try:
-            index, answered = SlurmIndex(slurm_commands.squeue_jobs()), True
+            index, answered = SlurmIndex(slurm_commands.squeue_jobs(queried_ids(submissions.values()))), True
         except slurm_commands.SlurmError as error:
             print(f"[harness] squeue failed, showing the run directories' own state: {error}")
         missing = [run for run, sub in submissions.items() if sub and answered and index.squeue_view(sub) is None

@@ -32,7 +32,11 @@ from harness.rundir import (
 from harness.runtime.sinks import wandb_environment
 
 RESUBMIT_STATES = (FAILED, OOM, TIMEOUT, CANCELLED)
-POLL_S = 5.0  # seconds between two looks at Slurm while a sweep or run is followed
+# Seconds between two looks at Slurm (squeue, then sacct for forgotten jobs) while a sweep or run is
+# followed. Each look is an RPC to a controller every user of the cluster shares, and a benchmark job
+# runs for minutes: 30 s adds at most 30 s to a wait (Snakemake's Slurm executor checks job status every
+# 30 s for the same reason: snakemake/snakemake#2136). --poll=SECONDS changes it (tests use 1).
+POLL_S = 30.0
 # Writes the sweep's summary and reports; returns {run name: layout label} and the lines to print.
 Reporter = Callable[[Path], Tuple[Dict[str, str], List[str]]]
 

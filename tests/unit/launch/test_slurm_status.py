@@ -194,7 +194,7 @@ def test_refresh_writes_only_final_states_into_each_runs_own_file(tmp_path, monk
     old = make_run(tmp_path, "003-old", "RUNNING", {"job_key": "50_0", "array_job_id": "50", "array_task_id": 0})
     write_json(old / slurm_mod.JOB_RECORD_FILE, {"job_id": "20", "array_job_id": "50", "array_task_id": "0"})
     asked = []
-    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda: list(SQUEUE.values()))
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: list(SQUEUE.values()))
     monkeypatch.setattr(slurm_commands, "sacct_rows", lambda keys: asked.extend(keys) or SACCT_ROWS)
     before = {p: p.stat().st_mtime_ns for p in queued.iterdir()}
     views = {v.run_dir.name: v for v in refresh([ok, bad, queued, old])}
@@ -249,7 +249,50 @@ def test_a_job_sbatch_resubmitted_by_hand_is_followed(tmp_path, monkeypatch):
     run follows job 34, and the old failure does not overwrite the running attempt's status."""
     run = make_run(tmp_path, "run", "RUNNING", {"job_key": "9_1", "array_job_id": "9", "array_task_id": 1})
     write_json(run / slurm_mod.JOB_RECORD_FILE, {"job_id": "34", "array_job_id": None, "array_task_id": None})
-    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda: list(SQUEUE.values()))
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: list(SQUEUE.values()))
     (view,) = refresh([run])
     assert (view.state, view.job_key, view.slurm_state) == ("RUNNING", "34", "RUNNING")
     assert read_status(run).state == "RUNNING"
+
+
+def test_squeue_asks_only_for_the_sweeps_own_jobs(tmp_path, monkeypatch):
+    """One squeue per look, filtered by the sweep's job ids (each array once, a job re-submitted by hand
+    too); an id slurmctld has forgotten ('Invalid job id') leaves sacct to answer."""
+    runs = [make_run(tmp_path, "a", "RUNNING", {"job_key": "9_0", "array_job_id": "9", "array_task_id": 0}),
+            make_run(tmp_path, "b", "RUNNING", {"job_key": "9_1", "array_job_id": "9", "array_task_id": 1}),
+            make_run(tmp_path, "c", "PENDING", {"job_key": "12", "job_id": "12", "array_job_id": None,
+                                               "array_task_id": None}),
+            make_run(tmp_path, "d", "RUNNING", {"job_key": "50_0", "array_job_id": "50", "array_task_id": 0}),
+            make_run(tmp_path, "never-submitted")]
+    write_json(runs[3] / slurm_mod.JOB_RECORD_FILE, {"job_id": "34", "array_job_id": None, "array_task_id": None})
+    calls = []
+
+    def fake(argv, timeout=60):
+        calls.append(list(argv))
+        return json.dumps({"jobs": list(SQUEUE.values())})
+
+    monkeypatch.setattr(slurm_commands, "slurm_command", fake)
+    refresh(runs)
+    assert calls[0] == ["squeue", "--jobs=12,34,9", "--json"]
+    assert [call[0] for call in calls].count("squeue") == 1
+    asked = len(calls)
+    assert refresh([runs[-1]]) == refresh([runs[-1]], query_slurm=False)  # nothing submitted: nothing asked
+    assert len(calls) == asked
+
+    def forgotten(argv, timeout=60):
+        calls.append(list(argv))
+        if argv[0] == "squeue":
+            raise slurm_commands.SlurmError("squeue exited 1: slurm_load_jobs error: Invalid job id specified")
+        return "12|j|COMPLETED|0:0|0:0|n1|2026-01-01T00:00:00|2026-01-01T00:01:00\n"
+
+    monkeypatch.setattr(slurm_commands, "slurm_command", forgotten)
+    (view,) = refresh([make_run(tmp_path, "e", "PENDING", {"job_key": "12", "job_id": "12", "array_job_id": None,
+                                                          "array_task_id": None})])
+    assert calls[-1][:2] == ["sacct", "-n"] and view.slurm_state == "COMPLETED"
+
+
+def test_status_is_polled_every_30_s_by_default():
+    from harness.commands.sweep import parse_args
+    from harness.launch.sweep import POLL_S
+
+    assert POLL_S == 30.0 and parse_args([]).poll_s == POLL_S and parse_args(["--poll=1"]).poll_s == 1.0
