@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun
 from harness.launch.follow import StepFollower
+from harness.launch.oom import KillEvidence, cgroup_oom_kills, host_oom
 from harness.launch.run_lock import RunLock, live_holder
 from harness.launch.watchdog import EXIT_TIMEOUT
 from harness.rundir import (
@@ -81,8 +82,9 @@ def rank_environment(rendered: RenderedRun, extra: Dict[str, str], threads: int 
     return env
 
 
-def classify(run_dir: Path, returncode: Optional[int]) -> Tuple[str, str]:
-    """Final state from structured files and the exit code (never from log text)."""
+def classify(run_dir: Path, returncode: Optional[int], oom_kills: int = 0) -> Tuple[str, str]:
+    """Final state from structured files and the exit code (never from log text); `oom_kills`: the rise
+    of the memory cgroup's oom_kill counter during the run (a SIGKILLed launcher then reads as OOM)."""
     if returncode is None or returncode == EXIT_TIMEOUT:
         return TIMEOUT, read_status(run_dir).reason or "local time limit reached (launcher.timeout_s)"
     if returncode == 0 and metrics_written(run_dir):
@@ -95,7 +97,9 @@ def classify(run_dir: Path, returncode: Optional[int]) -> Tuple[str, str]:
     if from_files is not None:
         return from_files
     written = "after writing metrics.json" if metrics_written(run_dir) else "and no metrics.json"
-    return FAILED, f"launcher exited with code {returncode} {written} (see {LOG_FILE})"
+    how = f"launcher exited with code {returncode} {written}"
+    oom = host_oom(KillEvidence(exit_code=returncode, cgroup_oom_kills=oom_kills))
+    return (OOM, f"{oom}; {how}") if oom else (FAILED, f"{how} (see {LOG_FILE})")
 
 
 def first_failure(run_dir: Path) -> Optional[Tuple[str, str]]:
@@ -162,9 +166,10 @@ def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str
     argv = list(rendered.argv)
     argv[0] = resolve_executable(argv[0])
     (run_dir / LOG_FILE).write_bytes(b"")
+    oom_kills = cgroup_oom_kills()
     with StepFollower(run_dir / LOG_FILE, say or (lambda line: None), prefix=f"[{run_dir.name}] "):
         returncode = _run_watched(run_dir, argv, rank_environment(rendered, extra_env, threads), timeout_s)
-    state, reason = classify(run_dir, returncode)
+    state, reason = classify(run_dir, returncode, cgroup_oom_kills() - oom_kills)
     if state != COMPLETED or read_status(run_dir).state != COMPLETED:
         write_status(run_dir, state, reason)
     return state, reason

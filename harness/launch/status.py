@@ -3,8 +3,10 @@
 The ranks and the job's hooks write what they know (RUNNING, COMPLETED with metrics.json, a rank's
 error with its `out_of_memory` flag, the launcher's exit code). What only Slurm knows (still queued,
 requeued, time limit, scancel, memory-limit kill, node failure) comes from `squeue --jobs=<the sweep's
-job ids> --json` and, once squeue has forgotten a job, `sacct`. Only final states are written back, and only into the run's own
-`status.json`; log text is never read.
+job ids> --json` and, once squeue has forgotten a job, `sacct`. Only final states are written back, and
+only into the run's own `status.json`. The one log line ever read is slurmstepd's own out-of-memory line
+in the job's `slurm-<job>.out` (harness.launch.oom): in linuxproc mode nothing else tells Slurm's
+memory-limit kill from any other SIGKILL.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rich.table import Table
 
 from harness.launch import slurm_commands
 from harness.launch.job_records import read_job_record, read_submission
+from harness.launch.oom import SIG_OOM, SIGKILL, KillEvidence, host_oom, job_logs, slurmstepd_oom_line
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
@@ -48,10 +51,6 @@ SLURM_WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD",
 SLURM_ACTIVE = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"})
 SLURM_FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
                          "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"})
-# Slurm's SIG_OOM (253) is what a step killed by the memory cgroup exits with; exit codes carry the
-# signal in 7 bits, so it shows as signal 125 (DerivedExitCode 0:125 in cgroup mode, measured).
-SIG_OOM = 253 & 0x7F
-SIGKILL = 9
 
 
 @dataclass(frozen=True)
@@ -124,22 +123,31 @@ def _colon_pair(text: str) -> Tuple[int, int]:
 def classify_files(run_dir: Path, returncode: int) -> Tuple[str, str]:
     """Final state from the run's own files and srun's exit code (the job-end hook; no Slurm query)."""
     from_files = state_from_files(run_dir)
+    if from_files is not None and from_files[0] != FAILED:
+        return from_files
+    job = os.environ.get("SLURM_JOB_ID")
+    log = f"slurm-{job or '<job id>'}.out"
+    line = slurmstepd_oom_line(job_logs(run_dir, [job]))
+    oom = host_oom(KillEvidence(exit_code=returncode, slurmstepd_line=line))
+    if oom:
+        return OOM, oom + (f"; {from_files[1]}" if from_files else "")
     if from_files is not None:
         return from_files
-    log = f"slurm-{os.environ.get('SLURM_JOB_ID', '<job id>')}.out"
     how = f"srun exited with code {returncode}"
     if returncode == 128 + SIGKILL:
         how += " (a task was SIGKILLed: also how Slurm without the memory cgroup enforces --mem)"
     return FAILED, f"{how} and no metrics.json was written (see {log})"
 
 
-def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError]) -> Tuple[str, str]:
+def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError],
+             slurmstepd_line: str = "") -> Tuple[str, str]:
     """A run's state from Slurm's view of its job and the run's own files.
 
     Precedence: a measurement (metrics.json) is COMPLETED whatever happened after it; then what Slurm
     did to the job (scancel, time limit) — rank errors are only its consequences; then out-of-memory,
-    from a rank's error record or from Slurm (OUT_OF_MEMORY, or a step that ended with SIG_OOM); then a
-    rank's error; then how Slurm saw the job end.
+    from a rank's error record or on the host (harness.launch.oom: OUT_OF_MEMORY, a step that ended with
+    SIG_OOM, slurmstepd's oom-kill or memory-limit line in the job's log); then a rank's error; then how
+    Slurm saw the job end.
     """
     if has_metrics:
         return COMPLETED, ""
@@ -155,10 +163,12 @@ def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError]) ->
     failure = rank_failure(errors)
     if failure is not None and failure[0] == OOM:
         return failure
-    if view.state == "OUT_OF_MEMORY":
-        return OOM, f"slurm job {view.job_id}: OUT_OF_MEMORY (over its --mem, killed by the memory cgroup)"
-    if SIG_OOM in (view.exit_signal, view.derived_signal):
-        return OOM, f"slurm job {view.job_id}: a step was killed by the memory cgroup (exit signal {SIG_OOM} = SIG_OOM)"
+    signals = (view.exit_signal, view.derived_signal)
+    oom = host_oom(KillEvidence(signal=SIG_OOM if SIG_OOM in signals else view.exit_signal or view.derived_signal,
+                                exit_code=view.exit_status or view.derived_status,
+                                slurm_state=view.state, slurm_job=view.job_id, slurmstepd_line=slurmstepd_line))
+    if oom:
+        return OOM, oom
     if failure is not None:
         return failure
     if view.state in ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL"):
@@ -308,7 +318,10 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
         errors = read_errors(run_dir)
     except CorruptFile as error:
         return RunView(run_dir, CORRUPT, f"corrupt run directory: {error}", key), False
-    new_state, new_reason = classify(slurm, metrics_written(run_dir), errors)
+    line = ""
+    if slurm.final and not metrics_written(run_dir):  # the job's own log, for slurmstepd's OOM line
+        line = slurmstepd_oom_line(job_logs(run_dir, [slurm.job_id, (job_record or {}).get("job_id")]))
+    new_state, new_reason = classify(slurm, metrics_written(run_dir), errors, line)
     seen = dict(job_key=key, slurm_state=slurm.state, start=slurm.start, end=slurm.end)
     if not slurm.final:
         requeued = slurm.restart_count > int((job_record or {}).get("restart_count") or 0)

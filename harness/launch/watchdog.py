@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 
 import psutil
 
+from harness.launch.oom import KillEvidence, cgroup_oom_kills, host_oom
 from harness.rundir import CANCELLED, ERRORS_DIR, LAUNCH_LOG, TIMEOUT, RankError, write_json, write_status
 from harness.runtime.lifecycle import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
@@ -30,9 +31,6 @@ EXIT_STOPPED = 130  # the harness died or asked the run to stop
 POLL_S = 0.02  # short enough to see a dead rank before its launcher reaps it (torchrun polls every 0.1 s)
 DISCOVER_EVERY = 5
 GRACE_S = 10.0  # SIGTERM, then SIGKILL: ranks get this long to flush
-# A SIGKILL of a rank while the host had less than this fraction of its memory free reads as the kernel's
-# OOM killer (it sends SIGKILL and only under memory pressure).
-OOM_AVAILABLE_FRACTION = 0.10
 
 
 class Stop(Exception):
@@ -126,9 +124,10 @@ def _signal(process: psutil.Process, signum: int) -> None:
         pass
 
 
-def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int) -> None:
+def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int, oom_kills: int = 0) -> None:
     """errors/rank<N>.json for each rank that died without writing its own (a signal leaves no record),
-    stamped with the last time it was seen alive so the first failure sorts first."""
+    stamped with the last time it was seen alive so the first failure sorts first. `oom_kills`: how far
+    the memory cgroup's oom_kill counter rose during the run (harness.launch.oom decides what is OOM)."""
     for seen in gone:
         path = run_dir / ERRORS_DIR / f"rank{seen.rank}.json"
         status = seen.exit_status
@@ -136,13 +135,13 @@ def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int)
             continue
         signum = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
         name = signal.Signals(signum).name if signum else "killed"
-        oom = signum in (None, signal.SIGKILL) and seen.available < OOM_AVAILABLE_FRACTION * total_memory
+        oom = host_oom(KillEvidence(signal=signum, cgroup_oom_kills=oom_kills, host_available=seen.available,
+                                    host_total=total_memory))
         how = f"exit signal {signum} ({name})" if signum else "ended without an error record or exit status"
         evidence = (f"; host memory available {seen.available / 2**30:.2f} of {total_memory / 2**30:.2f} GiB, "
                     f"rank RSS {seen.rss / 2**30:.2f} GiB at the last sample")
-        message = (f"{how}{evidence}" + ("; out of memory (host): the kernel's OOM killer sends SIGKILL"
-                                           if oom else ""))
-        write_json(path, RankError(seen.rank, name, message, oom).to_dict())
+        message = f"{how}{evidence}" + (f"; {oom}" if oom else "")
+        write_json(path, RankError(seen.rank, name, message, oom is not None).to_dict())
         os.utime(path, (seen.last_alive, seen.last_alive))
 
 
@@ -153,6 +152,7 @@ def supervise(run_dir: Path, harness_pid: int, timeout_s: float, argv: List[str]
         launcher = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     tree = Tree(launcher)
     total_memory = psutil.virtual_memory().total
+    oom_kills_before = cgroup_oom_kills()
     try:
         while launcher.poll() is None:
             if os.getppid() != harness_pid:
@@ -168,7 +168,7 @@ def supervise(run_dir: Path, harness_pid: int, timeout_s: float, argv: List[str]
         write_status(run_dir, CANCELLED, f"stopped: {stop}")
         return EXIT_STOPPED
     tree.sample()
-    record_signal_deaths(run_dir, tree.gone, total_memory)
+    record_signal_deaths(run_dir, tree.gone, total_memory, cgroup_oom_kills() - oom_kills_before)
     kill_tree(os.getpid(), grace_s=2.0)  # anything the launcher left behind
     return launcher.returncode
 
