@@ -38,7 +38,7 @@ RESULT_COLUMNS: Sequence[Tuple[str, str, str]] = (
     ("mem_predicted_state_activation_gib", "mem predicted params+grads+opt+act", "gib"),
     ("mem_ratio", "mem meas/pred", "ratio"), ("mem_allocated_peak_gib", "mem allocator peak", "gib"),
     ("mem_predicted_gib", "mem predicted total", "gib"), ("device_memory_gib", "device mem", "gib"),
-    ("tflops_per_device", "TFLOP/s/device", "float"), ("loss_first", "loss first", "float"),
+    ("tflop_per_s_per_device", "TFLOP/s/device", "float"), ("loss_first", "loss first", "float"),
     ("loss_final", "loss final", "float"),
     ("run", "run", "text"), ("engine", "engine", "text"), ("model", "model", "text"), ("cluster", "cluster", "text"),
     ("world_size", "devices", "int"), ("dp_replicate", "dp_rep", "int"), ("dp_shard", "dp_shard", "int"),
@@ -177,7 +177,7 @@ def peak_caption(frame: pd.DataFrame) -> str:
     """Warn when MFU divides by peaks measured run by run (CPU), which makes runs' MFU hard to compare."""
     done = frame[frame["status"] == COMPLETED]
     measured = done[done["peak_flops_source"].astype(str).str.startswith("measured")]
-    peaks = [p for p in (plots.num(v) for v in measured["peak_flops_per_device"]) if p]
+    peaks = [p for p in (plots.num(v) for v in measured["peak_flop_per_s_per_device"]) if p]
     if len(peaks) < 2 or max(peaks) < 1.1 * min(peaks):
         return ""
     return (f"MFU here divides by a peak FLOP/s measured in each run (a matmul micro-benchmark run beside that "

@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from harness.plan.peak import device_memory_gib
+from harness.plan.units import format_bytes
 from harness.report.predicted import GIB, plan_messages, prediction
 from harness.rundir import (
     CANCELLED,
@@ -46,8 +47,8 @@ LIST_COLUMNS = ("step_times_s",)
 STATUS_ORDER = {COMPLETED: 0, RUNNING: 1, PENDING: 2, OOM: 3, FAILED: 4, TIMEOUT: 5, CANCELLED: 6, CORRUPT: 7,
                 PRUNED: 8}
 # Measured scalars copied as they are.
-MEASURED_COLUMNS = ("tokens_per_s", "tokens_per_s_per_device", "step_time_s", "tflops_per_device", "mfu", "hfu",
-                    "peak_flops_per_device", "peak_flops_source", "param_bytes", "grad_bytes", "optimizer_bytes",
+MEASURED_COLUMNS = ("tokens_per_s", "tokens_per_s_per_device", "step_time_s", "tflop_per_s_per_device", "mfu", "hfu",
+                    "peak_flop_per_s_per_device", "peak_flops_source", "param_bytes", "grad_bytes", "optimizer_bytes",
                     "activation_bytes", "loss_first", "loss_final")
 PREDICTED_BYTES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
 
@@ -285,14 +286,21 @@ def write_summary(sweep_dir: Path) -> pd.DataFrame:
     return frame
 
 
-# Terminal columns: (column, header, format).
+def _gib_cell(gib: float) -> str:
+    return format_bytes(gib * GIB)
+
+
+# Terminal columns: (column, header, format string or function).
 TERMINAL_COLUMNS: Sequence[tuple] = (
     ("series", "sweep", "{}"), ("run", "run", "{}"), ("label", "layout", "{}"), ("status", "status", "{}"),
     ("world_size", "devs", "{:.0f}"), ("tokens_per_s", "tok/s", "{:,.0f}"),
     ("tokens_per_s_per_device", "tok/s/dev", "{:,.0f}"), ("step_time_s", "step s", "{:.4g}"),
-    ("tflops_per_device", "TFLOP/s/dev", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
-    ("mfu_predicted", "MFU pred", "{:.1%}"), ("mem_measured_gib", "mem GiB", "{:.3g}"),
-    ("mem_predicted_gib", "pred GiB", "{:.3g}"), ("mem_ratio", "mem meas/pred", "{:.2f}"),
+    ("tflop_per_s_per_device", "TFLOP/s/dev", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
+    ("mfu_predicted", "MFU pred", "{:.1%}"),
+    # Like with like: the measured state + activation bytes of the largest rank, the same four terms
+    # predicted, and their ratio; each in MiB or GiB by magnitude.
+    ("mem_state_activation_gib", "mem", _gib_cell), ("mem_predicted_state_activation_gib", "mem pred", _gib_cell),
+    ("mem_ratio", "mem/pred", "{:.2f}"),
     ("loss_final", "loss", "{:.4g}"), ("reason", "reason", "{}"),
 )
 
@@ -313,6 +321,8 @@ def print_table(frame: pd.DataFrame, title: str = "") -> None:
 def _cell(value: Any, fmt: str = "") -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "-"
+    if callable(fmt):
+        return fmt(value)
     if fmt and fmt != "{}":
         try:
             return fmt.format(value)

@@ -78,6 +78,11 @@ class RankError:
         return f"rank {self.rank}: {self.type}: {self.message[:300]}"
 
 
+# Keys of run directories written before every key carried its unit: read back under the new name.
+OLD_MEASURED_KEYS = {"tflops_per_device": "tflop_per_s_per_device",
+                     "peak_flops_per_device": "peak_flop_per_s_per_device"}
+
+
 @dataclass
 class Measured:
     """Measured on the ranks and reduced across them; units are in the names."""
@@ -86,10 +91,10 @@ class Measured:
     tokens_per_s_per_device: float
     step_time_s: float  # median of the timed steps
     step_times_s: List[float]
-    tflops_per_device: float
+    tflop_per_s_per_device: float
     mfu: Optional[float]  # None when the accelerator's peak is unknown
     hfu: Optional[float]
-    peak_flops_per_device: Optional[float]
+    peak_flop_per_s_per_device: Optional[float]
     peak_flops_source: str  # "datasheet:<key>", "measured:cpu-matmul" or "unknown"
     # Bytes held by each rank (max over ranks): exact sums of tensor storage.
     param_bytes: int
@@ -110,7 +115,8 @@ class Measured:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Measured":
-        return cls(**_known(cls, data, "measured"))
+        renamed = {OLD_MEASURED_KEYS.get(key, key): value for key, value in data.items()}
+        return cls(**_known(cls, renamed, "measured"))
 
 
 @dataclass

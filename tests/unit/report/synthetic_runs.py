@@ -74,9 +74,9 @@ def measured(step_time_s: float, world: int, tokens_per_step: int, seed: int = 0
                  "peak_flops": peak} for r in range(world)]
     return Measured(
         tokens_per_s=tokens_per_s, tokens_per_s_per_device=tokens_per_s / world, step_time_s=step,
-        step_times_s=step_times, tflops_per_device=tokens_per_s * FLOPS_PER_TOKEN / world / 1e12,
+        step_times_s=step_times, tflop_per_s_per_device=tokens_per_s * FLOPS_PER_TOKEN / world / 1e12,
         mfu=tokens_per_s * FLOPS_PER_TOKEN / (peak * world), hfu=tokens_per_s * FLOPS_PER_TOKEN / (peak * world),
-        peak_flops_per_device=peak, peak_flops_source="measured:cpu-matmul", param_bytes=213632,
+        peak_flop_per_s_per_device=peak, peak_flops_source="measured:cpu-matmul", param_bytes=213632,
         grad_bytes=106816, optimizer_bytes=640896, activation_bytes=832004 + 1000 * (world - 1), host_bytes=0,
         peak_allocated_bytes=peak_allocated_bytes, losses=losses, loss_first=losses[0], loss_final=losses[-1],
         per_rank=per_rank)

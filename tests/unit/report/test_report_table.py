@@ -26,7 +26,7 @@ EXPECTED_COLUMNS = [
     "sweep", "run", "label", "status", "reason", "engine", "model", "cluster", "world_size", "layout",
     "dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch", "grad_accum", "seq_len",
     "activation_checkpointing", "precision", "tokens_per_s", "tokens_per_s_per_device", "step_time_s",
-    "tflops_per_device", "mfu", "hfu", "flop_convention", "mem_state_activation_gib", "mem_allocated_peak_gib",
+    "tflop_per_s_per_device", "mfu", "hfu", "flop_convention", "mem_state_activation_gib", "mem_allocated_peak_gib",
     "mem_measured_gib", "mem_predicted_gib", "mem_ratio", "mfu_predicted", "mfu_ratio", "device_memory_gib",
     "fits", "loss_final", "step_times_s",
 ]

@@ -35,7 +35,7 @@ def _rows_and_summary(payload):
     timed = [None] * WARMUP_STEPS + measured["step_times_s"]
     tracker = Rows()
     reporter = StepReporter(0, len(timed), WARMUP_STEPS, payload["tokens_per_step"], payload["flops_per_token"],
-                            payload["world_size"], tracker, None, measured["peak_flops_per_device"])
+                            payload["world_size"], tracker, None, measured["peak_flop_per_s_per_device"])
     reporter.metered_bytes = measured["param_bytes"] + measured["activation_bytes"]
     for step, (loss, seconds) in enumerate(zip(measured["losses"], timed)):
         reporter(step, loss, seconds)
@@ -94,9 +94,9 @@ def test_history_holds_every_loss_and_timed_step(offline_run):
     assert timed == pytest.approx(measured["step_times_s"], rel=1e-12)
 
 
-@pytest.mark.parametrize("key", ["tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu", "hfu",
+@pytest.mark.parametrize("key", ["tokens_per_s", "tokens_per_s_per_device", "tflop_per_s_per_device", "mfu", "hfu",
                                  "param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
-                                 "loss_first", "loss_final", "peak_flops_per_device"])
+                                 "loss_first", "loss_final", "peak_flop_per_s_per_device"])
 def test_summary_holds_the_measured_numbers(offline_run, key):
     _, path, payload, _ = offline_run
     _, summary = read_offline_run(path)

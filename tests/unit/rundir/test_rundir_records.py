@@ -29,7 +29,8 @@ from harness.rundir import (
 def measured() -> Measured:
     return Measured(
         tokens_per_s=1000.0, tokens_per_s_per_device=500.0, step_time_s=0.5, step_times_s=[0.5, 0.6],
-        tflops_per_device=1.5, mfu=0.3, hfu=None, peak_flops_per_device=5e12, peak_flops_source="measured:cpu-matmul",
+        tflop_per_s_per_device=1.5, mfu=0.3, hfu=None, peak_flop_per_s_per_device=5e12,
+        peak_flops_source="measured:cpu-matmul",
         param_bytes=10, grad_bytes=20, optimizer_bytes=40, activation_bytes=80, host_bytes=0,
         peak_allocated_bytes=None, losses=[5.5, 5.4], loss_first=5.5, loss_final=5.4,
         per_rank=[{"rank": 0, "param_bytes": 10}], nvme_bytes=3,
@@ -105,3 +106,10 @@ def test_a_standin_result_carries_its_recipe_and_what_it_did_not_execute(tmp_pat
     original.standin = {"of": "gpu_x", "not_executed": ["NCCL collectives (gloo carries them)"]}
     write_metrics(tmp_path, original)
     assert read_metrics(tmp_path).standin == original.standin
+
+
+def test_metrics_written_before_the_unit_renames_read_back_under_the_new_keys(tmp_path):
+    old = measured().to_dict()
+    old["tflops_per_device"] = old.pop("tflop_per_s_per_device")
+    old["peak_flops_per_device"] = old.pop("peak_flop_per_s_per_device")
+    assert Measured.from_dict(old) == measured()
