@@ -1,19 +1,13 @@
-"""Engines: each turns a Plan into backend files and a launch line (`render`), and wraps the model (`apply`)."""
+"""Engines: each has a launch side (`check`, `render`: pure, writes the engine's files and launch line) and, unless
+export only, a rank side (`construct`, `apply` -> session) — the protocols in `contract.py`, the engines in
+`registry.py`."""
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
-ENGINE_MODULES = {
-    "deepspeed": "harness.engines.deepspeed",
-    "fsdp": "harness.engines.fsdp",
-    "nd": "harness.engines.nd",
-    "megatron_lm": "harness.engines.megatron_lm",
-}
+from harness.engines.contract import LaunchSide
+from harness.engines.registry import launch_side
 
 
-def engine_module(name: str) -> ModuleType:
-    if name not in ENGINE_MODULES:
-        raise ValueError(f"engine.name={name!r} is not one of {sorted(ENGINE_MODULES)}")
-    return importlib.import_module(ENGINE_MODULES[name])
+def engine_module(name: str) -> LaunchSide:
+    """The launch side of engine `name` (what run preparation calls: check, render)."""
+    return launch_side(name)

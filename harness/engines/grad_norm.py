@@ -8,11 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-
-def local_shard(tensor):
-    """The tensor this rank stores: a DTensor's local shard (its storage, so in-place ops reach the DTensor),
-    any other tensor itself."""
-    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+from harness.engines.shards import local_shard
 
 
 def shard_count(grad) -> int:

@@ -8,6 +8,8 @@ DTensor TP, FSDP2), and only then does each rank allocate and initialise the loc
 
 from __future__ import annotations
 
+import torch
+
 
 def materialize(module, model, device, seed: int) -> None:
     """Allocate `module`'s parameters and buffers on `device` (local shards for DTensors) and initialise
@@ -18,8 +20,6 @@ def materialize(module, model, device, seed: int) -> None:
     where the device has an RNG tracker (CUDA), so a sharded weight equals the unsharded init and replicas
     agree; on CPU each shard draws the same local stream (replicas still agree; shards repeat values,
     which changes nothing a benchmark measures)."""
-    import torch
-
     module.to_empty(device=device)
     for tensor in (*module.parameters(), *module.buffers()):
         # transformers marks tensors it initialised at construction (here: on meta) and skips them later.

@@ -1,6 +1,6 @@
 """megatron_lm (export only): the Megatron-LM `pretrain_gpt.py` command line for a layout and an HF model shape.
 
-The harness never launches it (`EXPORT_ONLY`): `render` writes `megatron_args.sh` (a runnable script with data
+The harness never launches it (export only): `render` writes `megatron_args.sh` (a runnable script with data
 and checkpoint hints) and `megatron_args.json` (the same flags as data) for users who run Megatron-LM itself.
 Flags follow Megatron-LM core_r0.16 (megatron-core 0.16); `check` restates the argument rules of
 `megatron/training/arguments.py::validate_args` and of megatron.core's TransformerConfig that a layout can break.
@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from harness.config.schema import RunConfig
+from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, PORT_BASE, PORT_SPAN, RenderedRun
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import ParallelDims
 from harness.rundir import MEGATRON_ARGS_FILE, MEGATRON_SCRIPT_FILE, write_text
 
-# The planner and launchers refuse to start this engine: it has no `apply`.
-EXPORT_ONLY = True
 SCRIPT_FILE = MEGATRON_SCRIPT_FILE
 ARGS_FILE = MEGATRON_ARGS_FILE
 # Megatron-LM schedules: 1F1B without virtual stages, interleaved 1F1B with them.
@@ -154,9 +153,9 @@ def _training_flags(cfg: RunConfig) -> Flags:
         "--lr-decay-style": "constant",
         "--weight-decay": bench.weight_decay,
         "--clip-grad": bench.grad_clip,
-        "--adam-beta1": 0.9,
-        "--adam-beta2": 0.95,
-        "--adam-eps": 1e-8,
+        "--adam-beta1": ADAMW_BETAS[0],
+        "--adam-beta2": ADAMW_BETAS[1],
+        "--adam-eps": ADAMW_EPS,
         "--seed": bench.seed,
         "--log-interval": 1,
         "--log-throughput": True,
@@ -311,7 +310,7 @@ def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
     write_text(script, _script(cfg, flags), executable=True)
     write_text(run_dir / ARGS_FILE, json.dumps({"flags": flags, "argv": flags_to_argv(flags)}, indent=2) + "\n")
     cluster = cfg.cluster
-    # Documentation only: EXPORT_ONLY tells the launchers never to run this line.
+    # Documentation only: the registry marks this engine export only, so the launchers never run this line.
     argv = [
         "torchrun", "--nnodes", str(cluster.nodes), "--nproc_per_node", str(cluster.accelerators_per_node),
         "--node_rank", NODE_RANK, "--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT,

@@ -1,6 +1,6 @@
 """The nd engine's layout as plain data (no torch): device mesh, TP plan per family, pipeline split, checks.
 
-Everything here is JSON: `nd.render` writes it to `nd_plan.json`, `nd.apply` builds the torch objects from
+Everything here is JSON: `nd.render` writes it to `nd_plan.json`, `nd_session.apply` builds the torch objects from
 that file, and the unit tests (and the planner) read the same functions without importing torch.
 """
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.config.schema import LayoutConfig, RunConfig
+from harness.engines.optimizer import adamw_settings
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import MESH_DIMS, ParallelDims
 from harness.plan.pipeline import V_SCHEDULES, pipeline_problems, stage_layer_counts, stage_to_rank
@@ -21,8 +22,6 @@ MOE_FAMILIES = ("mixtral",)  # attention tensor-parallel; the MoE block is repli
 TP_FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 
 REPLICATE, SHARD_SEQ, SHARD_LAST = "Replicate()", "Shard(1)", "Shard(-1)"
-# AdamW as every engine of the harness configures it (DeepSpeed's ds_config holds the same betas and eps).
-ADAMW_BETAS, ADAMW_EPS = (0.9, 0.95), 1e-8
 
 
 # --------------------------------------------------------------------------------------------- mesh
@@ -203,8 +202,7 @@ def nd_plan(cfg: RunConfig) -> Dict[str, Any]:
         "precision": layout.precision,
         # Without a data-parallel wrapper there is no mixed-precision policy: bf16 runs under autocast.
         "autocast_bf16": layout.precision == "bf16" and data is None,
-        "optimizer": {"type": "AdamW", "lr": cfg.bench.lr, "betas": list(ADAMW_BETAS), "eps": ADAMW_EPS,
-                      "weight_decay": cfg.bench.weight_decay, "grad_clip": cfg.bench.grad_clip},
+        "optimizer": {"type": "AdamW", **adamw_settings(cfg.bench), "grad_clip": cfg.bench.grad_clip},
     }  # fmt: skip
 
 

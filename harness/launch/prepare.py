@@ -10,7 +10,7 @@ from typing import List, Optional
 from harness.config.compose import run_config_to_dict
 from harness.config.hub import HubUnreachable, fetch_hub_config
 from harness.config.schema import RunConfig
-from harness.engines import engine_module
+from harness.engines import engine_module, registry
 from harness.engines.rendered import RenderedRun
 from harness.launch.local import for_backend
 from harness.plan.construction import model_init_mode
@@ -103,7 +103,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
     plan = make_plan(cfg)
     write_json(run_dir / PLAN_FILE, plan_record(plan, cfg.model.init))
     engine = engine_module(cfg.engine.name)
-    engine_errors = engine.check(cfg)[0] if hasattr(engine, "check") and not plan.errors else []
+    engine_errors = engine.check(cfg)[0] if not plan.errors else []
     errors = [*plan.errors, *engine_errors, *launch_problems(cfg)]
     if not errors and plan.fits is False:
         need, have = plan.memory.total_bytes / 2**30, plan.device_memory_bytes / 2**30
@@ -116,7 +116,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
         raise RunRejected("the run was not launched:\n  - " + "\n  - ".join(errors))
     rendered = for_backend(cfg, engine.render(cfg, run_dir))
     rendered.save()
-    if getattr(engine, "EXPORT_ONLY", False):
+    if registry.engine(cfg.engine.name).export_only:
         # Export engines (Megatron-LM) write a command line for the user's own cluster; nothing runs here.
         write_status(run_dir, PRUNED, f"engine={cfg.engine.name} is export only: see {', '.join(rendered.files)}")
         return PreparedRun(run_dir, cfg, plan, None)

@@ -233,7 +233,7 @@ def plan_points(overrides: List[str]) -> List[PlannedPoint]:
     for run, label in zip(composed, labels):
         plan = make_plan(run)
         engine = engine_module(run.engine.name)
-        engine_errors = engine.check(run)[0] if hasattr(engine, "check") and plan.valid else []
+        engine_errors = engine.check(run)[0] if plan.valid else []
         points.append(PlannedPoint(label, plan, [*plan.errors, *engine_errors], list(plan.warnings),
                                    plan_rows([plan])[0]))
     return [*points, *refused]

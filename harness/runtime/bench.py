@@ -17,7 +17,7 @@ from harness.config.compose import run_config_from_dict
 from harness.config.naming import run_label
 from harness.config.schema import RunConfig
 from harness.config.standin import standin_banner
-from harness.engines import engine_module
+from harness.engines.registry import rank_side
 from harness.plan.peak import peak_flops as peak_flops_of
 from harness.plan.utilization import hfu, mfu
 from harness.runtime import device
@@ -162,9 +162,9 @@ def run(run_dir: Path) -> int:
         write_status(run_dir, RUNNING)
         if cfg.standin.of:
             print(standin_banner(cfg.standin.of, cfg.standin.not_executed), flush=True)
-    engine = engine_module(cfg.engine.name)
+    engine = rank_side(cfg.engine.name)
     on_meta = plan.get("model_init") == "meta"
-    if on_meta and hasattr(engine, "construct"):
+    if on_meta and engine.construct is not None:
         model = engine.construct(cfg, run_dir, kind)  # the engine builds it sharded (DeepSpeed's zero.Init)
     else:
         model = build_model(cfg.model.hf_config, cfg.bench.seed, on_meta=on_meta)

@@ -25,7 +25,7 @@ def rank_main(run_dir: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness.engines import engine_module
+    from harness.engines.registry import rank_side
     from harness.runtime import device
     from harness.runtime.bench import batch_maker, load_run, timed_steps, warm_up
     from harness.runtime.data import token_source
@@ -35,7 +35,7 @@ def rank_main(run_dir: Path) -> None:
     cfg, _ = load_run(run_dir)
     kind = device.choose_device_kind(cfg.cluster.accelerator, torch.cuda.is_available())
     model = build_model(cfg.model.hf_config, cfg.bench.seed)
-    session = engine_module(cfg.engine.name).apply(cfg, run_dir, model, kind)
+    session = rank_side(cfg.engine.name).apply(cfg, run_dir, model, kind)
     batches = batch_maker(session, token_source(cfg.data, cfg.model.hf_config["vocab_size"], cfg.layout.seq_len), cfg)
     warm_up(session, batches, 3)
     totals_s = {"instrumented": 0.0, "bare": 0.0}

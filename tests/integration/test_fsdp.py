@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from harness.config.compose import compose_run_config
-from harness.engines.fsdp import ADAMW_BETAS, ADAMW_EPS
+from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.model import build_model
 from tests.integration.runs import prepare_and_launch, run_harness

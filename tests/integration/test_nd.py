@@ -15,6 +15,7 @@ import torch
 
 from harness.config.compose import compose_run_config
 from harness.engines import nd_plans
+from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import V_SCHEDULES
 from harness.runtime.data import micro_batches, token_source
@@ -50,8 +51,8 @@ def reference(hf_config_json: str, rows: int, grad_accum: int, n_steps: int, gra
     grad_clip = bench.grad_clip if grad_clip is None else grad_clip
     lr = bench.lr if lr is None else lr
     model = build_model(hf_config, bench.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=nd_plans.ADAMW_BETAS,
-                                  eps=nd_plans.ADAMW_EPS, weight_decay=bench.weight_decay)  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=ADAMW_BETAS,
+                                  eps=ADAMW_EPS, weight_decay=bench.weight_decay)  # fmt: skip
     source = token_source(cfg.data, hf_config["vocab_size"], cfg.layout.seq_len)
     losses = []
     for step in range(n_steps):

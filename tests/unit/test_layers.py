@@ -3,6 +3,7 @@ backwards import."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -40,3 +41,49 @@ def test_a_backwards_import_breaks_the_contracts(tmp_path):
     assert "report imports neither runtime nor launch BROKEN" in result.stdout
     assert "packages are layered (no cycles between them) BROKEN" in result.stdout
     assert "harness.report.table -> harness.launch.status" in result.stdout
+
+
+# Packages a rank needs and run preparation must not load: importing them takes seconds and, for DeepSpeed,
+# probes the accelerator.
+RANK_ONLY_PACKAGES = ("torch", "deepspeed", "accelerate", "transformers")
+NO_RANK_IMPORTS = """
+import sys
+from harness.engines.registry import ENGINES, launch_side
+import harness.launch.prepare, harness.plan.planner
+for name in ENGINES:
+    launch_side(name)
+print(" ".join(sorted({{m.split(".")[0] for m in sys.modules}} & {packages!r})))
+"""
+
+
+def loaded_rank_packages() -> str:
+    """Rank-only packages a fresh interpreter has loaded after importing every engine's launch side."""
+    code = NO_RANK_IMPORTS.format(packages=set(RANK_ONLY_PACKAGES))
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=300, check=True)
+    return result.stdout.strip()
+
+
+def test_render_modules_import_no_torch_at_module_level():
+    """Every engine's launch side (check, render) and run preparation load no torch, DeepSpeed, Accelerate or
+    transformers; a render step that needs one (fsdp's wrapped layer class) imports it inside the function."""
+    assert loaded_rank_packages() == ""
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(root: Path) -> list:
+    """(file, function, lines) of every function in `root` longer than MAX_FUNCTION_LINES."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append((str(path.relative_to(root.parent)), node.name, lines))
+    return found
+
+
+def test_no_function_in_the_harness_is_over_60_lines():
+    assert long_functions(REPO_ROOT / "harness") == []

@@ -16,7 +16,8 @@ from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy, 
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from harness.config.compose import compose_run_config
-from harness.engines import fsdp
+from harness.engines import fsdp, fsdp_session
+from harness.engines.lm_loss import shifted_labels
 from harness.engines.rendered import RANK_PROGRAM
 from harness.launch.local import free_port
 
@@ -117,7 +118,7 @@ def test_rendered_yaml_reads_back_through_accelerate(point, tmp_path, fixed_laye
 def test_launcher_environment_parses_to_the_intended_plugin(point, tmp_path, fixed_layer_class, as_launched):
     cfg = run_config(point)
     as_launched(launcher_environment(fsdp.render(cfg, tmp_path)))
-    settings = fsdp.launched_settings(world_size=4)
+    settings = fsdp_session.launched_settings(world_size=4)
     plugin = settings.plugin
     assert plugin.fsdp_version == point["version"]
     assert plugin.activation_checkpointing is (point["checkpointing"] == "full")
@@ -142,10 +143,10 @@ def test_launcher_environment_parses_to_the_intended_plugin(point, tmp_path, fix
 
 @pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp32", None)])
 def test_mixed_precision_keeps_fp32_master_and_fp32_reduction(precision, dtype):
-    policy = fsdp.fsdp2_mixed_precision({"bf16": "bf16", "fp32": "no"}[precision])
+    policy = fsdp_session.fsdp2_mixed_precision({"bf16": "bf16", "fp32": "no"}[precision])
     assert (policy.param_dtype, policy.output_dtype) == (dtype, None)
     assert policy.reduce_dtype == (torch.float32 if dtype else None)
-    fsdp1 = fsdp.fsdp1_mixed_precision({"bf16": "bf16", "fp32": "no"}[precision])
+    fsdp1 = fsdp_session.fsdp1_mixed_precision({"bf16": "bf16", "fp32": "no"}[precision])
     if dtype is None:
         assert fsdp1 is None
     else:
@@ -207,7 +208,7 @@ def test_layouts_fsdp_cannot_run_are_refused_by_name(overrides, phrase, tmp_path
 def test_launched_settings_refuse_another_launcher(as_launched):
     as_launched({})
     with pytest.raises(RuntimeError, match="ACCELERATE_USE_FSDP"):
-        fsdp.launched_settings(world_size=2)
+        fsdp_session.launched_settings(world_size=2)
 
 
 FSDP_RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "recipes").glob("cpu_fsdp*.yaml"))
@@ -247,7 +248,7 @@ def test_multi_node_hsdp_renders_one_launch_line_per_node(tmp_path, fixed_layer_
     loaded = load_config_from_file(str(tmp_path / fsdp.CONFIG_FILE))
     assert (loaded.num_machines, loaded.num_processes, loaded.same_network) == (8, 64, True)
     as_launched(launcher_environment(rendered))
-    settings = fsdp.launched_settings(world_size=64)
+    settings = fsdp_session.launched_settings(world_size=64)
     assert (settings.version, settings.replicate, settings.shard, settings.precision) == (2, 8, 8, "bf16")
     assert settings.plugin.reshard_after_forward is True and settings.plugin.activation_checkpointing is True
 
@@ -293,13 +294,13 @@ def test_parallelism_config_means_the_layout_validated_only(
     env = launcher_environment(rendered)
     assert env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"
     as_launched(env)
-    settings = fsdp.launched_settings(world_size=world)
+    settings = fsdp_session.launched_settings(world_size=world)
     mesh = settings.parallelism
     assert (mesh.dp_replicate_size, mesh.dp_shard_size, mesh.tp_size, mesh.cp_size) == (replicate, shard, tp, cp)
     assert (settings.tp, settings.cp, settings.multi_dim) == (tp, cp, True)
     assert mesh.total_size == world and mesh._get_mesh() == (names, shape)
     # FSDP shards over dp_shard x cp (flattened), replicated over dp_replicate; TP/CP ranks share a batch.
-    assert fsdp.fsdp_mesh_dims(mesh) == (("dp_replicate",) if replicate > 1 else ()) + ("dp_shard_cp",)
+    assert fsdp_session.fsdp_mesh_dims(mesh) == (("dp_replicate",) if replicate > 1 else ()) + ("dp_shard_cp",)
     assert mesh.data_parallel_size == replicate * shard
     if cp > 1:
         assert mesh.cp_handler.cp_comm_strategy == fsdp.CP_COMM_STRATEGY
@@ -338,7 +339,7 @@ def test_tensor_parallel_plan_is_transformers_own_validated_only():
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config_object(BASE.model.hf_config))
-    plan = fsdp.tensor_parallel_plan(model, tp=2)
+    plan = fsdp_session.tensor_parallel_plan(model, tp=2)
     layers = BASE.model.hf_config["num_hidden_layers"]
     for i in range(layers):
         for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
@@ -353,13 +354,10 @@ def test_tensor_parallel_plan_is_transformers_own_validated_only():
     assert ENGINE_SUPPORT["fsdp"].tp_shards_vocab == (True, True)
 
 
-@pytest.mark.gpu_only
-def test_context_parallel_buffers_validated_only():
-    """Labels are shifted before the sequence is split; positions are global."""
+def test_context_parallel_labels_are_shifted_before_the_split():
+    """The context-parallel loss shifts labels over the whole sequence before splitting it."""
     tokens = torch.arange(12).view(2, 6)
-    labels, positions = fsdp.context_parallel_buffers(tokens)
-    assert labels.tolist() == [[1, 2, 3, 4, 5, -100], [7, 8, 9, 10, 11, -100]]
-    assert positions.tolist() == [list(range(6))] * 2
+    assert shifted_labels(tokens).tolist() == [[1, 2, 3, 4, 5, -100], [7, 8, 9, 10, 11, -100]]
 
 
 @pytest.mark.gpu_only
@@ -372,7 +370,7 @@ def test_ranks_of_a_tp_or_cp_group_read_one_batch_validated_only(replicate, shar
 
     config = ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp, cp_size=cp)
     mesh = {"dp": SimpleNamespace(get_local_rank=lambda: 3)}
-    assert fsdp.data_parallel_coordinate(mesh, config) == expected
+    assert fsdp_session.data_parallel_coordinate(mesh, config) == expected
 
 
 def test_apply_refuses_tensor_parallelism_off_gpu(tmp_path, fixed_layer_class, as_launched, monkeypatch):
@@ -383,4 +381,4 @@ def test_apply_refuses_tensor_parallelism_off_gpu(tmp_path, fixed_layer_class, a
     as_launched(launcher_environment(fsdp.render(cfg, tmp_path)))
     monkeypatch.setenv("WORLD_SIZE", "8")
     with pytest.raises(RuntimeError, match="tp=2, cp=1 on device cpu: engine=fsdp runs"):
-        fsdp.apply(cfg, tmp_path, model=None, kind=SimpleNamespace(type="cpu", backend="gloo"))
+        fsdp_session.apply(cfg, tmp_path, model=None, kind=SimpleNamespace(type="cpu", backend="gloo"))

@@ -21,6 +21,7 @@ import pytest
 from harness import REPO_ROOT
 from harness.config.compose import compose_run_config
 from harness.engines import megatron_lm
+from harness.engines.registry import ENGINES
 from harness.plan.model_spec import model_spec_from_hf
 
 GPU_RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes").glob("gpu_*megatron*.yaml"))
@@ -248,7 +249,7 @@ def test_vocab_divisor():
 def test_render_writes_a_runnable_script_and_the_flags(name, tmp_path):
     cfg = PRESETS[name]
     rendered = megatron_lm.render(cfg, tmp_path)
-    assert megatron_lm.EXPORT_ONLY is True and not hasattr(megatron_lm, "apply")
+    assert ENGINES["megatron_lm"].export_only and ENGINES["megatron_lm"].session is None
     assert rendered.files == [megatron_lm.SCRIPT_FILE, megatron_lm.ARGS_FILE]
     payload = json.loads((tmp_path / megatron_lm.ARGS_FILE).read_text())
     assert payload["argv"] == megatron_lm.flags_to_argv(payload["flags"])

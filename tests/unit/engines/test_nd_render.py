@@ -1,4 +1,4 @@
-"""nd.render writes what nd.apply reads: nd_plan.json and a torchrun line; every plan entry becomes a torch
+"""nd.render writes what nd_session.apply reads: nd_plan.json and a torchrun line; every plan entry becomes a torch
 ParallelStyle aimed at a module that exists in the family's Hugging Face decoder layer; a one-process apply
 trains exactly like the plain model."""
 
@@ -17,7 +17,10 @@ from torch.distributed.tensor.parallel import (
 )
 
 from harness.config.compose import compose_run_config
-from harness.engines import nd, nd_plans
+from harness.engines import nd, nd_plans, nd_session
+from harness.engines.lm_loss import causal_lm_loss, shifted_labels
+from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
+from harness.engines.stage_module import StageModule
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, RANK_PROGRAM
 from harness.plan.parallel_dims import ParallelDims
 from harness.runtime.model import build_model
@@ -47,7 +50,6 @@ def test_render_writes_the_plan_and_a_torchrun_line(tmp_path):
     assert rendered.argv == ["torchrun", "--nnodes", "1", "--nproc_per_node", "4", "--node_rank", NODE_RANK,
                              "--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT, *RANK_PROGRAM,
                              str(tmp_path)]  # fmt: skip
-    assert nd.EXPORT_ONLY is False
 
 
 def test_render_refuses_what_nd_cannot_run(tmp_path):
@@ -65,17 +67,17 @@ def test_render_refuses_other_launchers(tmp_path):
 @pytest.mark.parametrize("sp", [False, True])
 def test_plan_entries_become_torch_styles(sp):
     plan = nd_plans.layer_tp_plan("llama", sp)
-    styles = {path: nd.build_style(spec) for path, spec in plan.items()}
+    styles = {path: nd_session.build_style(spec) for path, spec in plan.items()}
     assert isinstance(styles["self_attn.q_proj"], ColwiseParallel)
     assert isinstance(styles["mlp.down_proj"], RowwiseParallel)
     if sp:
         assert isinstance(styles["input_layernorm"], SequenceParallel)
         assert isinstance(styles["self_attn"], PrepareModuleInput)
         assert styles["mlp.down_proj"].output_layouts == (Shard(1),)
-    top = {path: nd.build_style(spec) for path, spec in nd_plans.top_tp_plan(sp, True).items()}
+    top = {path: nd_session.build_style(spec) for path, spec in nd_plans.top_tp_plan(sp, True).items()}
     assert top["embed_tokens"].input_layouts == (Replicate(),)
     assert top["lm_head"].output_layouts == (Shard(-1),) and top["lm_head"].use_local_output is False
-    moe = nd.build_style(nd_plans.layer_tp_plan("mixtral", True)["mlp"])
+    moe = nd_session.build_style(nd_plans.layer_tp_plan("mixtral", True)["mlp"])
     assert isinstance(moe, PrepareModuleInputOutput)
 
 
@@ -92,7 +94,7 @@ def test_plan_paths_exist_in_the_hf_decoder_layer(family, sp):
     layer = model.model.layers[0]
     for path in nd_plans.layer_tp_plan(hf["model_type"], sp):
         layer.get_submodule(path)
-    stage = nd.Stage.module(model, [0, 1], True, True, 1)
+    stage = StageModule(model, [0, 1], True, True, 1)
     for path in nd_plans.top_tp_plan(sp, False):
         assert getattr(stage, path) is not None
     if family == "qwen2":
@@ -101,8 +103,8 @@ def test_plan_paths_exist_in_the_hf_decoder_layer(family, sp):
 
 def test_stage_modules_hold_only_their_parts():
     model = build_model({**BASE.model.hf_config, "num_hidden_layers": 4}, 0)
-    first = nd.Stage.module(model, [0, 1], True, False, 1)
-    last = nd.Stage.module(model, [2, 3], False, True, 1)
+    first = StageModule(model, [0, 1], True, False, 1)
+    last = StageModule(model, [2, 3], False, True, 1)
     assert first.lm_head is None and first.norm is None and list(first.layers) == ["0", "1"]
     assert last.embed_tokens is None and list(last.layers) == ["2", "3"]
     count = sum(p.numel() for p in first.parameters()) + sum(p.numel() for p in last.parameters())
@@ -113,10 +115,10 @@ def test_stage_forward_equals_the_hf_forward():
     """Rotary embeddings computed in the stage, no attention mask (SDPA is causal): same logits."""
     model = build_model({**BASE.model.hf_config, "num_hidden_layers": 4}, 0)
     tokens = torch.randint(0, 256, (2, 16))
-    first = nd.Stage.module(model, [0, 1], True, False, 1)
-    last = nd.Stage.module(model, [2, 3], False, True, 1)
+    first = StageModule(model, [0, 1], True, False, 1)
+    last = StageModule(model, [2, 3], False, True, 1)
     torch.testing.assert_close(last(first(tokens)), model(input_ids=tokens).logits, rtol=0, atol=0)
-    loss = nd.causal_lm_loss(model(input_ids=tokens).logits, nd.shifted_labels(tokens))
+    loss = causal_lm_loss(model(input_ids=tokens).logits, shifted_labels(tokens))
     torch.testing.assert_close(loss, model(input_ids=tokens, labels=tokens).loss)
 
 
@@ -142,9 +144,9 @@ def test_one_process_apply_trains_like_the_plain_model(tmp_path, one_process_gro
     nd.render(cfg, tmp_path)
     bench = cfg.bench
     reference = build_model(cfg.model.hf_config, bench.seed)
-    optimizer = torch.optim.AdamW(reference.parameters(), lr=bench.lr, betas=nd_plans.ADAMW_BETAS,
-                                  eps=nd_plans.ADAMW_EPS, weight_decay=bench.weight_decay)  # fmt: skip
-    session = nd.apply(cfg, tmp_path, build_model(cfg.model.hf_config, bench.seed), DeviceKind("cpu", "gloo"))
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=bench.lr, betas=ADAMW_BETAS,
+                                  eps=ADAMW_EPS, weight_decay=bench.weight_decay)  # fmt: skip
+    session = nd_session.apply(cfg, tmp_path, build_model(cfg.model.hf_config, bench.seed), DeviceKind("cpu", "gloo"))
     assert (session.dp_rank, session.dp_size) == (0, 1)
     generator = torch.Generator().manual_seed(0)
     for step in range(3):
@@ -160,4 +162,4 @@ def test_one_process_apply_trains_like_the_plain_model(tmp_path, one_process_gro
         optimizer.step()
         optimizer.zero_grad()
         torch.testing.assert_close(got, torch.stack(want).mean(), rtol=1e-6, atol=0)
-    assert state == nd_plans.predicted_state_bytes(cfg.model.hf_config, cfg.layout, 0)
+    assert state == {**nd_plans.predicted_state_bytes(cfg.model.hf_config, cfg.layout, 0), "host_bytes": 0}
