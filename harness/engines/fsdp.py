@@ -59,8 +59,6 @@ def _launch_problems(cfg: RunConfig) -> List[str]:
             f"engine.launcher={engine.launcher!r}: engine=fsdp is started by `accelerate launch`, whose "
             "environment carries accelerate.yaml to the ranks (use engine.launcher=accelerate)"
         )
-    if engine.fsdp_version not in (1, 2):
-        problems.append(f"engine.fsdp_version={engine.fsdp_version} must be 1 or 2")
     problems += ParallelDims.of(layout).world_problems(cluster.nodes, cluster.accelerators_per_node)[0]
     return problems
 
