@@ -16,7 +16,7 @@ import pytest
 
 from harness import REPO_ROOT
 from harness.config.compose import compose_run_config
-from harness.engines import engine_module
+from harness.engines import engine_module, registry
 from harness.launch import local
 from harness.launch.prepare import prepare_run
 from harness.launch.sbatch import render_job_script
@@ -111,7 +111,7 @@ def test_launcher_line_parses_with_the_launchers_own_parser(recipe, tmp_path):
     parsed = parse_launcher(node_argv(text))
     assert parsed == dict(nodes=cfg.cluster.nodes, per_node=cfg.cluster.accelerators_per_node, node_rank=1,
                           addr="10.0.0.1", port=24242, program=parsed["program"], args=parsed["args"])
-    if getattr(engine_module(cfg.engine.name), "EXPORT_ONLY", False):
+    if registry.engine(cfg.engine.name).export_only:
         assert parsed["program"] == "pretrain_gpt.py"  # documentation only; megatron_args.sh is what runs
     else:
         assert (parsed["program"], parsed["args"]) == ("harness.runtime.bench", [str(tmp_path / "run")])
