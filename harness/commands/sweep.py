@@ -19,7 +19,7 @@ from harness.launch.slurm_commands import SlurmError
 from harness.launch.status import refresh
 from harness.launch.sweep import Options
 from harness.report.build import build_report
-from harness.report.table import summary_frame
+from harness.report.table import measured_cells, summary_frame
 from harness.rundir import SWEEP_FILE, run_dirs
 
 USAGE = """usage:
@@ -81,12 +81,14 @@ def parse_args(args: Sequence[str]) -> Options:
     return opts
 
 
-def write_reports(sweep_dir: Path) -> Tuple[Dict[str, str], List[str]]:
-    """summary.csv/.parquet, report.html and the W&B report spec of one sweep; the layout labels by run."""
+def write_reports(sweep_dir: Path) -> orchestrate.Reported:
+    """summary.csv/.parquet, report.html and the W&B report spec of one sweep; the layout labels and measured
+    cells by run for the final table."""
     frame = summary_frame([sweep_dir])
     paths = build_report([sweep_dir], sweep_dir, frame=frame)
     labels = dict(zip(frame["run"], frame["label"])) if not frame.empty else {}
-    return labels, [f"[harness] summary: {paths['csv']}", f"[harness] report: {paths['html']}"]
+    return orchestrate.Reported(labels, measured_cells(frame),
+                                [f"[harness] summary: {paths['csv']}", f"[harness] report: {paths['html']}"])
 
 
 def status(opts: Options) -> int:

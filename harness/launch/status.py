@@ -399,7 +399,7 @@ def one_line(views: Sequence[RunView]) -> str:
     return f"{done}/{len(active)} final ({parts})"
 
 
-MEASURED_HEADERS = ("tokens/s", "MFU (%)", "memory")
+MEASURED_HEADERS = ("tokens/s", "MFU", "memory")
 
 
 def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[str, str]] = None,

@@ -37,8 +37,19 @@ RESUBMIT_STATES = (FAILED, OOM, TIMEOUT, CANCELLED)
 # runs for minutes: 30 s adds at most 30 s to a wait (Snakemake's Slurm executor checks job status every
 # 30 s for the same reason: snakemake/snakemake#2136). --poll=SECONDS changes it (tests use 1).
 POLL_S = 30.0
-# Writes the sweep's summary and reports; returns {run name: layout label} and the lines to print.
-Reporter = Callable[[Path], Tuple[Dict[str, str], List[str]]]
+
+
+@dataclass
+class Reported:
+    """What writing a sweep's summary and reports gives the final table: each run's layout label, its
+    measured cells (status.MEASURED_HEADERS: tokens/s, MFU, memory) and the lines to print (where the files are)."""
+
+    labels: Dict[str, str]
+    measured: Dict[str, Tuple[str, ...]]
+    lines: List[str]
+
+
+Reporter = Callable[[Path], Reported]
 
 
 @dataclass
@@ -139,14 +150,14 @@ def finish(sweep_dir: Path, report: Reporter, since: float = 0.0, query_slurm: b
     """The whole grid's state, its reports, the table, and the exit code: 0 when every run that ran
     completed. `since`: time of this invocation's first sbatch (the timing line covers those jobs)."""
     views = refresh(run_dirs(sweep_dir), query_slurm=query_slurm)
-    labels, lines = report(sweep_dir)
-    print_status(str(sweep_dir), views, labels)
+    reported = report(sweep_dir)
+    print_status(str(sweep_dir), views, reported.labels, reported.measured)
     records = {v.run_dir: read_submission(v.run_dir) for v in views}
     ours = [v for v in views if records[v.run_dir] and records[v.run_dir].get("submitted", 0) >= since]
     line = timing(ours, [records[v.run_dir]["submitted"] for v in ours])
     if line:
         print(f"[harness] {line}")
-    print("\n".join(lines), flush=True)
+    print("\n".join(reported.lines), flush=True)
     bad = [v.run_dir.name for v in views if v.final and v.state not in (COMPLETED, PRUNED)]
     if bad:
         print(f"[harness] not completed: {', '.join(bad)}  (re-run them: harness sweep resume {sweep_dir})",

@@ -305,6 +305,16 @@ TERMINAL_COLUMNS: Sequence[tuple] = (
 )
 
 
+# The measured cells of a sweep's final status table (launch.status.MEASURED_HEADERS), formatted as above.
+MEASURED_CELLS = (("tokens_per_s", "{:,.0f}"), ("mfu", "{:.1%}"), ("mem_state_activation_gib", _gib_cell))
+
+
+def measured_cells(frame: pd.DataFrame) -> Dict[str, tuple]:
+    """{run name: (tokens/s, MFU, memory)} for every run of the frame; `-` where a run measured nothing."""
+    return {row["run"]: tuple(_cell(row.get(column), fmt) for column, fmt in MEASURED_CELLS)
+            for _, row in frame.iterrows()}
+
+
 def print_table(frame: pd.DataFrame, title: str = "") -> None:
     from rich.console import Console
     from rich.table import Table
