@@ -1,0 +1,174 @@
+"""Every GPU recipe that trains runs its CPU stand-in (`standin=cpu`) on the local Slurm cluster through
+the recipe's own job template: COMPLETED, losses like one process, every rank's state bytes as planned.
+
+The stand-ins are submitted at once, so Slurm runs them side by side on the two virtual nodes: one
+through `harness run` (a one-point submission, followed until its job ends) and the others as one
+`harness sweep` (one array per resource shape). Each test then reads its run directory.
+
+The loss reference is plain torch in this process, as tests/integration does it: the same seeded model,
+every data-parallel rank's micro-batches as one batch, AdamW and clipping as the engines configure them,
+and bf16 by hand (fp32 master weights, a bf16 copy for forward and backward, fp32 gradients). A model
+built inside DeepSpeed's zero.Init (`model.init: meta`) draws different weights, so its losses are those
+of an initialised model on uniform tokens, ln(vocab), as tests/integration/test_meta_init.py checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+# Megatron-LM recipes are export only: tests/unit/engines/test_megatron_validation.py runs their scripts.
+RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("gpu_*.yaml") if "megatron" not in p.stem)
+# The one submitted by `harness run` (the smallest: one rank); the others go as one sweep.
+BY_RUN = "gpu_llama8b_zero3_offload_1gpu"
+COMMON = ["tracking=disabled"]
+# bf16 relative tolerances on the loss, per engine, against the by-hand bf16 reference. FSDP and
+# DeepSpeed as their integration suites (tests/integration/test_fsdp.py: one bf16 rounding of a
+# gradient sum, 1e-4; test_deepspeed.py: bf16 gradients accumulated in bf16, 2e-3). nd adds tensor
+# parallelism: a row-parallel projection's partial outputs are summed in bf16 across tp ranks, one more
+# rounding (u = 2^-8) per output element, averaged over the tokens' logits: measured <= 1.5e-4 after
+# four steps; 5e-4 leaves a 3x margin and stays 8x below one bf16 rounding of the loss itself.
+BF16_RTOL = {"fsdp": 1e-4, "deepspeed": 2e-3, "nd": 5e-4}
+FP32_RTOL = 1e-5
+META_INIT_RTOL = 0.02
+TIMEOUT_S = 1200
+WALL_TIMES: dict = {}
+
+
+def harness_popen(env, args, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=REPO, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def standins(slurm_cluster, tmp_path_factory) -> dict:
+    """{recipe: run directory}, every stand-in settled; the harness commands' output beside them."""
+    results = tmp_path_factory.mktemp("standin")
+    env = dict(slurm_cluster)
+    swept = [r for r in RECIPES if r != BY_RUN]
+    start = time.monotonic()
+    procs = {
+        "sweep": harness_popen(env, ["sweep", f"recipes={','.join(swept)}", "standin=cpu", *COMMON,
+                                     "sweep_name=standin", f"results_dir={results / 'sweep'}"], results / "sweep.log"),
+        "run": harness_popen(env, ["run", f"recipes={BY_RUN}", "standin=cpu", *COMMON,
+                                   f"results_dir={results / 'run'}"], results / "run.log"),
+    }
+    for name, proc in procs.items():
+        proc.wait(timeout=TIMEOUT_S)
+        log = (results / f"{name}.log").read_text()
+        assert proc.returncode == 0, f"harness {name} exited {proc.returncode}\n{log[-6000:]}"
+    print(f"\nstand-ins: {len(RECIPES)} recipes on Slurm in {time.monotonic() - start:.0f} s wall")
+    runs = {}
+    for run_dir in sorted(p.parent for p in results.rglob("status.json")):
+        recipe = json.loads((run_dir / "config.json").read_text())["standin"]["of"]
+        runs[recipe] = run_dir
+    assert sorted(runs) == RECIPES
+    runs["_run_log"] = (results / "run.log").read_text()
+    return runs
+
+
+def reference(cfg, n_steps: int):
+    """Per-step mean losses of one process that sees every data-parallel rank's micro-batches at once."""
+    import torch
+
+    from harness.engines import nd_plans
+    from harness.plan.parallel_dims import ParallelDims
+    from harness.runtime.data import micro_batches, token_source
+    from harness.runtime.model import build_model
+
+    layout, bench = cfg.layout, cfg.bench
+    model = build_model(cfg.model.hf_config, bench.seed)
+    compute = model
+    if layout.precision == "bf16":
+        compute = copy.deepcopy(model)
+        for param in compute.parameters():
+            param.data = param.data.to(torch.bfloat16)  # buffers (rotary inv_freq) stay fp32
+    optimizer = torch.optim.AdamW(model.parameters(), lr=bench.lr, betas=nd_plans.ADAMW_BETAS,
+                                  eps=nd_plans.ADAMW_EPS, weight_decay=bench.weight_decay)
+    source = token_source(cfg.data, cfg.model.hf_config["vocab_size"], layout.seq_len)
+    rows, losses = layout.micro_batch * ParallelDims.of(layout).dp, []
+    for step in range(n_steps):
+        for master, working in zip(model.parameters(), compute.parameters()):
+            working.data.copy_(master.data)
+        step_losses = []
+        for tokens in micro_batches(source, step, rows, layout.grad_accum, 0, 1):
+            loss = compute(input_ids=tokens, labels=tokens).loss
+            (loss / layout.grad_accum).backward()
+            step_losses.append(float(loss.detach()))
+            if compute is not model:
+                for master, working in zip(model.parameters(), compute.parameters()):
+                    grad = working.grad.float()
+                    master.grad = grad if master.grad is None else master.grad + grad
+                    working.grad = None
+        torch.nn.utils.clip_grad_norm_(model.parameters(), bench.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(sum(step_losses) / len(step_losses))
+    return losses
+
+
+def planned_state_bytes(cfg, metrics: dict, rank: int) -> dict:
+    """nd plans every rank (stages and shards differ); FSDP and DeepSpeed split evenly: the plan's figure."""
+    from harness.engines import nd_plans
+
+    if cfg.engine.name == "nd":
+        return nd_plans.predicted_state_bytes(cfg.model.hf_config, cfg.layout, rank)
+    return {key: metrics["predicted"][key] for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "host_bytes")}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_standin_completes_and_trains_like_one_process(recipe, standins, record_property):
+    from harness.config.compose import run_config_from_dict
+    from harness.plan.parallel_dims import ParallelDims
+
+    run_dir = standins[recipe]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "COMPLETED", status
+    assert (run_dir / "job.sbatch").exists() and list(run_dir.glob("slurm-*.out"))
+    cfg = run_config_from_dict(json.loads((run_dir / "config.json").read_text()))
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    started = json.loads((run_dir / "slurm_job.json").read_text())["started"]
+    WALL_TIMES[recipe] = status["time"] - started
+    record_property("wall_time_s", round(WALL_TIMES[recipe], 1))
+    # What the stand-in does not execute travels with its metrics and is printed in the job's log.
+    assert metrics["standin"] == {"of": recipe, "not_executed": cfg.standin.not_executed}
+    log = "".join(p.read_text() for p in run_dir.glob("slurm-*.out"))
+    assert f"[standin] CPU stand-in of {recipe}" in log
+    assert all(item in log for item in cfg.standin.not_executed)
+    measured = metrics["measured"]
+    by_rank = {record["rank"]: record for record in measured["per_rank"]}
+    assert sorted(by_rank) == list(range(ParallelDims.of(cfg.layout).world_size))
+    for rank, record in by_rank.items():
+        planned = planned_state_bytes(cfg, metrics, rank)
+        assert {key: record.get(key, 0) for key in planned} == planned, f"rank {rank}"
+    losses = measured["losses"]
+    assert len(losses) == cfg.bench.warmup_steps + cfg.bench.steps
+    if json.loads((run_dir / "plan.json").read_text())["model_init"] == "meta":
+        assert losses == pytest.approx([math.log(cfg.model.hf_config["vocab_size"])] * len(losses),
+                                       rel=META_INIT_RTOL)
+        return
+    want = reference(cfg, len(losses))
+    record_property("loss_rel_error", max(abs(a - b) / abs(b) for a, b in zip(losses, want)))
+    rtol = BF16_RTOL[cfg.engine.name] if cfg.layout.precision == "bf16" else FP32_RTOL
+    assert losses == pytest.approx(want, rel=rtol)
+
+
+def test_harness_run_prints_what_the_standin_does_not_execute(standins):
+    log = standins["_run_log"]
+    assert f"[standin] CPU stand-in of {BY_RUN}; not executed on the stand-in:" in log
+    assert "slurm job" in log and "COMPLETED" in log
+
+
+def teardown_module():
+    if WALL_TIMES:
+        print("\nstand-in job wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(WALL_TIMES.items())))
