@@ -27,7 +27,7 @@ import pytest
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
-# Megatron-LM recipes are export only: tests/unit/engines/test_megatron_validation.py runs their scripts.
+# Megatron-LM recipes are export only: tests/unit/engines/test_megatron_script.py runs their scripts.
 RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("gpu_*.yaml") if "megatron" not in p.stem)
 # The one submitted by `harness run` (the smallest: one rank); the others go as one sweep.
 BY_RUN = "gpu_llama8b_zero3_offload_1gpu"
