@@ -10,16 +10,21 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.config.schema import LayoutConfig, RunConfig
+from harness.engines import nd_tp
 from harness.engines.optimizer import adamw_settings
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import MESH_DIMS, ParallelDims
 from harness.plan.pipeline import V_SCHEDULES, pipeline_problems, stage_layer_counts, stage_to_rank
 
-# Families whose decoder layers share Llama's module names (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
-# input_layernorm, post_attention_layernorm) and whose stages the engine can rebuild from `model.model`.
-DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-MOE_FAMILIES = ("mixtral",)  # attention tensor-parallel; the MoE block is replicated over TP
-TP_FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
+# Families whose causal LM runs as nd's stage module does (harness.engines.stage_module: embed_tokens, the
+# decoder layers given one rotary embedding, norm, lm_head), checked by CPU runs against one process.
+STAGE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "olmo2", "phi3")
+# Families whose forward does more than the stage module, and what.
+STAGE_REFUSED = {
+    "gemma": "scales the embeddings by sqrt(hidden_size) outside the embedding module",
+    "gemma2": "scales the embeddings outside the embedding module and soft-caps the final logits",
+    "gemma3_text": "gives local and global layers different rotary embeddings",
+}
 
 REPLICATE, SHARD_SEQ, SHARD_LAST = "Replicate()", "Shard(1)", "Shard(-1)"
 
@@ -66,54 +71,18 @@ def _style(style: str, **kwargs: Any) -> Dict[str, Any]:
     return {"style": style, **kwargs}
 
 
-def layer_tp_plan(model_type: str, sequence_parallel: bool) -> Dict[str, Dict[str, Any]]:
-    """Megatron's plan for one decoder layer, keyed by module path inside the layer.
+def layer_tp_plan(hf_config: Mapping[str, Any], sequence_parallel: bool) -> Dict[str, Dict[str, Any]]:
+    """Megatron's plan for one decoder layer, keyed by module path inside the layer: transformers'
+    `base_model_tp_plan` translated to torch styles, plus sequence parallelism (harness.engines.nd_tp).
 
     q/k/v (and gate/up) are column-parallel: each rank computes heads/num_tp of the heads (and a slice of the
     MLP) with no communication; o_proj and down_proj are row-parallel and all-reduce (or, with sequence
-    parallelism, reduce-scatter to sequence shards). Qwen2's q/k/v biases are sharded with their columns.
-    Mixtral's MoE block is not split: with sequence parallelism its input is gathered and its output
-    re-sharded, so every TP rank routes the same tokens and expert gradients agree across the TP group.
+    parallelism, reduce-scatter to sequence shards). Column biases are sharded with their columns.
+    A routed-expert block (Mixtral, Qwen3-MoE) is not split: with sequence parallelism its input is gathered
+    and its output re-sharded, so every TP rank routes the same tokens and expert gradients agree.
+    Raises, naming the family and the missing plan or style, where nd cannot split the family.
     """
-    if model_type not in TP_FAMILIES:
-        raise ValueError(f"model_type={model_type!r} has no nd tensor-parallel plan; "
-                         f"supported: {', '.join(TP_FAMILIES)}")
-    row_out = {"output_layouts": SHARD_SEQ} if sequence_parallel else {}
-    plan: Dict[str, Dict[str, Any]] = {}
-    if sequence_parallel:
-        plan["input_layernorm"] = _style("SequenceParallel")
-        plan["self_attn"] = _style(
-            "PrepareModuleInput",
-            input_kwarg_layouts={"hidden_states": SHARD_SEQ},
-            desired_input_kwarg_layouts={"hidden_states": REPLICATE},
-            use_local_output=True,
-        )
-    plan.update({
-        "self_attn.q_proj": _style("ColwiseParallel"),
-        "self_attn.k_proj": _style("ColwiseParallel"),
-        "self_attn.v_proj": _style("ColwiseParallel"),
-        "self_attn.o_proj": _style("RowwiseParallel", **row_out),
-    })  # fmt: skip
-    if sequence_parallel:
-        plan["post_attention_layernorm"] = _style("SequenceParallel")
-    if model_type in MOE_FAMILIES:
-        if sequence_parallel:
-            plan["mlp"] = _style(
-                "PrepareModuleInputOutput",
-                input_layouts=[SHARD_SEQ], desired_input_layouts=[REPLICATE], use_local_input=True,
-                output_layouts=[REPLICATE], desired_output_layouts=[SHARD_SEQ], use_local_output=True,
-            )  # fmt: skip
-        return plan
-    if sequence_parallel:
-        plan["mlp"] = _style(
-            "PrepareModuleInput", input_layouts=[SHARD_SEQ], desired_input_layouts=[REPLICATE], use_local_output=True
-        )
-    plan.update({
-        "mlp.gate_proj": _style("ColwiseParallel"),
-        "mlp.up_proj": _style("ColwiseParallel"),
-        "mlp.down_proj": _style("RowwiseParallel", **row_out),
-    })  # fmt: skip
-    return plan
+    return nd_tp.layer_plan(hf_config, sequence_parallel)
 
 
 def top_tp_plan(sequence_parallel: bool, loss_parallel: bool) -> Dict[str, Dict[str, Any]]:
@@ -193,7 +162,7 @@ def nd_plan(cfg: RunConfig) -> Dict[str, Any]:
             "sequence_parallel": sp,
             "loss_parallel": lp,
             "heads_per_rank": tp_attention_heads(spec, layout.tp),
-            "layer_plan": layer_tp_plan(spec.model_type, sp) if layout.tp > 1 else {},
+            "layer_plan": layer_tp_plan(cfg.model.hf_config, sp) if layout.tp > 1 else {},
             "top_plan": top_tp_plan(sp, lp) if layout.tp > 1 else {},
         },
         "pipeline": pipeline_plan(spec.num_layers, layout) if layout.pp > 1 else None,
@@ -245,8 +214,14 @@ def _tp_problems(spec: ModelSpec, layout: LayoutConfig, cfg: RunConfig) -> List[
 
 def _model_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
     layout, problems = cfg.layout, []
-    if spec.model_type not in TP_FAMILIES:
-        return [f"model.hf_config.model_type={spec.model_type!r}: engine=nd supports {', '.join(TP_FAMILIES)}"]
+    if spec.model_type in STAGE_REFUSED:
+        return [f"model.hf_config.model_type={spec.model_type!r}: engine=nd's stage module runs embed_tokens, "
+                f"the decoder layers, norm and lm_head; this family {STAGE_REFUSED[spec.model_type]}"]
+    if spec.model_type not in STAGE_FAMILIES:
+        return [f"model.hf_config.model_type={spec.model_type!r}: engine=nd runs {', '.join(STAGE_FAMILIES)} "
+                f"(families whose forward its stage module reproduces, checked against one process)"]
+    if layout.tp > 1:
+        problems += nd_tp.tp_plan_problems(cfg.model.hf_config)
     if spec.tied_embeddings and (layout.tp > 1 or layout.pp > 1):
         problems.append(f"tie_word_embeddings=true with tp={layout.tp}, pp={layout.pp}: engine=nd splits the "
                         f"embedding and the LM head separately (untie them or use tp=pp=1)")
@@ -323,40 +298,31 @@ class ParamTensor:
     tp_dim: Optional[int]  # dim sharded over tp, or None (replicated over tp)
 
 
-def _layer_tensors(spec: ModelSpec) -> List[ParamTensor]:
-    h, d = spec.hidden_size, spec.head_dim
-    q, kv = spec.num_heads * d, spec.num_kv_heads * d
-    out = [
-        ParamTensor("layer", "self_attn.q_proj.weight", (q, h), 0),
-        ParamTensor("layer", "self_attn.k_proj.weight", (kv, h), 0),
-        ParamTensor("layer", "self_attn.v_proj.weight", (kv, h), 0),
-        ParamTensor("layer", "self_attn.o_proj.weight", (h, q), 1),
-        ParamTensor("layer", "input_layernorm.weight", (h,), None),
-        ParamTensor("layer", "post_attention_layernorm.weight", (h,), None),
-    ]
-    if spec.qkv_bias:
-        out += [ParamTensor("layer", f"self_attn.{n}_proj.bias", (size,), 0)
-                for n, size in (("q", q), ("k", kv), ("v", kv))]
-    if spec.out_bias:
-        out.append(ParamTensor("layer", "self_attn.o_proj.bias", (h,), None))
-    if spec.qk_norm:
-        out += [ParamTensor("layer", "self_attn.q_norm.weight", (d,), None),
-                ParamTensor("layer", "self_attn.k_norm.weight", (d,), None)]  # fmt: skip
-    ffn = spec.ffn_size
-    if spec.is_moe:
-        e = spec.num_experts
-        out += [ParamTensor("layer", "mlp.gate.weight", (e, h), None),
-                ParamTensor("layer", "mlp.experts.gate_up_proj", (e, 2 * ffn, h), None),
-                ParamTensor("layer", "mlp.experts.down_proj", (e, h, ffn), None)]  # fmt: skip
-    else:
-        out += [ParamTensor("layer", "mlp.gate_proj.weight", (ffn, h), 0),
-                ParamTensor("layer", "mlp.up_proj.weight", (ffn, h), 0),
-                ParamTensor("layer", "mlp.down_proj.weight", (h, ffn), 1)]  # fmt: skip
-        if spec.mlp_bias:
-            out += [ParamTensor("layer", "mlp.gate_proj.bias", (ffn,), 0),
-                    ParamTensor("layer", "mlp.up_proj.bias", (ffn,), 0),
-                    ParamTensor("layer", "mlp.down_proj.bias", (h,), None)]  # fmt: skip
-    return out
+def _tp_dim(style: Optional[Dict[str, Any]], name: str) -> Optional[int]:
+    """The dim nd's style splits: a column-parallel weight and bias their rows (output features), a
+    row-parallel weight its columns (its bias stays whole); anything else is replicated."""
+    kind = style and style["style"]
+    if kind == "ColwiseParallel":
+        return 0
+    if kind == "RowwiseParallel" and not name.endswith(".bias"):
+        return 1
+    return None
+
+
+def _shape_tensors(hf_config: Mapping[str, Any], tp: int) -> Tuple[List[List[ParamTensor]], List[int],
+                                                                   List[ParamTensor], List[ParamTensor]]:
+    """(tensors per decoder layer kind, kind of each layer, embedding tables, final norm and head) as
+    transformers allocates them, each with the dim nd's TP plan splits."""
+    from harness.config.model_shape import model_shape
+
+    shape = model_shape(hf_config)
+    plan = layer_tp_plan(hf_config, False) if tp > 1 else {}
+    kinds = [[ParamTensor("layer", row[0], tuple(row[1]), _tp_dim(plan.get(row[0].rsplit(".", 1)[0]), row[0]))
+              for row in rows] for rows in shape["layer_kinds"]]  # fmt: skip
+    # The token table and an untied lm_head are vocab-parallel (dim 0); the final norm is replicated.
+    first = [ParamTensor("embedding", row[0], tuple(row[1]), row[2]) for row in shape["first"]]
+    last = [ParamTensor("head", row[0], tuple(row[1]), row[2]) for row in shape["last"]]
+    return kinds, list(shape["layer_pattern"]), first, last
 
 
 def _chunk(n: int, parts: int, index: int) -> int:
@@ -388,16 +354,12 @@ def rank_param_numel(hf_config: Mapping[str, Any], layout: LayoutConfig, rank: i
         stages = [s for s in pipeline_plan(spec.num_layers, layout)["stages"] if s["pp_rank"] == c["pp"]]
     else:
         stages = [{"layers": list(range(spec.num_layers)), "embedding": True, "head": True}]
-    layer = _layer_tensors(spec)
-    embedding = ParamTensor("embedding", "embed_tokens.weight", (spec.vocab_size, spec.hidden_size), 0)
-    head = [ParamTensor("head", "norm.weight", (spec.hidden_size,), None)]
-    if not spec.tied_embeddings:
-        head.append(ParamTensor("head", "lm_head.weight", (spec.vocab_size, spec.hidden_size), 0))
+    kinds, pattern, embedding, head = _shape_tensors(hf_config, layout.tp)
     shard = fsdp_shard_size(layout)
     total = 0
     for stage in stages:
-        tensors = layer * len(stage["layers"])
-        tensors += [embedding] if stage["embedding"] else []
+        tensors = [t for i in stage["layers"] for t in kinds[pattern[i]]]
+        tensors += embedding if stage["embedding"] else []
         tensors += head if stage["head"] else []
         total += sum(local_numel(t, layout.tp, tp_rank, shard, fsdp_rank) for t in tensors)
     return total

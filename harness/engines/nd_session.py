@@ -24,7 +24,7 @@ from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from harness.config.schema import RunConfig
-from harness.engines import nd_plans
+from harness.engines import nd_plans, nd_tp
 from harness.engines.grad_norm import clip_grad_norm
 from harness.engines.lm_loss import causal_lm_loss, context_parallel_loss, shifted_labels
 from harness.engines.materialize import materialize, release_unowned
@@ -60,6 +60,8 @@ def _layouts(value: Any):
 
 def build_style(spec: Dict[str, Any]):
     """A torch ParallelStyle from its `nd_plan.json` entry."""
+    if spec["style"] == nd_tp.ND_GRAD_ALLREDUCE:
+        return nd_tp.grad_allreduce_style()
     kwargs = {k: (_layouts(v) if k.endswith("layouts") else v) for k, v in spec.items() if k != "style"}
     return getattr(tensor_parallel, spec["style"])(**kwargs)
 

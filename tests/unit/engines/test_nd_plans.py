@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from harness.config.compose import compose_run_config
-from harness.engines import nd_plans
+from harness.engines import nd_plans, nd_tp
 from harness.launch.prepare import plan_record
 from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.parallel_dims import ParallelDims
@@ -18,6 +18,7 @@ HF = {
     "llama": BASE.model.hf_config,
     "qwen2": {**BASE.model.hf_config, "model_type": "qwen2"},
     "mistral": {**BASE.model.hf_config, "model_type": "mistral"},
+    "qwen3": {**BASE.model.hf_config, "model_type": "qwen3", "head_dim": 16},
     "mixtral": {**BASE.model.hf_config, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
 }
 
@@ -36,16 +37,21 @@ def errors_of(cfg):
 # ---------------------------------------------------------------------------------------- TP plans
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
 def test_dense_layer_plan_is_megatron_column_then_row(family):
-    plan = nd_plans.layer_tp_plan(family, sequence_parallel=False)
+    """transformers' base_model_tp_plan, translated: colwise/rowwise become torch's styles; Qwen 3's per-head
+    q/k norms (replicated_with_grad_allreduce) sum their gradients over the TP group."""
+    plan = nd_plans.layer_tp_plan(HF[family], sequence_parallel=False)
+    norms = {"self_attn.q_norm": "ReplicateWithGradAllReduce", "self_attn.k_norm": "ReplicateWithGradAllReduce"}
     assert {k: v["style"] for k, v in plan.items()} == {
         "self_attn.q_proj": "ColwiseParallel", "self_attn.k_proj": "ColwiseParallel",
         "self_attn.v_proj": "ColwiseParallel", "self_attn.o_proj": "RowwiseParallel",
         "mlp.gate_proj": "ColwiseParallel", "mlp.up_proj": "ColwiseParallel", "mlp.down_proj": "RowwiseParallel",
+        **(norms if family == "qwen3" else {}),
     }  # fmt: skip
+    assert nd_tp.family_tp_plan(HF[family])[1] == "transformers"
 
 
 def test_sequence_parallel_shards_norms_and_reduce_scatters_row_outputs():
-    plan = nd_plans.layer_tp_plan("llama", sequence_parallel=True)
+    plan = nd_plans.layer_tp_plan(HF["llama"], sequence_parallel=True)
     assert plan["input_layernorm"] == {"style": "SequenceParallel"}
     assert plan["post_attention_layernorm"] == {"style": "SequenceParallel"}
     assert plan["self_attn"]["input_kwarg_layouts"] == {"hidden_states": "Shard(1)"}
@@ -56,18 +62,40 @@ def test_sequence_parallel_shards_norms_and_reduce_scatters_row_outputs():
 
 
 def test_mixtral_splits_attention_and_keeps_the_moe_block_whole():
-    plain = nd_plans.layer_tp_plan("mixtral", sequence_parallel=False)
+    plain = nd_plans.layer_tp_plan(HF["mixtral"], sequence_parallel=False)
     assert not any(path.startswith("mlp") for path in plain)
     assert plain["self_attn.q_proj"]["style"] == "ColwiseParallel"
-    sp = nd_plans.layer_tp_plan("mixtral", sequence_parallel=True)
+    sp = nd_plans.layer_tp_plan(HF["mixtral"], sequence_parallel=True)
     assert sp["mlp"]["style"] == "PrepareModuleInputOutput"
     assert sp["mlp"]["desired_input_layouts"] == ["Replicate()"]
     assert sp["mlp"]["desired_output_layouts"] == ["Shard(1)"]
 
 
-def test_unknown_family_has_no_plan():
-    with pytest.raises(ValueError, match="gpt2"):
-        nd_plans.layer_tp_plan("gpt2", sequence_parallel=False)
+def test_gathered_projections_and_post_norms_follow_transformers_plan():
+    """OLMo 2 normalises the whole q and k: transformers gathers their outputs (colwise_gather_output) and
+    splits o_proj's input (rowwise_split_input); its norms come after attention and MLP."""
+    hf = {**BASE.model.hf_config, "model_type": "olmo2"}
+    plan = nd_plans.layer_tp_plan(hf, sequence_parallel=True)
+    assert plan["self_attn.q_proj"] == {"style": "ColwiseParallel", "output_layouts": "Replicate()"}
+    assert plan["self_attn.o_proj"] == {"style": "RowwiseParallel", "input_layouts": "Replicate()",
+                                        "output_layouts": "Shard(1)"}  # fmt: skip
+    assert plan["post_attention_layernorm"] == plan["post_feedforward_layernorm"] == {"style": "SequenceParallel"}
+    assert "input_layernorm" not in plan
+
+
+def test_family_without_a_plan_is_refused_by_name():
+    hf = {**BASE.model.hf_config, "model_type": "stablelm"}
+    assert nd_tp.family_tp_plan(hf)[1] == "none"
+    with pytest.raises(ValueError, match="'stablelm' has no tensor-parallel plan"):
+        nd_plans.layer_tp_plan(hf, sequence_parallel=False)
+
+
+def test_plan_without_attention_is_refused_by_name():
+    """transformers' DeepSeek-V3 plan splits only the MLPs and experts (multi-latent attention is left out)."""
+    problems = nd_tp.tp_plan_problems({**BASE.model.hf_config, "model_type": "deepseek_v3", "n_routed_experts": 4,
+                                       "num_experts_per_tok": 2, "first_k_dense_replace": 1, "n_group": 1,
+                                       "topk_group": 1})  # fmt: skip
+    assert problems == ["model_type='deepseek_v3': base_model_tp_plan splits no attention block"]
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -165,7 +193,7 @@ def test_sliding_window_shorter_than_the_sequence_is_refused():
 
 def test_gpt2_is_not_an_nd_family():
     cfg = compose_run_config(["engine=nd", "layout=single", "model=gpt2"])
-    assert any("engine=nd supports" in e for e in errors_of(cfg))
+    assert any("engine=nd runs" in e for e in errors_of(cfg))
 
 
 def test_eager_attention_is_refused_since_stages_pass_no_mask():

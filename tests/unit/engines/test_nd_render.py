@@ -26,12 +26,17 @@ from harness.plan.parallel_dims import ParallelDims
 from harness.runtime.model import build_model
 
 BASE = compose_run_config(["engine=nd", "layout=single", "layout.precision=fp32", "tracking=disabled"])
+BASE_HF = BASE.model.hf_config
 FAMILIES = {
     "llama": {},
     "mistral": {"model_type": "mistral"},
     "qwen2": {"model_type": "qwen2"},
     "qwen3": {"model_type": "qwen3", "head_dim": 16},
     "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen3_moe": {"model_type": "qwen3_moe", "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32},
+    "olmo2": {"model_type": "olmo2"},
+    "phi3": {"model_type": "phi3", "pad_token_id": 0, "eos_token_id": 2},
 }
 
 
@@ -66,7 +71,7 @@ def test_render_refuses_other_launchers(tmp_path):
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_plan_entries_become_torch_styles(sp):
-    plan = nd_plans.layer_tp_plan("llama", sp)
+    plan = nd_plans.layer_tp_plan(BASE_HF, sp)
     styles = {path: nd_session.build_style(spec) for path, spec in plan.items()}
     assert isinstance(styles["self_attn.q_proj"], ColwiseParallel)
     assert isinstance(styles["mlp.down_proj"], RowwiseParallel)
@@ -77,7 +82,7 @@ def test_plan_entries_become_torch_styles(sp):
     top = {path: nd_session.build_style(spec) for path, spec in nd_plans.top_tp_plan(sp, True).items()}
     assert top["embed_tokens"].input_layouts == (Replicate(),)
     assert top["lm_head"].output_layouts == (Shard(-1),) and top["lm_head"].use_local_output is False
-    moe = nd_session.build_style(nd_plans.layer_tp_plan("mixtral", True)["mlp"])
+    moe = nd_session.build_style(nd_plans.layer_tp_plan({**BASE_HF, **FAMILIES["mixtral"]}, True)["mlp"])
     assert isinstance(moe, PrepareModuleInputOutput)
 
 
@@ -92,7 +97,7 @@ def test_plan_paths_exist_in_the_hf_decoder_layer(family, sp):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config_object(hf))
     layer = model.model.layers[0]
-    for path in nd_plans.layer_tp_plan(hf["model_type"], sp):
+    for path in nd_plans.layer_tp_plan(hf, sp):
         layer.get_submodule(path)
     stage = StageModule(model, [0, 1], True, True, 1)
     for path in nd_plans.top_tp_plan(sp, False):
