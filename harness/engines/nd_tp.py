@@ -117,7 +117,8 @@ def layer_plan(hf_config: Mapping[str, Any], sequence_parallel: bool) -> Dict[st
     """One decoder layer's plan (module path inside the layer -> style), in the order nd applies it.
 
     Without sequence parallelism it is transformers' plan translated. With it, the layer's norms run on
-    sequence shards (SequenceParallel), the attention block (called with hidden_states=..., as every
+    sequence shards (SequenceParallel, handing on plain local shards: OLMo 2's norms come after attention
+    and MLP, where their output meets the residual stream), the attention block (called with hidden_states=..., as every
     transformers decoder layer calls it) and the MLP gather their input, and row-parallel projections
     reduce-scatter to sequence shards. A routed-expert block stays whole: with sequence parallelism its
     input is gathered and its output re-sharded, so every TP rank routes the same tokens.
@@ -133,12 +134,12 @@ def layer_plan(hf_config: Mapping[str, Any], sequence_parallel: bool) -> Dict[st
     out: Dict[str, Dict[str, Any]] = {}
     seq = sequence_parallel
     if seq:  # the first norm (the pre-attention one, where there is one) ahead of attention, the others after
-        out.update({norm: _style("SequenceParallel") for norm in norms[:1]})
+        out.update({norm: _style("SequenceParallel", use_local_output=True) for norm in norms[:1]})
         out[attention] = _style("PrepareModuleInput", input_kwarg_layouts={"hidden_states": SHARD_SEQ},
                                 desired_input_kwarg_layouts={"hidden_states": REPLICATE}, use_local_output=True)
     out.update(_split_entries({p: s for p, s in kept.items() if p.startswith(attention + ".")}, seq))
     if seq:
-        out.update({norm: _style("SequenceParallel") for norm in norms[1:]})
+        out.update({norm: _style("SequenceParallel", use_local_output=True) for norm in norms[1:]})
     if seq and moe:
         out[moe] = _style("PrepareModuleInputOutput",
                           input_layouts=[SHARD_SEQ], desired_input_layouts=[REPLICATE], use_local_input=True,

@@ -52,8 +52,8 @@ def test_dense_layer_plan_is_megatron_column_then_row(family):
 
 def test_sequence_parallel_shards_norms_and_reduce_scatters_row_outputs():
     plan = nd_plans.layer_tp_plan(HF["llama"], sequence_parallel=True)
-    assert plan["input_layernorm"] == {"style": "SequenceParallel"}
-    assert plan["post_attention_layernorm"] == {"style": "SequenceParallel"}
+    assert plan["input_layernorm"] == {"style": "SequenceParallel", "use_local_output": True}
+    assert plan["post_attention_layernorm"] == {"style": "SequenceParallel", "use_local_output": True}
     assert plan["self_attn"]["input_kwarg_layouts"] == {"hidden_states": "Shard(1)"}
     assert plan["self_attn"]["desired_input_kwarg_layouts"] == {"hidden_states": "Replicate()"}
     assert plan["mlp"]["input_layouts"] == ["Shard(1)"]
@@ -79,7 +79,8 @@ def test_gathered_projections_and_post_norms_follow_transformers_plan():
     assert plan["self_attn.q_proj"] == {"style": "ColwiseParallel", "output_layouts": "Replicate()"}
     assert plan["self_attn.o_proj"] == {"style": "RowwiseParallel", "input_layouts": "Replicate()",
                                         "output_layouts": "Shard(1)"}  # fmt: skip
-    assert plan["post_attention_layernorm"] == plan["post_feedforward_layernorm"] == {"style": "SequenceParallel"}
+    assert plan["post_attention_layernorm"] == plan["post_feedforward_layernorm"] == {"style": "SequenceParallel",
+                                                                                     "use_local_output": True}
     assert "input_layernorm" not in plan
 
 
