@@ -81,7 +81,7 @@ def reference(cfg, n_steps: int):
     """Per-step mean losses of one process that sees every data-parallel rank's micro-batches at once."""
     import torch
 
-    from harness.engines import nd_plans
+    from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
     from harness.plan.parallel_dims import ParallelDims
     from harness.runtime.data import micro_batches, token_source
     from harness.runtime.model import build_model
@@ -93,8 +93,8 @@ def reference(cfg, n_steps: int):
         compute = copy.deepcopy(model)
         for param in compute.parameters():
             param.data = param.data.to(torch.bfloat16)  # buffers (rotary inv_freq) stay fp32
-    optimizer = torch.optim.AdamW(model.parameters(), lr=bench.lr, betas=nd_plans.ADAMW_BETAS,
-                                  eps=nd_plans.ADAMW_EPS, weight_decay=bench.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=bench.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS,
+                                  weight_decay=bench.weight_decay)
     source = token_source(cfg.data, cfg.model.hf_config["vocab_size"], layout.seq_len)
     rows, losses = layout.micro_batch * ParallelDims.of(layout).dp, []
     for step in range(n_steps):
