@@ -153,7 +153,7 @@ def clear_caches() -> None:
     for cache in (_SPECS, _CONVENTIONS, _FLOPS, _PEAKS, _ALLOWANCES, _DEVICE_MEMORY, _PROFILES, states._RANK_PARAMS,
                   states._RANK_STATES, activations._TOKEN_ACTIVATIONS, hardware._LOADED):
         cache.clear()
-    for rule in (rules.check_enums, rules.check_world, rules.check_tensor_parallel, rules.check_pipeline,
+    for rule in (rules.check_world, rules.check_tensor_parallel, rules.check_pipeline,
                  rules.check_sequence, rules.check_experts, rules.check_engine, rules.check_offload,
                  rules.check_model_init):
         rule.cache_clear()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 from harness.config.schema import PipelineSchedule, allowed
 
@@ -35,6 +35,9 @@ class EngineSupport:
     # ZeRO stages at which the engine builds the model without any rank holding all of it
     # (model.init=meta): on the meta device then materialised per rank, or partitioned as built.
     meta_init_stages: Tuple[int, ...] = ()
+    # Engine options (field, value) tensor and context parallelism need, and why (ends up in the error).
+    tp_cp_options: Tuple[Tuple[str, Any], ...] = ()
+    tp_cp_reason: str = ""
 
 
 ENGINE_SUPPORT: Dict[str, EngineSupport] = {
@@ -61,7 +64,8 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         tp=True, cp=True, ep=False, pp_schedules=(), pp_zero_stages=(), hybrid_zero_stages=(0, 2, 3),
         offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)}, offload_together=True,
         tp_shards_vocab=(True, True), activation_profile="hf", gpu_only_axes=("tp", "cp"),
-        gpu_only_reason="Accelerate's ParallelismConfig refuses a MULTI_CPU state; engine=nd runs tp on CPU"),
+        gpu_only_reason="Accelerate's ParallelismConfig refuses a MULTI_CPU state; engine=nd runs tp on CPU",
+        tp_cp_options=(("fsdp_version", 2),), tp_cp_reason="needs FSDP2"),
     # Torch-native: DTensor TP (+ sequence parallel, vocab-parallel embedding and lm_head as torchtitan
     # does), torch.distributed.pipelining schedules, FSDP2 on the data axis (3 reshard after forward,
     # 2 keep, 0 replicate).
@@ -78,3 +82,10 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         hybrid_zero_stages=(1,), offload_optimizer={}, offload_params={}, offload_together=False,
         tp_shards_vocab=(True, True), activation_profile="megatron"),
 }
+
+
+def unmet_parallel_options(engine: Any) -> Tuple[Tuple[str, Any], ...]:
+    """The (option, value) pairs of an engine config that keep it from composing tp / cp (tp_cp_options)."""
+    support = ENGINE_SUPPORT.get(engine.name)
+    needs = support.tp_cp_options if support is not None else ()
+    return tuple((option, getattr(engine, option)) for option, value in needs if getattr(engine, option) != value)

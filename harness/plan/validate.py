@@ -5,14 +5,13 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, List, Optional, Tuple
 
-from harness.config import schema
 from harness.plan.construction import check_model_init
 from harness.plan.conventions import state_convention
 from harness.plan.model_spec import ModelSpec
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.peak import accelerator_problem
 from harness.plan.pipeline import pipeline_problems
-from harness.plan.support import ENGINE_SUPPORT
+from harness.plan.support import ENGINE_SUPPORT, unmet_parallel_options
 
 # Each rule is a pure function of the few primitive fields it reads, returning (errors, warnings);
 # memoised, since a sweep repeats the same sub-combinations many times.
@@ -28,9 +27,7 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
     unknown_accelerator = accelerator_problem(cluster.accelerator)
     if unknown_accelerator:  # every later rule reads the accelerator's table row
         return [unknown_accelerator], []
-    found = [check_enums(engine.name, engine.launcher, layout.precision, layout.offload_optimizer,
-                         layout.offload_params, layout.activation_checkpointing, layout.pp_schedule,
-                         cfg.bench.flop_attention)]
+    found: List[Found] = []
     degrees = (layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.cp, layout.ep,
                layout.pp_virtual_stages, layout.micro_batch, layout.grad_accum, layout.seq_len)
     if min(degrees) < 1:
@@ -48,14 +45,28 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
         check_sequence(layout.seq_len, layout.cp, layout.tp, engine.sequence_parallel, spec.attn_implementation,
                        spec.learned_positions, spec.max_positions),
         check_experts(layout.ep, layout.dp_shard, layout.cp, spec.num_experts, spec.name),
-        check_engine(engine.name, engine.fsdp_version, layout.zero_stage, layout.dp_replicate, layout.tp,
-                     layout.pp, layout.cp, layout.ep, layout.pp_schedule, layout.precision, cluster.accelerator),
-        check_offload(engine.name, layout.zero_stage, layout.offload_optimizer, layout.offload_params,
-                      bool(layout.nvme_path)),
+        *support_found(cfg),
         check_model_init(engine.name, layout.zero_stage, cfg.model.init, spec.total_params,
                          cluster.accelerators_per_node, cluster.host_memory_gib),
     ]
     return _merge(found)
+
+
+def support_found(cfg: Any) -> List[Found]:
+    """The engine support table's rules (harness.plan.support) for one config; engines' own checks start here."""
+    layout, engine = cfg.layout, cfg.engine
+    return [
+        check_engine(engine.name, unmet_parallel_options(engine), layout.zero_stage, layout.dp_replicate,
+                     layout.tp, layout.pp, layout.cp, layout.ep, layout.pp_schedule, layout.precision,
+                     cfg.cluster.accelerator),
+        check_offload(engine.name, layout.zero_stage, layout.offload_optimizer, layout.offload_params,
+                      bool(layout.nvme_path)),
+    ]
+
+
+def support_problems(cfg: Any) -> List[str]:
+    """The errors of support_found: what the table refuses of this config, one message per rule."""
+    return _merge(support_found(cfg))[0]
 
 
 def _merge(found: List[Found]) -> Tuple[List[str], List[str]]:
@@ -67,23 +78,6 @@ def _merge(found: List[Found]) -> Tuple[List[str], List[str]]:
         if warns:
             warnings += warns
     return errors, warnings
-
-
-@lru_cache(maxsize=None)
-def check_enums(engine: str, launcher: str, precision: str, offload_optimizer: str, offload_params: str,
-                checkpointing: str, schedule: str, flop_attention: str) -> Found:
-    """String fields against the tuples of harness.config.schema."""
-    errors = [f"{label}={value!r} must be one of {', '.join(allowed)}" for label, value, allowed in (
-        ("engine.name", engine, schema.ENGINES),
-        ("engine.launcher", launcher, schema.LAUNCHERS),
-        ("layout.precision", precision, schema.PRECISIONS),
-        ("layout.offload_optimizer", offload_optimizer, schema.OFFLOAD_TARGETS),
-        ("layout.offload_params", offload_params, schema.OFFLOAD_TARGETS),
-        ("layout.activation_checkpointing", checkpointing, schema.CHECKPOINTING),
-        ("layout.pp_schedule", schedule, schema.PP_SCHEDULES),
-        ("bench.flop_attention", flop_attention, schema.FLOP_ATTENTION),
-    ) if value not in allowed]
-    return tuple(errors), ()
 
 
 @lru_cache(maxsize=None)
@@ -155,12 +149,11 @@ def check_experts(ep: int, dp_shard: int, cp: int, num_experts: int, model: str)
 
 
 @lru_cache(maxsize=None)
-def check_engine(engine: str, fsdp_version: int, zero: int, dp_replicate: int, tp: int, pp: int, cp: int,
-                 ep: int, schedule: str, precision: str, accelerator: str) -> Found:
-    """The engine support matrix (harness.plan.support) and device limits."""
+def check_engine(engine: str, unmet_options: Tuple[Tuple[str, Any], ...], zero: int, dp_replicate: int, tp: int,
+                 pp: int, cp: int, ep: int, schedule: str, precision: str, accelerator: str) -> Found:
+    """The engine support matrix (harness.plan.support) and device limits; `unmet_options` are the engine
+    options that keep tp / cp from composing (harness.plan.support.unmet_parallel_options)."""
     errors = []
-    if zero not in (0, 1, 2, 3):
-        errors.append(f"layout.zero_stage={zero} must be one of 0, 1, 2, 3")
     if cp > 1 and accelerator == "cpu":
         errors.append(f"cp={cp} on accelerator=cpu: context parallelism does not run on CPU")
     if precision == "fp16" and accelerator == "cpu":
@@ -190,11 +183,10 @@ def check_engine(engine: str, fsdp_version: int, zero: int, dp_replicate: int, t
         errors.append(f"engine={engine} cannot shard over dp_shard only (dp_replicate={dp_replicate}) at "
                       f"zero_stage={zero} (hybrid sharding: "
                       f"{', '.join(map(str, support.hybrid_zero_stages)) or 'none'})")
-    if engine == "fsdp" and fsdp_version not in (1, 2):
-        errors.append(f"engine.fsdp_version={fsdp_version} must be 1 or 2")
-    if engine == "fsdp" and fsdp_version == 1 and (tp > 1 or cp > 1):
-        errors.append(f"engine=fsdp fsdp_version=1 cannot compose tp={tp} / cp={cp} (needs FSDP2)")
-    if precision in schema.PRECISIONS and zero in (0, 1, 2, 3) and state_convention(engine, precision, zero) is None:
+    if tp > 1 or cp > 1:
+        errors += [f"engine={engine} {option}={value} cannot compose tp={tp} / cp={cp} ({support.tp_cp_reason})"
+                   for option, value in unmet_options]
+    if state_convention(engine, precision, zero) is None:
         errors.append(f"no memory convention for engine={engine} precision={precision}")
     return tuple(errors), ()
 
@@ -207,7 +199,7 @@ def check_offload(engine: str, zero: int, offload_optimizer: str, offload_params
     if support is not None:
         for state, target, table in (("offload_optimizer", offload_optimizer, support.offload_optimizer),
                                      ("offload_params", offload_params, support.offload_params)):
-            if target == "none" or target not in schema.OFFLOAD_TARGETS:
+            if target == "none":
                 continue
             stages: Optional[Tuple[int, ...]] = table.get(target, ())
             if zero not in stages:

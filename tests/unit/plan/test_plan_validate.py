@@ -138,17 +138,6 @@ def test_device_rules_and_warnings():
         model="gpt2", seq_len=2048)
 
 
-def test_enums_checked_against_the_schema():
-    errors = errors_of(precision="bf17", pp_schedule="Zigzag", activation_checkpointing="some",
-                       engine=dict(name="megatron", launcher="mpirun"), bench=dict(flop_attention="sliding"))
-    assert "engine.name='megatron' must be one of deepspeed, fsdp, nd, megatron_lm" in errors
-    assert "engine.launcher='mpirun' must be one of torchrun, deepspeed, accelerate" in errors
-    assert "layout.precision='bf17' must be one of bf16, fp16, fp32" in errors
-    assert any(e.startswith("layout.pp_schedule='Zigzag' must be one of GPipe") for e in errors)
-    assert "layout.activation_checkpointing='some' must be one of none, selective, full" in errors
-    assert "bench.flop_attention='sliding' must be one of causal, full" in errors
-
-
 @pytest.mark.parametrize("engine", ["deepspeed", "fsdp", "nd"])
 def test_cpu_presets_are_valid(engine):
     layout = preset(ROOT / "hydra_configs" / "layout" / "dp2_zero2.yaml")
