@@ -26,6 +26,7 @@ import yaml
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun, render_launch
 from harness.plan.parallel_dims import ParallelDims
+from harness.plan.validate import support_problems
 from harness.rundir import ACCELERATE_CONFIG_FILE, write_text
 
 CONFIG_FILE = ACCELERATE_CONFIG_FILE
@@ -47,8 +48,10 @@ FSDP_KEYS = frozenset(
 
 
 def layout_problems(cfg: RunConfig) -> List[str]:
-    """What this engine cannot do with the layout, one message per field (empty: renderable)."""
-    return [*_launch_problems(cfg), *_sharding_problems(cfg), *_offload_problems(cfg), *_compute_problems(cfg)]
+    """What this engine cannot do with the layout, one message per field (empty: renderable): the support
+    table's rules (harness.plan.support, through harness.plan.validate), then the rules only FSDP has."""
+    return [*support_problems(cfg), *_launch_problems(cfg), *_sharding_problems(cfg), *_offload_problems(cfg),
+            *_compute_problems(cfg)]
 
 
 def _launch_problems(cfg: RunConfig) -> List[str]:
@@ -64,44 +67,19 @@ def _launch_problems(cfg: RunConfig) -> List[str]:
 
 
 def _sharding_problems(cfg: RunConfig) -> List[str]:
+    """FSDP1 hybrid sharding on gloo, and Accelerate's ParallelismConfig rules for tp / cp
+    (parallelism_config.py); zero stages, pp / ep, GPU-only axes and FSDP2-only tp / cp are the table's."""
     layout, engine = cfg.layout, cfg.engine
     problems = []
-    if layout.zero_stage not in FSDP1_STRATEGIES:
-        problems.append(
-            f"layout.zero_stage={layout.zero_stage}: FSDP has no optimizer-only sharding level "
-            "(0 NO_SHARD, 2 SHARD_GRAD_OP, 3 FULL_SHARD; ZeRO-1 is engine=deepspeed)"
-        )
-    for axis in ("pp", "ep"):
-        if getattr(layout, axis) != 1:
-            problems.append(
-                f"layout.{axis}={getattr(layout, axis)}: engine=fsdp has no pipeline or expert parallelism "
-                "(pipeline parallelism is engine=nd)"
-            )
-    problems += _parallelism_problems(cfg)
     if engine.fsdp_version == 1 and layout.dp_replicate > 1 and layout.zero_stage != 0:
         problems.append(
             f"layout.dp_replicate={layout.dp_replicate} with engine.fsdp_version=1: FSDP1 HYBRID_SHARD "
             "does not keep its replicas in sync on gloo (measured), hybrid sharding is fsdp_version=2"
         )
-    return problems
-
-
-def _parallelism_problems(cfg: RunConfig) -> List[str]:
-    """Tensor / context parallelism: Accelerate's ParallelismConfig rules (parallelism_config.py)."""
-    layout, engine, accelerator = cfg.layout, cfg.engine, cfg.cluster.accelerator
     axes = [f"layout.{axis}={getattr(layout, axis)}" for axis in ("tp", "cp") if getattr(layout, axis) > 1]
     if not axes:
-        return []
+        return problems
     named = " and ".join(axes)
-    problems = []
-    if accelerator == "cpu":
-        problems.append(
-            f"{named} on cluster.accelerator='cpu': engine=fsdp runs tensor and context parallelism through "
-            "Accelerate's ParallelismConfig, which needs GPUs (it refuses a MULTI_CPU state; context "
-            "parallelism does not run on CPU); use engine=nd for tensor parallelism on CPU"
-        )
-    if engine.fsdp_version != 2:
-        problems.append(f"{named} with engine.fsdp_version={engine.fsdp_version}: Accelerate composes them with FSDP2 only")
     if layout.zero_stage == 0:
         problems.append(
             f"{named} with layout.zero_stage=0: Accelerate composes them with sharded FSDP2 (zero_stage 2 or 3)"
@@ -115,24 +93,13 @@ def _parallelism_problems(cfg: RunConfig) -> List[str]:
 
 
 def _offload_problems(cfg: RunConfig) -> List[str]:
-    layout, engine = cfg.layout, cfg.engine
-    problems = []
-    for key in ("offload_params", "offload_optimizer"):
-        if getattr(layout, key) not in ("none", "cpu"):
-            problems.append(f"layout.{key}={getattr(layout, key)!r}: FSDP offloads to cpu only")
-    if layout.offload_params != layout.offload_optimizer:
-        problems.append(
-            f"layout.offload_params={layout.offload_params!r} and offload_optimizer={layout.offload_optimizer!r}: "
-            "FSDP's CPU offload moves parameters, gradients and the optimizer step together (set both)"
-        )
-    if offloaded(cfg) and layout.zero_stage != 3:
-        problems.append(f"layout.zero_stage={layout.zero_stage} with cpu offload: FSDP offloads at zero_stage=3")
-    if offloaded(cfg) and engine.fsdp_version == 1 and cfg.cluster.accelerator == "cpu":
-        problems.append(
+    """FSDP1's pinned offload; offload targets, stages and the one-switch rule are the table's."""
+    if offloaded(cfg) and cfg.engine.fsdp_version == 1 and cfg.cluster.accelerator == "cpu":
+        return [
             "cpu offload with engine.fsdp_version=1 on cluster.accelerator='cpu': FSDP1 always pins the "
             "offloaded shards, which needs a GPU (fsdp_version=2 offloads with pin_memory=False)"
-        )
-    return problems
+        ]
+    return []
 
 
 def _compute_problems(cfg: RunConfig) -> List[str]:

@@ -176,16 +176,17 @@ def test_wrap_class_comes_from_the_model(model, layer):
 
 
 REFUSED = [
-    (["layout.zero_stage=1"], "layout.zero_stage=1"),
-    (["layout.tp=2", "layout.dp_shard=1"], "layout.tp=2"),
-    (["layout.cp=2", "layout.dp_shard=1"], "layout.cp=2"),
-    (["layout.pp=2", "layout.dp_shard=1"], "layout.pp=2"),
+    (["layout.zero_stage=1"], "does not support zero_stage=1 (FSDP has no optimizer-only sharding level)"),
+    (["layout.tp=2", "layout.dp_shard=1"], "runs tp=2 on GPU only"),
+    (["layout.cp=2", "layout.dp_shard=1"], "runs cp=2 on GPU only"),
+    (["layout.pp=2", "layout.dp_shard=1"], "does not support pp=2"),
     (["engine.fsdp_version=1", "layout.zero_stage=3", "layout.dp_replicate=2", "layout.dp_shard=1"],
      "layout.dp_replicate=2"),
     (["layout.zero_stage=3", "layout.offload_params=nvme", "layout.offload_optimizer=nvme"],
-     "layout.offload_params='nvme'"),
-    (["layout.zero_stage=3", "layout.offload_params=cpu"], "offload_optimizer='none'"),
-    (["layout.zero_stage=2", "layout.offload_params=cpu", "layout.offload_optimizer=cpu"], "layout.zero_stage=2"),
+     "offload_params=nvme at zero_stage=3 is not supported"),
+    (["layout.zero_stage=3", "layout.offload_params=cpu"], "offload_optimizer=none must equal offload_params=cpu"),
+    (["layout.zero_stage=2", "layout.offload_params=cpu", "layout.offload_optimizer=cpu"],
+     "offload_params=cpu at zero_stage=2 is not supported (zero_stage in 3)"),
     (["engine.fsdp_version=1", "layout.zero_stage=3", "layout.offload_params=cpu", "layout.offload_optimizer=cpu"],
      "pins"),
     (["layout.activation_checkpointing=selective"], "selective"),
@@ -309,11 +310,11 @@ def test_parallelism_config_means_the_layout_validated_only(
 
 ND_REFUSED = [
     (["cluster=cpu", "layout.tp=2", "cluster.accelerators_per_node=4"],
-     "layout.tp=2 on cluster.accelerator='cpu': engine=fsdp runs tensor and context parallelism through "
-     "Accelerate's ParallelismConfig, which needs GPUs"),
-    (["cluster=cpu", "layout.cp=2", "cluster.accelerators_per_node=4"], "use engine=nd for tensor parallelism"),
+     "engine=fsdp runs tp=2 on GPU only, not accelerator=cpu (Accelerate's ParallelismConfig refuses a "
+     "MULTI_CPU state"),
+    (["cluster=cpu", "layout.cp=2", "cluster.accelerators_per_node=4"], "engine=nd runs tp on CPU"),
     (["cluster=gpu_h100_1x8", "layout.dp_shard=4", "layout.tp=2", "engine.fsdp_version=1"],
-     "layout.tp=2 with engine.fsdp_version=1: Accelerate composes them with FSDP2 only"),
+     "engine=fsdp fsdp_version=1 cannot compose tp=2 / cp=1 (needs FSDP2)"),
     (["cluster=gpu_h100_1x8", "layout.dp_shard=4", "layout.tp=2", "layout.zero_stage=0"], "zero_stage=0"),
     (["cluster=gpu_h100_1x8", "layout.dp_shard=1", "layout.tp=8"], "FSDP2 needs a dp_shard"),
     (["cluster=gpu_h100_1x8", "layout.dp_replicate=2", "layout.dp_shard=1", "layout.tp=2", "layout.cp=2"],
