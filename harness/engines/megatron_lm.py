@@ -18,12 +18,12 @@ from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, PORT_BASE, PORT_SPAN, RenderedRun
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import ParallelDims
+from harness.plan.validate import support_problems
 from harness.rundir import MEGATRON_ARGS_FILE, MEGATRON_SCRIPT_FILE, write_text
 
 SCRIPT_FILE = MEGATRON_SCRIPT_FILE
 ARGS_FILE = MEGATRON_ARGS_FILE
 # Megatron-LM schedules: 1F1B without virtual stages, interleaved 1F1B with them.
-SCHEDULES = ("1F1B", "Interleaved1F1B")
 MEGATRON_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "gpt2")
 # Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * tp (default 128).
 DEFAULT_VOCAB_DIVISOR = 128
@@ -330,20 +330,11 @@ def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
 
 # ------------------------------------------------------------------------------------------ checks
 def _layout_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
-    layout, problems = cfg.layout, []
+    """The support table's rules (zero stages, hybrid sharding, schedules, no offload: harness.plan.support),
+    then Megatron's own: interleaving exactly with virtual stages."""
+    layout, problems = cfg.layout, support_problems(cfg)
     # Megatron derives its data-parallel size as world / (tp*pp*cp): the mesh must cover the cluster exactly.
     problems += ParallelDims.of(layout).world_problems(cfg.cluster.nodes, cfg.cluster.accelerators_per_node)[0]
-    if layout.zero_stage not in (0, 1):
-        problems.append(f"layout.zero_stage={layout.zero_stage}: the export maps 0 to plain data parallel and 1 to "
-                        f"--use-distributed-optimizer (Megatron-FSDP is not exported)")
-    if layout.dp_replicate > 1 and layout.zero_stage != 1:
-        problems.append(f"layout.dp_replicate={layout.dp_replicate} needs zero_stage=1 "
-                        f"(--num-distributed-optimizer-instances); with zero_stage=0 use dp_shard")
-    if layout.offload_optimizer != "none" or layout.offload_params != "none":
-        problems.append("layout.offload_*: the Megatron-LM export does not offload")
-    if layout.pp_schedule not in SCHEDULES and layout.pp > 1:
-        problems.append(f"layout.pp_schedule={layout.pp_schedule}: Megatron-LM runs 1F1B (pp_virtual_stages=1) or "
-                        f"Interleaved1F1B (pp_virtual_stages>1)")
     if layout.pp > 1 and (layout.pp_schedule == "Interleaved1F1B") != (layout.pp_virtual_stages > 1):
         problems.append(f"layout.pp_schedule={layout.pp_schedule} with pp_virtual_stages={layout.pp_virtual_stages}: "
                         f"Megatron interleaves exactly when virtual stages > 1")

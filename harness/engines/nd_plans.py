@@ -15,6 +15,7 @@ from harness.engines.optimizer import adamw_settings
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import MESH_DIMS, ParallelDims
 from harness.plan.pipeline import V_SCHEDULES, pipeline_problems, stage_layer_counts, stage_to_rank
+from harness.plan.validate import support_problems
 
 # Families whose causal LM runs as nd's stage module does (harness.engines.stage_module: embed_tokens, the
 # decoder layers given one rotary embedding, norm, lm_head), checked by CPU runs against one process.
@@ -239,38 +240,24 @@ def _model_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
 
 
 def _data_parallel_problems(layout: LayoutConfig) -> List[str]:
-    problems = []
-    if layout.zero_stage not in (0, 2, 3):
-        problems.append(f"layout.zero_stage={layout.zero_stage}: engine=nd holds the data axis with FSDP2, which has "
-                        f"no optimizer-only level (0 replicate, 2 shard and keep, 3 shard and reshard)")
-    offload = (layout.offload_optimizer, layout.offload_params)
-    if offload != ("none", "none"):
-        if offload != ("cpu", "cpu") or layout.zero_stage != 3:
-            problems.append(f"layout.offload_optimizer={offload[0]}, offload_params={offload[1]}, zero_stage="
-                            f"{layout.zero_stage}: engine=nd offloads only with FSDP2's CPUOffloadPolicy, which moves "
-                            f"parameters, gradients and the optimizer step together (both cpu, zero_stage=3)")
-        elif ParallelDims.of(layout).data_ranks == 1:
-            problems.append("layout.offload_*=cpu needs a data axis (dp_replicate*dp_shard*cp > 1) "
-                            "for FSDP2 to offload")
-    return problems
+    """FSDP2 offloads only across a data axis; zero stages and offload targets are the support table's."""
+    offloaded = "cpu" in (layout.offload_optimizer, layout.offload_params)
+    if offloaded and ParallelDims.of(layout).data_ranks == 1:
+        return ["layout.offload_*=cpu needs a data axis (dp_replicate*dp_shard*cp > 1) for FSDP2 to offload"]
+    return []
 
 
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     """(errors, warnings) for running this config with engine=nd; each names the field, value and rule."""
     layout, engine = cfg.layout, cfg.engine
     spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
-    errors = _model_problems(spec, cfg)
+    errors = support_problems(cfg) + _model_problems(spec, cfg)  # the table's: no ep, cp on GPU only, ...
     warnings: List[str] = []
     errors += ParallelDims.of(layout).world_problems(cfg.cluster.nodes, cfg.cluster.accelerators_per_node)[0]
-    if layout.ep != 1:
-        errors.append(f"layout.ep={layout.ep}: engine=nd has no expert parallelism (engine=megatron_lm exports it)")
     if layout.precision == "fp16":
         errors.append("layout.precision=fp16: engine=nd trains bf16 or fp32 (fp16 needs a loss scaler)")
     errors += _data_parallel_problems(layout)
     if layout.cp > 1:
-        if cfg.cluster.accelerator == "cpu":
-            errors.append(f"layout.cp={layout.cp}: context parallelism runs on GPU only "
-                          f"(no CPU sharding rule for SDPA); cluster.accelerator=cpu")
         if layout.pp > 1:
             errors.append(f"layout.cp={layout.cp} with pp={layout.pp}: engine=nd runs context parallelism without "
                           f"pipeline parallelism")
