@@ -37,7 +37,7 @@ def data_file_problem(data: Any, layout: Any, vocab_size: Optional[int]) -> Opti
     try:
         tokens = count_tokens(path, data.text_column)
     except (UnicodeDecodeError, ValueError, KeyError, csv.Error) as error:
-        return "data.path", data.path, f"does not decode as {_builder(path)} data: {_short(error)}"
+        return "data.path", data.path, f"does not decode as {builder_for(path)} data: {_short(error)}"
     need = layout.micro_batch * layout.seq_len
     if tokens < need:
         return ("data.path", data.path, f"holds {tokens} byte tokens, fewer than one micro-batch "
@@ -57,13 +57,14 @@ def _access_problem(path: Path) -> Optional[str]:
     return None
 
 
-def _builder(path: Path) -> str:
-    return BUILDERS.get(path.suffix.lower(), "text")
+def builder_for(path: str) -> str:
+    """The `datasets` builder that reads `path`, by its extension (anything else is lines of text)."""
+    return BUILDERS.get(Path(path).suffix.lower(), "text")
 
 
 def count_tokens(path: Path, text_column: str) -> int:
     """Byte tokens the runtime would pack from this file (from its first READ_LIMIT bytes)."""
-    builder = _builder(path)
+    builder = builder_for(path)
     if builder == "parquet":
         return _parquet_tokens(path, text_column)
     with open(path, "rb") as handle:

@@ -23,7 +23,7 @@ def fill_data_parallel(run: RunConfig) -> RunConfig:
         return run
     if len(wildcards) > 1:
         raise DegreeFillError("layout.dp_replicate=-1 and layout.dp_shard=-1: only one degree can fill the world")
-    world = cluster.nodes * cluster.accelerators_per_node
+    world = cluster.ranks
     others = [axis for axis in (*FILLABLE, *FIXED) if axis != wildcards[0]]
     used = 1
     for axis in others:

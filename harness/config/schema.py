@@ -271,6 +271,11 @@ class ClusterConfig:
     # the datasheet table; `host`: this host's cached profile; None: the table.
     profile: Optional[str] = None
 
+    @property
+    def ranks(self) -> int:
+        """Processes of the whole job, one per accelerator (the world a layout's mesh must cover)."""
+        return self.nodes * self.accelerators_per_node
+
 
 @dataclass
 class DataConfig:

@@ -181,7 +181,7 @@ def accelerate_config(cfg: RunConfig, layer_class: Optional[str] = None) -> Dict
         "distributed_type": "FSDP",
         "mixed_precision": ACCELERATE_PRECISION[cfg.layout.precision],
         "num_machines": cluster.nodes,
-        "num_processes": cluster.nodes * cluster.accelerators_per_node,
+        "num_processes": cluster.ranks,
         "machine_rank": 0,  # the launch line passes each node's own --machine_rank
         "rdzv_backend": "static",
         "same_network": True,

@@ -32,8 +32,7 @@ Flags = Dict[str, Any]  # flag -> value; True for a switch
 
 
 def global_batch_size(cfg: RunConfig) -> int:
-    layout = cfg.layout
-    return layout.micro_batch * layout.grad_accum * ParallelDims.of(cfg.layout).dp
+    return ParallelDims.of(cfg.layout).global_batch(cfg.layout.micro_batch, cfg.layout.grad_accum)
 
 
 def vocab_divisor(vocab_size: int, tp: int) -> int:

@@ -37,7 +37,7 @@ def fsdp_shard_size(layout: LayoutConfig) -> int:
     Context-parallel ranks hold the same weights, so FSDP shards over them too (torchtitan's dp_shard_cp);
     zero_stage 0 replicates over every data rank instead.
     """
-    return layout.dp_shard * layout.cp if layout.zero_stage >= 2 else 1
+    return ParallelDims.of(layout).dp_shard_cp if layout.zero_stage >= 2 else 1
 
 
 def data_parallel_plan(layout: LayoutConfig) -> Optional[Dict[str, Any]]:

@@ -20,13 +20,13 @@ from harness.launch.watchdog import EXIT_TIMEOUT
 from harness.rundir import (
     COMPLETED,
     CORRUPT,
-    ERRORS_DIR,
     FAILED,
     LAUNCH_LOG,
     OOM,
     RUNNING,
     TIMEOUT,
     CorruptFile,
+    error_file,
     metrics_written,
     read_errors,
     read_status,
@@ -114,7 +114,7 @@ def first_failure(run_dir: Path) -> Optional[Tuple[str, str]]:
         return CORRUPT, f"corrupt run directory: {error}"
     if not errors:
         return None
-    when = {error.rank: (run_dir / ERRORS_DIR / f"rank{error.rank}.json").stat().st_mtime for error in errors}
+    when = {error.rank: (run_dir / error_file(error.rank)).stat().st_mtime for error in errors}
     # Ranks last seen alive in the same sample tie; the launcher's SIGTERM of the survivors comes after.
     cleanup = {"SIGTERM": 2, "killed": 1}
     ordered = sorted(errors, key=lambda error: (not error.out_of_memory, when[error.rank],

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional
 
+from harness.rundir import slurm_log
+
 SIGKILL = 9
 # Slurm's SIG_OOM (253) is what a step killed by the memory cgroup exits with; exit codes carry the
 # signal in 7 bits, so it shows as signal 125 (DerivedExitCode 0:125 in cgroup mode, measured).
@@ -92,7 +94,7 @@ def slurmstepd_oom_line(logs: Iterable[Path]) -> str:
 
 def job_logs(run_dir: Path, job_ids: Iterable[Optional[str]]) -> List[Path]:
     """The run's `slurm-<id>.out` of the given raw job ids (the template's --output), in that order."""
-    return [Path(run_dir) / f"slurm-{job}.out" for job in job_ids if job]
+    return [Path(run_dir) / slurm_log(job) for job in job_ids if job]
 
 
 def _memory_cgroup_files(proc_cgroup: str, root: Path) -> List[Path]:

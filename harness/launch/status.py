@@ -41,6 +41,7 @@ from harness.rundir import (
     rank_failure,
     read_errors,
     read_status,
+    slurm_log,
     state_from_files,
     write_status,
 )
@@ -126,7 +127,7 @@ def classify_files(run_dir: Path, returncode: int) -> Tuple[str, str]:
     if from_files is not None and from_files[0] != FAILED:
         return from_files
     job = os.environ.get("SLURM_JOB_ID")
-    log = f"slurm-{job or '<job id>'}.out"
+    log = slurm_log(job or "<job id>")
     line = slurmstepd_oom_line(job_logs(run_dir, [job]))
     oom = host_oom(KillEvidence(exit_code=returncode, slurmstepd_line=line))
     if oom:

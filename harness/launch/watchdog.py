@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 import psutil
 
 from harness.launch.oom import KillEvidence, cgroup_oom_kills, host_oom
-from harness.rundir import CANCELLED, ERRORS_DIR, LAUNCH_LOG, TIMEOUT, RankError, write_json, write_status
+from harness.rundir import CANCELLED, LAUNCH_LOG, TIMEOUT, RankError, error_file, write_json, write_status
 from harness.runtime.lifecycle import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
 # Exit codes the harness reads back (beside the launcher's own, which is passed through).
@@ -129,7 +129,7 @@ def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int,
     stamped with the last time it was seen alive so the first failure sorts first. `oom_kills`: how far
     the memory cgroup's oom_kill counter rose during the run (harness.launch.oom decides what is OOM)."""
     for seen in gone:
-        path = run_dir / ERRORS_DIR / f"rank{seen.rank}.json"
+        path = run_dir / error_file(seen.rank)
         status = seen.exit_status
         if path.exists() or (status is not None and os.WIFEXITED(status)):
             continue

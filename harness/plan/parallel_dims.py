@@ -43,6 +43,17 @@ class ParallelDims:
         return self.dp * self.cp
 
     @property
+    def dp_shard_cp(self) -> int:
+        """Ranks one parameter is sharded over when the data axis shards: dp_shard x cp (torchtitan's dp_shard_cp;
+        context-parallel ranks hold the same weights)."""
+        return self.dp_shard * self.cp
+
+    def global_batch(self, micro_batch: int, grad_accum: int) -> int:
+        """Sequences one optimizer step consumes: only data-parallel ranks see different samples (tp ranks share a
+        batch, cp ranks split one sequence, pp stages pass the same micro-batches on)."""
+        return micro_batch * grad_accum * self.dp
+
+    @property
     def ranks_per_stage(self) -> int:
         """Ranks that together hold one pipeline stage (the whole model without pipelining)."""
         return self.world_size // self.pp

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from harness.plan.parallel_dims import ParallelDims
 from harness.plan.planner import Plan, make_plan, spec_for, with_time
 from harness.plan.support import ENGINE_SUPPORT
 
@@ -71,9 +72,8 @@ def candidates(cfg: Any, global_batch: int) -> Iterator[Plan]:
     checkpointing modes are tried from least to most activation memory."""
     spec = spec_for(cfg.model)
     cluster = cfg.cluster
-    world = cluster.nodes * cluster.accelerators_per_node
-    for fields in structures(spec, world, cluster.accelerators_per_node, cfg.engine.name):
-        dp = fields["dp_shard"] * fields["dp_replicate"]
+    for fields in structures(spec, cluster.ranks, cluster.accelerators_per_node, cfg.engine.name):
+        dp = ParallelDims(dp_replicate=fields["dp_replicate"], dp_shard=fields["dp_shard"]).dp
         tp = fields["tp"]
         engine = replace(cfg.engine, sequence_parallel=tp > 1, loss_parallel=tp > 1) \
             if cfg.engine.name == "nd" else cfg.engine

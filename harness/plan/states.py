@@ -6,6 +6,7 @@ from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
 from harness.plan.conventions import StateConvention, flat_shard_numel, partition_numel, state_convention
 from harness.plan.model_spec import ModelSpec, ParamTensor, param_tensors
+from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import V_SCHEDULES, rank_stages, stage_layer_counts
 from harness.plan.support import ENGINE_SUPPORT
 
@@ -214,7 +215,7 @@ def place_states(conv: StateConvention, params: RankParams, layout: Any, rank: i
     2021, ZeRO-Infinity): the optimizer side (master, moments, fp32 grads, and the gradient partition
     once gradients are sharded) and / or the parameter partition."""
     zero = layout.zero_stage
-    dense_shards = layout.dp_shard * layout.cp
+    dense_shards = ParallelDims.of(layout).dp_shard_cp
     states = state_bytes(conv, params, zero, dense_shards, max(1, dense_shards // layout.ep))
     param, grad = states["param"], states["grad"]
     master, moments, optimizer_grad = states["master"], states["moments"], states["optimizer_grad"]

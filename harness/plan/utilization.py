@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+from harness.plan.parallel_dims import ParallelDims
+
 
 def tokens_per_step(micro_batch: int, grad_accum: int, dp_replicate: int, dp_shard: int, seq_len: int) -> int:
-    """Tokens one optimizer step consumes, counted once for the whole job.
-
-    Only data-parallel replicas see different samples: the ranks of one TP group share a batch, CP ranks
-    split one sequence, PP stages pass the same micro-batches on. So global batch = micro_batch x
-    grad_accum (the micro-batches of a pipeline, or accumulation steps) x dp_replicate x dp_shard, and
-    tokens = global batch x seq_len, whatever the tp, cp and pp degrees.
-    """
-    return micro_batch * grad_accum * dp_replicate * dp_shard * seq_len
+    """Tokens one optimizer step consumes, counted once for the whole job: the global batch
+    (ParallelDims.global_batch) x seq_len, whatever the tp, cp and pp degrees."""
+    return ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard).global_batch(micro_batch, grad_accum) * seq_len
 
 
 def _utilization(tokens_per_s: float, flops_per_token: float, peak_flops_per_device: Optional[float],

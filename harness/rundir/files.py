@@ -42,6 +42,12 @@ def error_file(rank: int) -> str:
     return f"{ERRORS_DIR}/rank{rank}.json"
 
 
+def slurm_log(job: str) -> str:
+    """A Slurm job's output, relative to the run directory: sbatch's default --output (slurm-%j.out, in the
+    job's --chdir, the run directory); the job script sets no --output of its own."""
+    return f"slurm-{job}.out"
+
+
 def wandb_file_environment(folder: Union[str, Path]) -> Dict[str, str]:
     """The variables that keep every file wandb writes below `folder`/wandb: its runs (wandb puts them in
     $WANDB_DIR/wandb/, where `wandb sync <folder>/wandb` finds them), caches, settings and artifacts.

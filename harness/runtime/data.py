@@ -6,6 +6,7 @@ from typing import Iterator, List
 
 import torch
 
+from harness.config.data_file import BYTE_VOCAB, builder_for
 from harness.config.schema import DataConfig
 
 
@@ -26,11 +27,9 @@ class TextTokens:
     def __init__(self, path: str, text_column: str, vocab_size: int, seq_len: int):
         from datasets import load_dataset
 
-        if vocab_size < 256:
-            raise ValueError(f"data.kind=text needs vocab_size >= 256 for byte tokens, got {vocab_size}")
-        builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(
-            "." + path.rsplit(".", 1)[-1], "text"
-        )
+        if vocab_size < BYTE_VOCAB:
+            raise ValueError(f"data.kind=text needs vocab_size >= {BYTE_VOCAB} for byte tokens, got {vocab_size}")
+        builder = builder_for(path)
         column = "text" if builder == "text" else text_column
         dataset = load_dataset(builder, data_files=path, split="train")
         stream: List[int] = []
