@@ -7,15 +7,13 @@ from typing import Any, Dict, NamedTuple, Tuple
 
 from harness.plan.conventions import COMPUTE_BYTES
 from harness.plan.model_spec import ModelSpec
-from harness.plan.pipeline import V_SCHEDULES, rank_stages
+from harness.plan.pipeline import SPLIT_BACKWARD, V_SCHEDULES, rank_stages
 from harness.plan.support import ENGINE_SUPPORT
 
 # "hf": transformers' modules as they run under deepspeed / fsdp / nd (RMSNorm upcasts to fp32, eager
 # softmax in fp32, the loss upcasts logits); "megatron": Megatron-LM's fused kernels, the setting of
 # Korthikanti et al. 2022 (norms save their input only, softmax in the compute dtype).
 PROFILES = ("hf", "megatron")
-# Schedules that split backward into an input pass and a deferred weight pass (torch's I / W actions).
-SPLIT_BACKWARD = ("InterleavedZeroBubble", *V_SCHEDULES)
 
 
 class LayerActivations(NamedTuple):

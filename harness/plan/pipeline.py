@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
-SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+from harness.config.schema import PipelineSchedule, allowed
+
+SCHEDULES = allowed(PipelineSchedule)
 # Schedules that hold one stage per rank, and those that take a list of (virtual) stages per rank.
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 MULTI_STAGE_SCHEDULES = tuple(s for s in SCHEDULES if s not in SINGLE_STAGE_SCHEDULES)
@@ -18,6 +20,8 @@ MULTI_STAGE_SCHEDULES = tuple(s for s in SCHEDULES if s not in SINGLE_STAGE_SCHE
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 # Interleaved schedules run their micro-batches in rounds of n // pp (torch.distributed.pipelining).
 ROUND_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble")
+# Schedules that split backward into an input pass and a deferred weight pass (torch's I / W actions).
+SPLIT_BACKWARD = ("InterleavedZeroBubble", *V_SCHEDULES)
 
 Found = Tuple[Tuple[str, ...], Tuple[str, ...]]
 

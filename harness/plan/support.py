@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
-from harness.config.schema import PipelineSchedule, allowed
-
-ALL_SCHEDULES = allowed(PipelineSchedule)
+from harness.plan.pipeline import SCHEDULES as ALL_SCHEDULES
 
 
 @dataclass(frozen=True)

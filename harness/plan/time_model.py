@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, NamedTuple, Optional
 
-from harness.plan.pipeline import V_SCHEDULES, rank_stages
+from harness.plan.pipeline import SINGLE_STAGE_SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES, rank_stages
 from harness.plan.comm import Group, axis_group, collective_time
 from harness.plan.compute_time import OpTime, layer_time, outside_time, streaming_time
 from harness.plan.conventions import COMPUTE_BYTES, state_convention
@@ -84,11 +84,11 @@ def pipeline_time(schedule: str, pp: int, virtual: int, microbatches: int, forwa
         return work
     p, v = pp, max(1, virtual)
     f, i, w = forward / v, backward / v / 2, backward / v / 2
-    if schedule in ("GPipe", "1F1B"):
+    if schedule in SINGLE_STAGE_SCHEDULES:
         bubble = (p - 1) * (forward + backward)
     elif schedule in ("Interleaved1F1B", "LoopedBFS"):
         bubble = (p - 1) * (f + i + w)
-    elif microbatches < p * v and schedule in ("InterleavedZeroBubble", *V_SCHEDULES):
+    elif microbatches < p * v and schedule in SPLIT_BACKWARD:
         bubble = (p - 1) * (f + i + w)  # too few micro-batches to fill the bubble with W passes
     elif schedule == "InterleavedZeroBubble":
         bubble = (p - 1) * max(0.0, f + i - w)
