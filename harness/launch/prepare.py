@@ -67,7 +67,7 @@ def plan_record(plan: Plan, model_init: str = "auto") -> dict:
         cluster = plan.cluster
         record["model_init"] = model_init_mode(plan.engine.name, plan.layout.zero_stage, model_init,
                                                plan.model.total_params, cluster.accelerators_per_node,
-                                               cluster.host_memory_gib)
+                                               cluster.host_memory_gib, plan.layout.offload_params)
     record["recompute_flops_per_token"] = (
         plan.hfu_flops_per_token - plan.flops_per_token if plan.flops_per_token is not None else None
     )

@@ -32,19 +32,24 @@ def _builds_sharded(engine: str, zero_stage: int) -> bool:
 
 
 def model_init_mode(engine: str, zero_stage: int, requested: str, total_params: int, ranks_per_node: int,
-                    host_memory_gib: float) -> str:
-    """`full` or `meta`: the requested mode, or for `auto` meta exactly when the engine builds sharded at
-    this ZeRO stage and the full copies would take more than FULL_BUILD_HOST_FRACTION of host memory."""
+                    host_memory_gib: float, offload_params: str = "none") -> str:
+    """`full` or `meta`: the requested mode, or for `auto` meta when the engine builds sharded at this ZeRO
+    stage and either the full copies would take more than FULL_BUILD_HOST_FRACTION of host memory or the
+    parameters live on NVMe. NVMe: zero.Init then creates the parameter swapper from the DeepSpeed config's
+    precision; a model built whole is converted by DeepSpeed with an explicit dtype, which its
+    `_set_dtype` (0.19) replaces with bf16 on accelerators without fp16 (the CPU one here), so an fp32
+    run would swap bf16 weights."""
     if requested != "auto":
         return requested
-    if _builds_sharded(engine, zero_stage) and _crowds_host(total_params, ranks_per_node, host_memory_gib):
+    if _builds_sharded(engine, zero_stage) and (
+            offload_params == "nvme" or _crowds_host(total_params, ranks_per_node, host_memory_gib)):
         return "meta"
     return "full"
 
 
 @lru_cache(maxsize=None)
 def check_model_init(engine: str, zero_stage: int, requested: str, total_params: int, ranks_per_node: int,
-                     host_memory_gib: float) -> Found:
+                     host_memory_gib: float, offload_params: str = "none") -> Found:
     """model.init against the engine, and the host memory a full build would take."""
     if engine not in ENGINE_SUPPORT:
         return (), ()
@@ -53,7 +58,8 @@ def check_model_init(engine: str, zero_stage: int, requested: str, total_params:
                           for name, s in ENGINE_SUPPORT.items() if s.meta_init_stages)
         return (f"model.init=meta: engine={engine} with zero_stage={zero_stage} builds the full model on every "
                 f"rank before sharding it (sharded construction: {where})",), ()
-    if model_init_mode(engine, zero_stage, requested, total_params, ranks_per_node, host_memory_gib) == "full" and \
+    if model_init_mode(engine, zero_stage, requested, total_params, ranks_per_node, host_memory_gib,
+                       offload_params) == "full" and \
             _crowds_host(total_params, ranks_per_node, host_memory_gib):
         need = full_build_bytes(total_params, ranks_per_node) / GIB
         return (), (f"model.init={requested}: {ranks_per_node} ranks per node each build all "

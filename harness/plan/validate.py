@@ -47,7 +47,7 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
         check_experts(layout.ep, layout.dp_shard, layout.cp, spec.num_experts, spec.name),
         *support_found(cfg),
         check_model_init(engine.name, layout.zero_stage, cfg.model.init, spec.total_params,
-                         cluster.accelerators_per_node, cluster.host_memory_gib),
+                         cluster.accelerators_per_node, cluster.host_memory_gib, layout.offload_params),
     ]
     return _merge(found)
 

@@ -55,3 +55,12 @@ def test_unknown_init_is_refused_naming_the_choices():
 def test_explicit_choices_are_kept():
     assert model_init_mode("nd", 0, "full", 10**12, 8, 2048.0) == "full"
     assert model_init_mode("nd", 0, "meta", 10, 1, 2048.0) == "meta"
+
+
+def test_nvme_parameter_offload_builds_inside_zero_init():
+    """A tiny model that fits anywhere still builds inside zero.Init when ZeRO-3 puts its parameters on NVMe
+    (the parameter swapper then takes the config's precision, not DeepSpeed's accelerator guess)."""
+    assert model_init_mode("deepspeed", 3, "auto", 10**6, 2, 24.0) == "full"
+    assert model_init_mode("deepspeed", 3, "auto", 10**6, 2, 24.0, offload_params="nvme") == "meta"
+    assert model_init_mode("deepspeed", 3, "auto", 10**6, 2, 24.0, offload_params="cpu") == "full"
+    assert model_init_mode("deepspeed", 3, "full", 10**6, 2, 24.0, offload_params="nvme") == "full"
