@@ -52,6 +52,13 @@ class RenderedRun:
         return shlex.join(self.argv)
 
 
+# How often torchrun (and accelerate, which runs torch elastic) looks at its ranks, seconds (torch's default 0.1).
+# A rank that died stays a zombie until then, so the run's watchdog (harness.launch.watchdog, 20 ms) reads its
+# exit signal before the launcher reaps it, and its peers write their own errors before the launcher SIGTERMs
+# them: the root-cause rank is told apart from the ranks its death took down. Costs at most 1 s per failure.
+MONITOR_INTERVAL = ["--monitor_interval", "1"]
+
+
 def launcher_argv(launcher: str, nnodes: int, nproc_per_node: int, run_dir: str, extra: List[str]) -> List[str]:
     """The standard launchers' own flags for one node; `extra` holds engine flags (e.g. accelerate's config)."""
     program = [*RANK_PROGRAM, run_dir]
@@ -59,7 +66,7 @@ def launcher_argv(launcher: str, nnodes: int, nproc_per_node: int, run_dir: str,
     if launcher == "torchrun":
         return [
             "torchrun", "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node),
-            "--node_rank", NODE_RANK, *rendezvous, *extra, *program,
+            "--node_rank", NODE_RANK, *rendezvous, *MONITOR_INTERVAL, *extra, *program,
         ]  # fmt: skip
     if launcher == "deepspeed":
         # One launcher per node under `--no_ssh`; --num_accelerators makes it start every rank on CPU too;
@@ -73,7 +80,8 @@ def launcher_argv(launcher: str, nnodes: int, nproc_per_node: int, run_dir: str,
         return [
             "accelerate", "launch", "--num_machines", str(nnodes),
             "--num_processes", str(nnodes * nproc_per_node), "--machine_rank", NODE_RANK,
-            "--main_process_ip", MASTER_ADDR, "--main_process_port", MASTER_PORT, *extra, *program,
+            "--main_process_ip", MASTER_ADDR, "--main_process_port", MASTER_PORT, *MONITOR_INTERVAL, *extra,
+            *program,
         ]  # fmt: skip
     raise ValueError(f"engine.launcher={launcher!r} is not one of torchrun, deepspeed, accelerate")
 

@@ -8,7 +8,7 @@ from typing import List
 import psutil
 import pytest
 
-from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, RenderedRun
+from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, MONITOR_INTERVAL, NODE_RANK, RenderedRun
 
 FAKE_RANK = Path(__file__).with_name("fake_rank.py")
 
@@ -19,7 +19,8 @@ def fake_job(run_dir: Path, nproc: int = 2) -> RenderedRun:
     return RenderedRun(
         run_dir=str(run_dir), engine="fake", launcher="torchrun", nnodes=1, nproc_per_node=nproc,
         argv=[torchrun, "--nnodes", "1", "--nproc_per_node", str(nproc), "--node_rank", NODE_RANK,
-              "--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT, str(FAKE_RANK), str(run_dir)],
+              "--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT, *MONITOR_INTERVAL,
+              str(FAKE_RANK), str(run_dir)],
     )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from harness.engines import nd, nd_plans, nd_session
 from harness.engines.lm_loss import causal_lm_loss, shifted_labels
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.engines.stage_module import StageModule
-from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, RANK_PROGRAM
+from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, MONITOR_INTERVAL, NODE_RANK, RANK_PROGRAM
 from harness.plan.parallel_dims import ParallelDims
 from harness.runtime.model import build_model
 
@@ -53,8 +53,8 @@ def test_render_writes_the_plan_and_a_torchrun_line(tmp_path):
     assert plan == json.loads(json.dumps(nd_plans.nd_plan(cfg)))
     assert rendered.files == [nd.PLAN_FILE] and rendered.engine == "nd" and rendered.launcher == "torchrun"
     assert rendered.argv == ["torchrun", "--nnodes", "1", "--nproc_per_node", "4", "--node_rank", NODE_RANK,
-                             "--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT, *RANK_PROGRAM,
-                             str(tmp_path)]  # fmt: skip
+                             "--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT, *MONITOR_INTERVAL,
+                             *RANK_PROGRAM, str(tmp_path)]  # fmt: skip
 
 
 def test_render_refuses_what_nd_cannot_run(tmp_path):
