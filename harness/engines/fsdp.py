@@ -125,7 +125,7 @@ def wrap_class_name(hf_config: Dict[str, Any]) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from harness.runtime.model import decoder_layer_class, hf_config_object
+    from harness.modeling.model import decoder_layer_class, hf_config_object
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config_object(hf_config))

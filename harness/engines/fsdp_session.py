@@ -42,7 +42,7 @@ from harness.engines.grad_norm import clip_grad_norm
 from harness.engines.lm_loss import context_parallel_loss
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.engines.shards import sharded_state_bytes
-from harness.runtime.device import torch_device
+from harness.modeling.device import torch_device
 
 # Builds nothing itself: the runtime builds the model (whole on every rank).
 construct = None

@@ -2,7 +2,7 @@
 meta-built, already sharded module real storage initialised as the model's own init does.
 
 A rank of a large model never holds more than its share: the model is built on the meta device
-(harness.runtime.model.build_model(on_meta=True)), the engine splits and shards it (pipeline stages,
+(harness.modeling.model.build_model(on_meta=True)), the engine splits and shards it (pipeline stages,
 DTensor TP, FSDP2), and only then does each rank allocate and initialise the local tensors it owns.
 """
 

@@ -33,7 +33,7 @@ from harness.engines.shards import local_shard, plain, sharded_state_bytes
 from harness.engines.stage_module import StageModule
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import SINGLE_STAGE_SCHEDULES
-from harness.runtime.device import torch_device
+from harness.modeling.device import torch_device
 
 # Builds nothing itself: the runtime builds the model, on the meta device when plan.json says model_init=meta
 # (each rank then materialises its own shards after splitting and sharding).

@@ -7,7 +7,7 @@ from typing import Dict, Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
-from harness.runtime.meter import optimizer_state_bytes, sum_tensor_bytes
+from harness.modeling.tensor_bytes import optimizer_state_bytes, sum_tensor_bytes
 
 
 def local_shard(tensor):

@@ -20,10 +20,10 @@ from harness.config.standin import standin_banner
 from harness.engines.registry import rank_side
 from harness.plan.peak import peak_flops as peak_flops_of
 from harness.plan.utilization import hfu, mfu
-from harness.runtime import device
+from harness.modeling import device
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.meter import SavedActivationMeter, StepTimer, measure_matmul_peak_flops
-from harness.runtime.model import build_model
+from harness.modeling.model import build_model
 from harness.rundir import (
     COMPLETED,
     CONFIG_FILE,

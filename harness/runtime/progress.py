@@ -66,7 +66,7 @@ def mean_over_ranks(loss: Any, kind: Any) -> float:
 
     if not dist.is_available() or not dist.is_initialized():
         return float(loss)
-    from harness.runtime.device import torch_device
+    from harness.modeling.device import torch_device
 
     total = torch.tensor([float(loss)], dtype=torch.float64,
                          device=torch_device(kind) if kind is not None else "cpu")
@@ -87,7 +87,7 @@ class StepReporter:
         self.metered_bytes: Optional[int] = None
 
     def memory_bytes(self) -> Optional[int]:
-        from harness.runtime import device
+        from harness.modeling import device
 
         peak = device.peak_allocated_bytes(self.kind) if self.kind is not None else None
         return peak if peak is not None else self.metered_bytes

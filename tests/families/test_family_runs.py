@@ -21,7 +21,7 @@ from harness.engines import nd_plans
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.plan.parallel_dims import ParallelDims
 from harness.runtime.data import micro_batches, token_source
-from harness.runtime.model import build_model
+from harness.modeling.model import build_model
 from tests.integration.runs import prepare_and_launch
 
 pytestmark = pytest.mark.integration

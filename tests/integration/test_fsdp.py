@@ -18,7 +18,7 @@ import torch
 from harness.config.compose import compose_run_config
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.runtime.data import micro_batches, token_source
-from harness.runtime.model import build_model
+from harness.modeling.model import build_model
 from tests.integration.runs import prepare_and_launch, run_harness
 
 pytestmark = pytest.mark.integration

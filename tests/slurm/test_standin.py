@@ -84,7 +84,7 @@ def reference(cfg, n_steps: int):
     from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
     from harness.plan.parallel_dims import ParallelDims
     from harness.runtime.data import micro_batches, token_source
-    from harness.runtime.model import build_model
+    from harness.modeling.model import build_model
 
     layout, bench = cfg.layout, cfg.bench
     model = build_model(cfg.model.hf_config, bench.seed)

@@ -336,7 +336,7 @@ def test_tensor_parallel_plan_is_transformers_own_validated_only():
     applies): Megatron's column / row split per layer, vocabulary-split embedding and lm_head."""
     from transformers import AutoModelForCausalLM
 
-    from harness.runtime.model import hf_config_object
+    from harness.modeling.model import hf_config_object
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config_object(BASE.model.hf_config))

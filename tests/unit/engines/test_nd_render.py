@@ -23,7 +23,7 @@ from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.engines.stage_module import StageModule
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, MONITOR_INTERVAL, NODE_RANK, RANK_PROGRAM
 from harness.plan.parallel_dims import ParallelDims
-from harness.runtime.model import build_model
+from harness.modeling.model import build_model
 
 BASE = compose_run_config(["engine=nd", "layout=single", "layout.precision=fp32", "tracking=disabled"])
 BASE_HF = BASE.model.hf_config
@@ -91,7 +91,7 @@ def test_plan_entries_become_torch_styles(sp):
 def test_plan_paths_exist_in_the_hf_decoder_layer(family, sp):
     """Each planned module exists in transformers' layer, and the attention is called as the plan expects."""
     hf = {**BASE.model.hf_config, **FAMILIES[family]}
-    from harness.runtime.model import hf_config_object
+    from harness.modeling.model import hf_config_object
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -143,7 +143,7 @@ def one_process_group(monkeypatch):
 
 
 def test_one_process_apply_trains_like_the_plain_model(tmp_path, one_process_group):
-    from harness.runtime.device import DeviceKind
+    from harness.modeling.device import DeviceKind
 
     cfg = config()
     nd.render(cfg, tmp_path)

@@ -13,7 +13,7 @@ from harness.config.compose import compose_run_config
 from harness.plan.conventions import flat_shard_numel, state_convention
 from harness.plan.planner import spec_for
 from harness.plan.states import rank_params, rank_states, state_bytes
-from harness.runtime.model import build_model, decoder_layer_class
+from harness.modeling.model import build_model, decoder_layer_class
 
 RANKS = 3
 # hidden 60 (6 heads of 10) and vocab 251: no dim 0 and no flat parameter divides by 3, and the norms'

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from harness.runtime.device import choose_device_kind
-from harness.runtime.meter import SavedActivationMeter, optimizer_state_bytes, sum_tensor_bytes
+from harness.modeling.device import choose_device_kind
+from harness.modeling.tensor_bytes import optimizer_state_bytes, sum_tensor_bytes
+from harness.runtime.meter import SavedActivationMeter
 
 
 def test_saved_activation_peak_counts_saved_tensors_not_parameters():

@@ -6,7 +6,7 @@ import torch
 
 from harness.config.compose import compose_run_config
 from harness.engines.materialize import materialize
-from harness.runtime.model import build_model
+from harness.modeling.model import build_model
 
 FIELDS = compose_run_config([]).model.hf_config
 
