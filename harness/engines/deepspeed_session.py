@@ -19,8 +19,8 @@ from harness.config.schema import RunConfig
 from harness.engines.deepspeed import CONFIG_FILE, stage_layers
 from harness.engines.materialize import release_unowned
 from harness.engines.stage_module import StageModule
-from harness.modeling.tensor_bytes import optimizer_state_bytes, sum_tensor_bytes
 from harness.modeling.model import build_model
+from harness.modeling.tensor_bytes import optimizer_state_bytes, sum_tensor_bytes
 
 
 class DeepSpeedSession:

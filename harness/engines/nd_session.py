@@ -15,25 +15,39 @@ import torch.distributed.tensor.parallel as tensor_parallel
 from torch.distributed import pipelining
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    checkpoint_wrapper,
+)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.experimental._attention import set_rotate_method
 from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
+)
 
 from harness.config.schema import RunConfig
 from harness.engines import nd_plans, nd_tp
 from harness.engines.grad_norm import clip_grad_norm
-from harness.engines.lm_loss import causal_lm_loss, context_parallel_loss, shifted_labels
+from harness.engines.lm_loss import (
+    causal_lm_loss,
+    context_parallel_loss,
+    shifted_labels,
+)
 from harness.engines.materialize import materialize, release_unowned
 from harness.engines.nd import PLAN_FILE
 from harness.engines.shards import local_shard, plain, sharded_state_bytes
 from harness.engines.stage_module import StageModule
+from harness.modeling.device import torch_device
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import SINGLE_STAGE_SCHEDULES
-from harness.modeling.device import torch_device
 
 # Builds nothing itself: the runtime builds the model, on the meta device when plan.json says model_init=meta
 # (each rank then materialises its own shards after splitting and sharding).

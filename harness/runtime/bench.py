@@ -18,12 +18,10 @@ from harness.config.naming import run_label
 from harness.config.schema import RunConfig
 from harness.config.standin import standin_banner
 from harness.engines.registry import rank_side
+from harness.modeling import device
+from harness.modeling.model import build_model
 from harness.plan.peak import peak_flops as peak_flops_of
 from harness.plan.utilization import hfu, mfu
-from harness.modeling import device
-from harness.runtime.data import micro_batches, token_source
-from harness.runtime.meter import SavedActivationMeter, StepTimer, measure_matmul_peak_flops
-from harness.modeling.model import build_model
 from harness.rundir import (
     COMPLETED,
     CONFIG_FILE,
@@ -36,7 +34,13 @@ from harness.rundir import (
     write_json,
     write_status,
 )
+from harness.runtime.data import micro_batches, token_source
 from harness.runtime.lifecycle import die_with_parent
+from harness.runtime.meter import (
+    SavedActivationMeter,
+    StepTimer,
+    measure_matmul_peak_flops,
+)
 from harness.runtime.progress import GIB, MEMORY_KEY, MFU_KEY, StepReporter
 from harness.runtime.sinks import WandbRun, wandb_group
 

@@ -27,10 +27,10 @@ def rank_main(run_dir: Path) -> None:
 
     from harness.engines.registry import rank_side
     from harness.modeling import device
+    from harness.modeling.model import build_model
     from harness.runtime.bench import batch_maker, load_run, timed_steps, warm_up
     from harness.runtime.data import token_source
     from harness.runtime.meter import StepTimer
-    from harness.modeling.model import build_model
 
     cfg, _ = load_run(run_dir)
     kind = device.choose_device_kind(cfg.cluster.accelerator, torch.cuda.is_available())

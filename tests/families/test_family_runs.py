@@ -13,15 +13,12 @@ import time
 from functools import lru_cache
 
 import pytest
-import torch
 from family_helpers import tiny_fields
 
 from harness.config.compose import compose_run_config
 from harness.engines import nd_plans
-from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.plan.parallel_dims import ParallelDims
-from harness.runtime.data import micro_batches, token_source
-from harness.modeling.model import build_model
+from tests.integration.reference import single_process_losses
 from tests.integration.runs import prepare_and_launch
 
 pytestmark = pytest.mark.integration
@@ -54,24 +51,7 @@ def family_overrides(family: str):
 def reference(hf_config_json: str, rows: int, grad_accum: int, n_steps: int):
     """Per-step mean losses of one process that sees every data-parallel rank's micro-batches at once."""
     cfg = compose_run_config(BASE)
-    bench, hf_config = cfg.bench, json.loads(hf_config_json)
-    model = build_model(hf_config, bench.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=bench.lr, betas=ADAMW_BETAS,
-                                  eps=ADAMW_EPS, weight_decay=bench.weight_decay)  # fmt: skip
-    source = token_source(cfg.data, hf_config["vocab_size"], cfg.layout.seq_len)
-    losses = []
-    for step in range(n_steps):
-        batches = list(micro_batches(source, step, rows, grad_accum, 0, 1))
-        step_losses = []
-        for tokens in batches:
-            loss = model(input_ids=tokens, labels=tokens).loss
-            (loss / len(batches)).backward()
-            step_losses.append(loss.item())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), bench.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(sum(step_losses) / len(step_losses))
-    return losses
+    return single_process_losses(cfg, json.loads(hf_config_json), rows, grad_accum, n_steps)[0]
 
 
 @pytest.fixture(scope="module")

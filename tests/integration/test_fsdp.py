@@ -6,19 +6,15 @@ micro-batches as one batch, AdamW and clipping as the engine has them, and, for 
 precision policy done by hand (fp32 master weights, a bf16 copy for forward and backward, fp32 gradients).
 """
 
-import copy
 import json
 import math
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness.config.compose import compose_run_config
-from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
-from harness.runtime.data import micro_batches, token_source
-from harness.modeling.model import build_model
+from tests.integration.reference import single_process_losses
 from tests.integration.runs import prepare_and_launch, run_harness
 
 pytestmark = pytest.mark.integration
@@ -51,36 +47,8 @@ def run_fsdp(overrides, run_dir: Path):
 def reference(precision: str, micro_batch: int, dp: int, grad_accum: int, n_steps: int):
     """Per-step mean losses of one process that sees every rank's micro-batches at once, and its model."""
     cfg = compose([f"layout.precision={precision}"])
-    layout, bench = cfg.layout, cfg.bench
-    model = build_model(cfg.model.hf_config, bench.seed)
-    compute = model
-    if precision == "bf16":
-        compute = copy.deepcopy(model)
-        for param in compute.parameters():
-            param.data = param.data.to(torch.bfloat16)  # buffers (rotary inv_freq) stay fp32, as in FSDP
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=bench.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=bench.weight_decay
-    )
-    source = token_source(cfg.data, cfg.model.hf_config["vocab_size"], layout.seq_len)
-    losses = []
-    for step in range(n_steps):
-        if compute is not model:
-            for master, working in zip(model.parameters(), compute.parameters()):
-                working.data.copy_(master.data)
-        step_losses = []
-        for tokens in micro_batches(source, step, micro_batch * dp, grad_accum, 0, 1):
-            loss = compute(input_ids=tokens, labels=tokens).loss
-            (loss / grad_accum).backward()
-            step_losses.append(float(loss.detach()))
-            if compute is not model:
-                for master, working in zip(model.parameters(), compute.parameters()):
-                    grad = working.grad.float()
-                    master.grad = grad if master.grad is None else master.grad + grad
-                    working.grad = None
-        torch.nn.utils.clip_grad_norm_(model.parameters(), bench.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(sum(step_losses) / len(step_losses))
+    losses, model = single_process_losses(cfg, cfg.model.hf_config, micro_batch * dp, grad_accum, n_steps,
+                                          bf16=precision == "bf16")
     return tuple(losses), model
 
 

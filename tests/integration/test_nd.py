@@ -11,15 +11,13 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness.config.compose import compose_run_config
 from harness.engines import nd_plans
-from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
+from harness.modeling.model import build_model
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import V_SCHEDULES
-from harness.runtime.data import micro_batches, token_source
-from harness.modeling.model import build_model
+from tests.integration.reference import single_process_losses
 from tests.integration.runs import prepare_and_launch
 
 pytestmark = pytest.mark.integration
@@ -47,26 +45,8 @@ def reference(hf_config_json: str, rows: int, grad_accum: int, n_steps: int, gra
     """Per-step mean losses of one process that sees every data-parallel rank's micro-batches at once
     (the harness's default learning rate and clip norm unless given)."""
     cfg = compose_run_config(BASE)
-    bench, hf_config = cfg.bench, json.loads(hf_config_json)
-    grad_clip = bench.grad_clip if grad_clip is None else grad_clip
-    lr = bench.lr if lr is None else lr
-    model = build_model(hf_config, bench.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=ADAMW_BETAS,
-                                  eps=ADAMW_EPS, weight_decay=bench.weight_decay)  # fmt: skip
-    source = token_source(cfg.data, hf_config["vocab_size"], cfg.layout.seq_len)
-    losses = []
-    for step in range(n_steps):
-        batches = list(micro_batches(source, step, rows, grad_accum, 0, 1))
-        step_losses = []
-        for tokens in batches:
-            loss = model(input_ids=tokens, labels=tokens).loss
-            (loss / len(batches)).backward()
-            step_losses.append(loss.item())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(sum(step_losses) / len(step_losses))
-    return losses
+    return single_process_losses(cfg, json.loads(hf_config_json), rows, grad_accum, n_steps, lr=lr,
+                                 grad_clip=grad_clip)[0]
 
 
 def check_run(name, overrides, results_root, record_property):

@@ -14,7 +14,6 @@ of an initialised model on uniform tokens, ln(vocab), as tests/integration/test_
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import subprocess
@@ -79,42 +78,13 @@ def standins(slurm_cluster, tmp_path_factory) -> dict:
 
 def reference(cfg, n_steps: int):
     """Per-step mean losses of one process that sees every data-parallel rank's micro-batches at once."""
-    import torch
-
-    from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
     from harness.plan.parallel_dims import ParallelDims
-    from harness.runtime.data import micro_batches, token_source
-    from harness.modeling.model import build_model
+    from tests.integration.reference import single_process_losses
 
-    layout, bench = cfg.layout, cfg.bench
-    model = build_model(cfg.model.hf_config, bench.seed)
-    compute = model
-    if layout.precision == "bf16":
-        compute = copy.deepcopy(model)
-        for param in compute.parameters():
-            param.data = param.data.to(torch.bfloat16)  # buffers (rotary inv_freq) stay fp32
-    optimizer = torch.optim.AdamW(model.parameters(), lr=bench.lr, betas=ADAMW_BETAS, eps=ADAMW_EPS,
-                                  weight_decay=bench.weight_decay)
-    source = token_source(cfg.data, cfg.model.hf_config["vocab_size"], layout.seq_len)
-    rows, losses = layout.micro_batch * ParallelDims.of(layout).dp, []
-    for step in range(n_steps):
-        for master, working in zip(model.parameters(), compute.parameters()):
-            working.data.copy_(master.data)
-        step_losses = []
-        for tokens in micro_batches(source, step, rows, layout.grad_accum, 0, 1):
-            loss = compute(input_ids=tokens, labels=tokens).loss
-            (loss / layout.grad_accum).backward()
-            step_losses.append(float(loss.detach()))
-            if compute is not model:
-                for master, working in zip(model.parameters(), compute.parameters()):
-                    grad = working.grad.float()
-                    master.grad = grad if master.grad is None else master.grad + grad
-                    working.grad = None
-        torch.nn.utils.clip_grad_norm_(model.parameters(), bench.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(sum(step_losses) / len(step_losses))
-    return losses
+    layout = cfg.layout
+    rows = layout.micro_batch * ParallelDims.of(layout).dp
+    return single_process_losses(cfg, cfg.model.hf_config, rows, layout.grad_accum, n_steps,
+                                 bf16=layout.precision == "bf16")[0]
 
 
 def planned_state_bytes(cfg, metrics: dict, rank: int) -> dict:

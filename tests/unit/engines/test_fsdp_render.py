@@ -12,7 +12,12 @@ from accelerate.commands.config.config_args import ClusterConfig, load_config_fr
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils import DistributedType
 from accelerate.utils.launch import prepare_multi_gpu_env
-from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy, ShardingStrategy
+from torch.distributed.fsdp import (
+    CPUOffload,
+    CPUOffloadPolicy,
+    OffloadPolicy,
+    ShardingStrategy,
+)
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from harness.config.compose import compose_run_config

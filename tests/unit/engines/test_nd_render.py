@@ -20,10 +20,16 @@ from harness.config.compose import compose_run_config
 from harness.engines import nd, nd_plans, nd_session
 from harness.engines.lm_loss import causal_lm_loss, shifted_labels
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
+from harness.engines.rendered import (
+    MASTER_ADDR,
+    MASTER_PORT,
+    MONITOR_INTERVAL,
+    NODE_RANK,
+    RANK_PROGRAM,
+)
 from harness.engines.stage_module import StageModule
-from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, MONITOR_INTERVAL, NODE_RANK, RANK_PROGRAM
-from harness.plan.parallel_dims import ParallelDims
 from harness.modeling.model import build_model
+from harness.plan.parallel_dims import ParallelDims
 
 BASE = compose_run_config(["engine=nd", "layout=single", "layout.precision=fp32", "tracking=disabled"])
 BASE_HF = BASE.model.hf_config
@@ -91,8 +97,9 @@ def test_plan_entries_become_torch_styles(sp):
 def test_plan_paths_exist_in_the_hf_decoder_layer(family, sp):
     """Each planned module exists in transformers' layer, and the attention is called as the plan expects."""
     hf = {**BASE.model.hf_config, **FAMILIES[family]}
-    from harness.modeling.model import hf_config_object
     from transformers import AutoModelForCausalLM
+
+    from harness.modeling.model import hf_config_object
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config_object(hf))

@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 
 from harness.config.compose import compose_run_config
+from harness.modeling.model import build_model, decoder_layer_class
 from harness.plan.conventions import flat_shard_numel, state_convention
 from harness.plan.planner import spec_for
 from harness.plan.states import rank_params, rank_states, state_bytes
-from harness.modeling.model import build_model, decoder_layer_class
 
 RANKS = 3
 # hidden 60 (6 heads of 10) and vocab 251: no dim 0 and no flat parameter divides by 3, and the norms'
