@@ -12,6 +12,7 @@ from harness.config.hub import HubUnreachable, fetch_hub_config
 from harness.config.schema import RunConfig
 from harness.engines import engine_module, registry
 from harness.engines.rendered import RenderedRun
+from harness.launch.host_profile import measure_host_profile
 from harness.launch.local import for_backend
 from harness.plan.construction import model_init_mode
 from harness.plan.planner import Plan, make_plan
@@ -101,6 +102,8 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
         raise RunRejected(str(error)) from error
     write_json(run_dir / CONFIG_FILE, run_config_to_dict(cfg))
     plan = make_plan(cfg)
+    if not plan.errors and plan.step_time_s is None and measure_host_profile(cfg):
+        plan = make_plan(cfg)
     write_json(run_dir / PLAN_FILE, plan_record(plan, cfg.model.init))
     engine = engine_module(cfg.engine.name)
     engine_errors = engine.check(cfg)[0] if not plan.errors else []

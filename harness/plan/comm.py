@@ -58,6 +58,10 @@ def ring_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile, low_l
     steps = _steps(kind, n)
     inter_steps = 0 if group.nodes == 1 else (2 if kind == "all_reduce" else 1) * (group.nodes - 1)
     intra, inter, base = hw.intra_step_latency_s, hw.inter_step_latency_s, hw.collective_base_latency_s
+    if kind in hw.collective_links:  # measured for this kind: its own step latency and bandwidth
+        step_latency, bandwidth = hw.collective_links[kind]
+        intra = inter = step_latency
+        base = 0.0
     if low_latency:
         # tuning.cc: Ring/LL base 6.6 us, step 0.6 us (NVLink) / 2.7 us (network), bus bandwidth x 0.5
         base, intra, inter, bandwidth = base * 6.6 / 8.4, intra * 0.6 / 3.4, inter * 2.7 / 14.0, bandwidth * 0.5
@@ -88,7 +92,7 @@ def collective_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile)
     if nbytes <= 0 or (group.size <= 1 and kind != "p2p"):
         return 0.0
     best = ring_time(kind, nbytes, group, hw)
-    if hw.low_latency_protocol:
+    if hw.low_latency_protocol and kind not in hw.collective_links:  # a measured kind is what it measured
         best = min(best, ring_time(kind, nbytes, group, hw, low_latency=True))
         if kind == "all_reduce" and group.nodes > 1:
             best = min(best, tree_all_reduce_time(nbytes, group, hw))

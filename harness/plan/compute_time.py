@@ -55,12 +55,12 @@ def layer_gemms(spec: ModelSpec, tokens: float, tp: int):
     return attn + mlp
 
 
-# Kernels one layer of transformers' Llama-family code issues in forward / backward, counted from
-# modeling_llama.py: two RMSNorms (to fp32, pow, mean, add, rsqrt, mul, cast, weight mul: 8 each),
-# q/k/v/o views and transposes (6), rotary on q and k (mul, two slices, neg, cat, mul, add: 7 each),
-# the attention call, two residual adds, the MLP's activation and product. Backward: about one kernel per
-# autograd node, two GEMMs per projection.
-LAYER_ELEMENTWISE_OPS = {"forward": 8 * 2 + 6 + 7 * 2 + 2 + 2, "backward": 8 * 2 + 6 + 6 * 2 + 2 + 3}
+# Kernels one layer of transformers' Llama-family code issues besides its GEMMs and attention, counted with
+# a TorchDispatchMode over modeling_llama.py's forward and backward (transformers 5.23, bf16, SDPA): 38
+# forward and 71 backward aten compute ops per layer, less 7 / 14 GEMMs and the attention call. Two RMSNorms
+# with their fp32 round trip, rotary on q and k, residual adds, SwiGLU; the backward has about two kernels per
+# forward one. View ops (as many again) only change metadata and are left out.
+LAYER_ELEMENTWISE_OPS = {"forward": 30, "backward": 56}
 EAGER_ATTENTION_OPS = {"forward": 10, "backward": 10}  # repeat_kv, matmul, mask add, fp32 softmax, cast, matmul
 
 
@@ -86,9 +86,11 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
     """QK^T and AV of one layer for `tokens` query tokens against the whole sequence.
 
     Fused kernels (SDPA, flash) skip masked blocks, so a causal mask costs half the T^2 work; they run at
-    the profile's attention efficiency, and their backward recomputes the scores (5 matmuls against the
-    forward's 2: 2.5x, Dao 2023 sec. 3.1). Eager attention materialises the scores: both matmuls over the
-    full T, plus the fp32 softmax traffic (write scores, upcast, softmax, cast: ~14 bytes per score)."""
+    the profile's attention efficiency, and their backward takes the profile's backward / forward ratio
+    (recomputed scores: 5 matmuls against the forward's 2 on GPUs), plus a fixed cost per (sequence, head)
+    the kernel works through (measured on CPUs, whose kernels set up buffers per head; 0 on GPUs). Eager
+    attention materialises the scores: both matmuls over the full T, plus the fp32 softmax traffic (write
+    scores, upcast, softmax, cast: ~14 bytes per score)."""
     heads = spec.num_heads / tp
     full = 4.0 * heads * spec.head_dim * tokens * seq_len
     if spec.attn_implementation == "eager":
@@ -99,7 +101,10 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
     efficiency = hw.attention_efficiency_flash if spec.attn_implementation == "flash_attention_2" \
         else hw.attention_efficiency_sdpa
     rate = peak / hw.matmul_efficiency * efficiency
-    return hw.op_latency_s + (full / 2) * (2.5 if backward else 1.0) / rate
+    sequence_heads = heads * tokens / seq_len
+    per_head = hw.attention_backward_head_latency_s if backward else hw.attention_head_latency_s
+    return (hw.op_latency_s + sequence_heads * per_head
+            + (full / 2) * (hw.attention_backward_ratio if backward else 1.0) / rate)
 
 
 @lru_cache(maxsize=1 << 16)

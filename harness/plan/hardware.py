@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from harness.plan.peak import peak_flops
 
@@ -36,8 +36,21 @@ class HardwareProfile:
     host_link_bandwidth: float  # device <-> host copies per rank (PCIe), bytes/s
     cpu_adam_params_per_s: float  # parameters per second one rank's CPU Adam updates
     nvme_bandwidth: float  # bytes/s one rank reads or writes its NVMe swap files
+    # attention backward time / forward time: fused kernels recompute the scores, 5 matmuls against the
+    # forward's 2 (Dao 2023, FlashAttention-2 sec. 3.1) at the forward's rate on GPUs; measured on CPUs,
+    # whose SDPA backward runs far below its forward rate
+    attention_backward_ratio: float = 2.5
+    # fixed seconds per (sequence, head) of a fused attention call, forward and backward (0: FLOPs dominate)
+    attention_head_latency_s: float = 0.0
+    attention_backward_head_latency_s: float = 0.0
+    # Measured per collective kind: (latency per algorithm step, bus bandwidth). A library's algorithms differ
+    # by kind (gloo reduce-scatters through an all-reduce); empty: the NCCL model above for every kind.
+    collective_links: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    # Cores the ranks of one node share (CPU ranks time-slice them); 0: every rank has its own device.
+    cores_per_node: int = 0
     measured_peak_flops: Optional[float] = None  # CPU: the measured matmul peak stands in for a datasheet
     source: str = "datasheet"
+    version: int = 0  # PROFILE_VERSION of the calibration that wrote it; datasheet rows carry none
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -83,6 +96,9 @@ HARDWARE: Dict[str, HardwareProfile] = {
                               host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),
 }
 
+# Bumped when calibration measures something new: an older cached file is measured again, not used.
+PROFILE_VERSION = 4
+
 # Where a profile measured on this host is cached (written by `harness calibrate`, read by the planner).
 PROFILE_DIR = Path.home() / ".cache" / "harness" / "profiles"
 
@@ -103,20 +119,24 @@ def save_profile(profile: HardwareProfile, path: Optional[Path] = None) -> Path:
 
 
 def load_profile(path: Path) -> Optional[HardwareProfile]:
-    """A profile file, or None when it is missing or does not hold every field."""
+    """A profile file, or None when it is missing, does not hold every field or was measured by an older
+    calibration (its `version` below PROFILE_VERSION)."""
     try:
         data = json.loads(Path(path).read_text())
         known = {f.name for f in fields(HardwareProfile)}
-        return HardwareProfile(**{k: v for k, v in data.items() if k in known})
+        profile = HardwareProfile(**{k: v for k, v in data.items() if k in known})
     except (OSError, ValueError, TypeError):
         return None
+    return profile if profile.version >= PROFILE_VERSION else None
 
 
 _LOADED: Dict[str, Optional[HardwareProfile]] = {}
 
 
 def _calibrated(path: str) -> Optional[HardwareProfile]:
-    if path not in _LOADED:
+    """A profile file, read once per process once it is there (a missing one is looked for again: a
+    calibration may write it meanwhile)."""
+    if _LOADED.get(path) is None:
         _LOADED[path] = load_profile(Path(path))
     return _LOADED[path]
 

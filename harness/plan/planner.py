@@ -308,7 +308,9 @@ def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optio
     if hit is None:
         hw = hardware_profile(cluster)
         rate = achievable_peak(hw, cluster.accelerator, cfg.layout.precision) if hw else None
-        hit = _PROFILES[key] = (hw, rate)
+        hit = (hw, rate)
+        if hw is not None:  # a missing profile is looked for again (a calibration may write it)
+            _PROFILES[key] = hit
     hw, rate = hit
     if hw is None or not rate:
         hint = ("run `harness calibrate` and set cluster.profile=host" if cluster.accelerator == "cpu"
@@ -316,7 +318,8 @@ def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optio
         warnings.append(f"no hardware profile for accelerator={cluster.accelerator!r}: step time not predicted "
                         f"({hint})")
         return None, "none", None
-    return predict_step_time(spec, cfg.layout, cfg.engine, hw, rate), hw.source, hw.measured_peak_flops
+    step = predict_step_time(spec, cfg.layout, cfg.engine, hw, rate, clip=cfg.bench.grad_clip > 0)
+    return step, hw.source, hw.measured_peak_flops
 
 
 def _invalid(cfg: Any, spec: Optional[ModelSpec], world: int, tokens: int, errors: List[str],

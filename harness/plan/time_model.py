@@ -3,15 +3,16 @@ what of it is exposed, pipeline bubble, optimizer and offload traffic."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from harness.plan.pipeline import SINGLE_STAGE_SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES, rank_stages
 from harness.plan.comm import Group, axis_group, collective_time
 from harness.plan.compute_time import OpTime, layer_time, outside_time, streaming_time
 from harness.plan.conventions import COMPUTE_BYTES, state_convention
 from harness.plan.hardware import HardwareProfile
-from harness.plan.model_spec import ModelSpec
+from harness.plan.model_spec import ModelSpec, param_tensors
 from harness.plan.states import rank_params, stage_layer_counts
 from harness.plan.support import ENGINE_SUPPORT
 
@@ -109,7 +110,7 @@ def exposed(comm: float, hiding: float, hw: HardwareProfile, tail: float = 0.0) 
 
 
 def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwareProfile,
-                      peak: float) -> StepTime:
+                      peak: float, clip: bool = True) -> StepTime:
     """The step time of the slowest pipeline rank. `peak` is the achievable matmul FLOP/s of one rank."""
     e = COMPUTE_BYTES[layout.precision]
     groups = layout_groups(layout, hw.gpus_per_node)
@@ -121,11 +122,29 @@ def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwarePro
         stages = rank_stages(layout.pp_schedule, layout.pp, layout.pp_virtual_stages, rank) if layout.pp > 1 else (0,)
         layers = sum(counts[s] for s in stages)
         first, last = 0 in stages, len(counts) - 1 in stages
-        step = _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, len(stages))
+        step = _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, len(stages),
+                          clip)
         if best is None or step.step_time_s > best.step_time_s:
             best = step
     assert best is not None
-    return best
+    return time_sliced(best, ranks_per_core(layout, hw))
+
+
+def ranks_per_core(layout: Any, hw: HardwareProfile) -> float:
+    """How many ranks share one core: CPU ranks beyond the node's cores time-slice them, so every part of
+    the step stretches by ranks / cores (1 where each rank has its own device)."""
+    if not hw.cores_per_node:
+        return 1.0
+    world = layout.dp_replicate * layout.dp_shard * layout.tp * layout.pp * layout.cp
+    return max(1.0, min(world, hw.gpus_per_node) / hw.cores_per_node)
+
+
+def time_sliced(step: StepTime, factor: float) -> StepTime:
+    if factor == 1.0:
+        return step
+    return StepTime(step.step_time_s * factor, {k: v * factor for k, v in step.compute_s.items()},
+                    {axis: {k: v * factor for k, v in c.items()} for axis, c in step.comm_s.items()},
+                    step.bubble_s * factor, step.optimizer_s * factor, step.offload_s * factor, dict(step.overlap))
 
 
 def _critical_ranks(layout: Any):
@@ -151,20 +170,12 @@ def _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first
     return fwd.scaled(layers) + outside.scaled(1 / 3), bwd.scaled(layers) + outside.scaled(2 / 3), recompute
 
 
-def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers) -> Dict[str, float]:
+def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last) -> Dict[str, float]:
     """Seconds of TP, CP, EP and PP communication one micro-batch issues on this rank, forward + backward."""
     h = spec.hidden_size
     activation = tokens * h * e
-    if engine.sequence_parallel:
-        # Korthikanti et al. 2022, sec. 4.2.2: each all-reduce becomes an all-gather + a reduce-scatter
-        per_block = (collective_time("all_gather", activation, groups.tp, hw)
-                     + collective_time("reduce_scatter", activation, groups.tp, hw))
-    else:
-        per_block = collective_time("all_reduce", activation, groups.tp, hw)
-    # two blocks (attention, MLP) per layer, once in forward and once in backward (Shoeybi et al. 2019,
-    # fig. 4: f and g), once more when full checkpointing reruns the forward
-    passes = 3 if layout.activation_checkpointing == "full" else 2
-    tp = layers * 2 * passes * per_block if layout.tp > 1 else 0.0
+    tp, tp_step = tp_comm(spec, layout, engine, hw, groups.tp, activation, tokens, layers, first, last) \
+        if layout.tp > 1 else (0.0, 0.0)
     kv = tokens * 2 * spec.num_kv_heads * spec.head_dim / layout.tp * e
     # ring attention passes K and V cp-1 times forward, K, V and their gradients back (Liu et al. 2023)
     cp = layers * 3 * (layout.cp - 1) * collective_time("p2p", kv, groups.cp, hw) if layout.cp > 1 else 0.0
@@ -172,7 +183,53 @@ def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers) -> Dict[str
     ep = layers * 4 * collective_time("all_to_all", routed, groups.ep, hw) if layout.ep > 1 and spec.is_moe else 0.0
     chunks = layout.pp_virtual_stages if layout.pp > 1 else 0
     pp = 2 * chunks * collective_time("p2p", activation, groups.pp, hw) if layout.pp > 1 else 0.0
-    return {"tp": tp, "cp": cp, "ep": ep, "pp": pp}
+    return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "tp_step": tp_step}
+
+
+class TensorParallelCounts(NamedTuple):
+    """Split matrices of one decoder layer: column-parallel ones take the replicated input, row-parallel ones
+    (attention output, MLP down) end a block; replicated tensors (norms) need their gradients summed."""
+
+    column: int
+    row: int
+    replicated: int
+
+
+def tp_counts(spec: ModelSpec) -> TensorParallelCounts:
+    layer = [t for t in param_tensors(spec)[0] if not t.expert]
+    split = sum(1 for t in layer if len(t.shape) >= 2 and t.tp_dim is not None)
+    row = min(2, split)
+    return TensorParallelCounts(split - row, row, sum(1 for t in layer if t.tp_dim is None))
+
+
+def tp_comm(spec, layout, engine, hw, group, activation, tokens, layers, first, last) -> Tuple[float, float]:
+    """Tensor-parallel collectives on this rank, as each engine issues them: (per micro-batch, per step).
+
+    Megatron (Shoeybi et al. 2019, fig. 4): one all-reduce per block in forward (g) and one in backward (f);
+    with sequence parallelism an all-gather + reduce-scatter instead (Korthikanti et al. 2022, sec. 4.2.2).
+    DTensor (nd, Accelerate) and DeepSpeed AutoTP all-reduce the input gradient of every column-parallel
+    matrix on its own in backward (no fused f): q, k, v, gate and up each, five for a Llama layer. DTensor
+    also all-reduces each replicated (norm) weight's gradient once per step, the final norm's, and under loss
+    parallelism
+    three scalars per token (max, sum of exponentials, target logit: torch loss_parallel). Full
+    checkpointing reruns the forward's collectives."""
+    counts = tp_counts(spec)
+    ag = lambda b: collective_time("all_gather", b, group, hw)  # noqa: E731
+    rs = lambda b: collective_time("reduce_scatter", b, group, hw)  # noqa: E731
+    ar = lambda b: collective_time("all_reduce", b, group, hw)  # noqa: E731
+    block = ag(activation) + rs(activation) if engine.sequence_parallel else ar(activation)
+    rerun = layout.activation_checkpointing == "full"
+    forward = counts.row * block * (2 if rerun else 1)
+    if engine.name == "megatron_lm":
+        return layers * (forward + counts.row * block), 0.0
+    backward = counts.column * ar(activation) + (counts.row * ag(activation) if engine.sequence_parallel else 0.0)
+    if engine.name not in ("nd", "fsdp"):
+        return layers * (forward + backward) + (ar(activation) if last else 0.0), 0.0  # AutoTP's lm_head output
+    loss = 3 * ar(tokens * 4) if last and engine.loss_parallel else 0.0
+    # the embedding's output and the head's input change layout once each way
+    ends = (int(first) + int(last)) * block + loss
+    replicated = (layers * counts.replicated + (1 if last else 0)) * ar(spec.hidden_size * 4)
+    return layers * (forward + backward) + ends, replicated
 
 
 class DataParallelComm(NamedTuple):
@@ -185,39 +242,80 @@ class DataParallelComm(NamedTuple):
     how: str
 
 
-def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Groups, params: float,
+# DeepSpeed's ZeRO bucket defaults (deepspeed/runtime/zero/config.py, 0.19.8: reduce_bucket_size and
+# allgather_bucket_size 5e8 elements; stage3_max_live_parameters 1e9), which the rendered ds_config keeps;
+# DDP's gradient buckets are 25 MiB (torch.nn.parallel.DistributedDataParallel bucket_cap_mb).
+DEEPSPEED_BUCKET_NUMEL = 5e8
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1e9
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+class CallCounts(NamedTuple):
+    """How many separate collectives one rank's data-parallel traffic takes: each pays the latency once."""
+
+    units: int  # FSDP wrap units: each decoder layer, plus the root (embedding, final norm, head) where held
+    modules: int  # parameter tensors DeepSpeed ZeRO-3 fetches one module at a time (a gather per module)
+    params: float  # elements of this rank's (TP / PP / EP-local) parameters
+
+
+def call_counts(params: Any, layer_tensors: int, outside_tensors: int) -> CallCounts:
+    """Units and fetches of one pipeline rank: a unit per decoder layer plus the root unit where the rank
+    holds the embedding or the head; a fetch per parameter tensor (biases counted as their own fetch)."""
+    root = 1 if (params.first or params.last) else 0
+    return CallCounts(params.layers + root, params.layers * layer_tensors + outside_tensors,
+                      params.dense_total + params.expert_total)
+
+
+def _calls(kind: str, nbytes: float, calls: float, group: Group, hw: HardwareProfile) -> float:
+    """`calls` collectives sharing `nbytes` evenly: the bandwidth term once, the latency per call."""
+    calls = max(1, int(math.ceil(calls)))
+    return calls * collective_time(kind, nbytes / calls, group, hw)
+
+
+def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Groups, counts: CallCounts,
                        work_bytes: int, grad_bytes: int, param_shard_stage: int) -> DataParallelComm:
     """The collectives each engine issues on the data axis (Rajbhandari et al. 2020, sec. 5-7: ZeRO-1/2
     move 2P per step like an all-reduce, ZeRO-3 3P; FSDP is ZeRO-3 with per-unit gathers, Zhao et al. 2023).
 
     - parameters sharded (DeepSpeed stage 3, FSDP/nd stage >= 2): every micro-batch all-gathers the
-      parameters for forward, again for backward when they are resharded after forward (stage 3), and
-      reduce-scatters the gradients; HSDP adds an all-reduce of the shard over the replicas;
+      parameters for forward, again for backward when they are resharded after forward, and
+      reduce-scatters the gradients; HSDP adds an all-reduce of the shard over the replicas. FSDP gathers
+      and reduces one unit at a time and keeps the root unit gathered for backward; DeepSpeed gathers
+      module by module and keeps them for backward while the rank's parameters are within
+      stage3_max_live_parameters, and reduces in buckets;
     - DeepSpeed stage 2 reduce-scatters gradients in buckets in every backward, stage 1 once per step, both
       all-gather the updated 16-bit parameters after the optimizer; Megatron's distributed optimizer alike;
     - stage 0 all-reduces the gradients once per step, overlapped with the last backward (DDP buckets)."""
     shard, rep, zero, name = groups.dp_shard, groups.dp_replicate, layout.zero_stage, engine.name
     everyone = axis_group(shard.size * rep.size, layout.tp, hw.gpus_per_node)
-    grads, weights = params * grad_bytes, params * work_bytes
+    grads, weights = counts.params * grad_bytes, counts.params * work_bytes
+    buckets = counts.params / DEEPSPEED_BUCKET_NUMEL
     if shard.size * rep.size == 1:
         return DataParallelComm(0.0, 0.0, 0.0, "no data parallelism")
     if zero >= param_shard_stage and shard.size > 1:
-        gathers = 2 if zero >= 3 else 1
-        per_mb = (gathers * collective_time("all_gather", weights, shard, hw)
-                  + collective_time("reduce_scatter", grads, shard, hw)
-                  + collective_time("all_reduce", grads / shard.size, rep, hw))
+        if name == "deepspeed":
+            fetches = counts.modules * (2 if counts.params > DEEPSPEED_MAX_LIVE_PARAMETERS else 1)
+            gather = _calls("all_gather", weights * fetches / counts.modules, fetches, shard, hw)
+            reduce = _calls("reduce_scatter", grads, buckets, shard, hw)
+        else:
+            regather = counts.units - 1 if zero >= 3 else 0
+            gather = _calls("all_gather", weights * (counts.units + regather) / counts.units,
+                            counts.units + regather, shard, hw)
+            reduce = _calls("reduce_scatter", grads, counts.units, shard, hw)
+        per_mb = gather + reduce + _calls("all_reduce", grads / shard.size, counts.units, rep, hw)
         return DataParallelComm(per_mb, 0.0, 0.0, "gathers prefetched behind the previous unit's compute; "
                                 "reduce-scatters behind the next unit's backward")
     if zero >= 1 and shard.size > 1:
-        reduce = (collective_time("reduce_scatter", grads, shard, hw)
-                  + collective_time("all_reduce", grads / shard.size, rep, hw))
-        gather = collective_time("all_gather", weights, shard, hw)
+        reduce = (_calls("reduce_scatter", grads, buckets, shard, hw)
+                  + _calls("all_reduce", grads / shard.size, buckets, rep, hw))
+        gather = _calls("all_gather", weights, buckets, shard, hw)
         if name == "deepspeed" and zero == 2:
             return DataParallelComm(reduce, 0.0, gather, "bucketed reduce-scatter behind every backward; "
                                     "parameter all-gather after the step, exposed")
         return DataParallelComm(0.0, reduce, gather, "reduce-scatter behind the last backward; parameter "
                                 "all-gather after the step, exposed")
-    return DataParallelComm(0.0, collective_time("all_reduce", grads, everyone, hw), 0.0,
+    calls = buckets if name == "deepspeed" else grads / DDP_BUCKET_BYTES
+    return DataParallelComm(0.0, _calls("all_reduce", grads, calls, everyone, hw), 0.0,
                             "bucketed all-reduce behind the last backward")
 
 
@@ -237,6 +335,30 @@ def optimizer_time(layout: Any, engine: Any, hw: HardwareProfile, opt_params: fl
     return {"optimizer": step, "offload": link + nvme}
 
 
+# Kernels per gradient tensor of the global-norm clip (harness.engines.grad_norm: to fp64, square, sum, weight,
+# accumulate); DeepSpeed clips its flat partition, one tensor.
+CLIP_OPS_PER_TENSOR = 5
+
+
+def step_scalars(engine: Any, zero_stage: int, tp: int) -> int:
+    """Scalar all-reduces before each optimizer step. The harness's clip (fsdp, nd): one, the squared norm.
+    DeepSpeed 0.19.8: ZeRO-1/2 all-reduce the norm and an overflow flag (stage_1_and_2.py, has_overflow runs in
+    every step, bf16 too), ZeRO-3 the norm, ZeRO-0 none (its gradients are already all-reduced, the norm is
+    local); with AutoTP each again over the tensor-parallel group (_model_parallel_all_reduce)."""
+    if engine.name != "deepspeed":
+        return 1
+    scalars = {0: 0, 1: 2, 2: 2, 3: 1}[zero_stage]
+    return scalars * (2 if tp > 1 else 1)
+
+
+def clip_time(hw: HardwareProfile, groups: Groups, tensors: int, scalars: int) -> float:
+    """Global-norm clipping before the step: a squared sum per gradient tensor, then `scalars` all-reduces of
+    a scalar over every rank that holds a piece of the model (its data and model-parallel ranks)."""
+    ranks = groups.tp.size * groups.dp_shard.size * groups.dp_replicate.size
+    everyone = axis_group(ranks, 1, hw.gpus_per_node)
+    return streaming_time(0.0, tensors * CLIP_OPS_PER_TENSOR, hw) + scalars * collective_time("all_reduce", 8, everyone, hw)
+
+
 def param_offload_time(layout: Any, hw: HardwareProfile, opt_params: float, work_bytes: int) -> float:
     """Per micro-batch: an offloaded parameter partition comes up the host link (or from NVMe) for every
     gather, forward and backward (ZeRO-Infinity / FSDP CPUOffload)."""
@@ -246,17 +368,20 @@ def param_offload_time(layout: Any, hw: HardwareProfile, opt_params: float, work
     return 2 * opt_params * work_bytes / rate
 
 
-def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, chunks) -> StepTime:
+def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, chunks, clip) -> StepTime:
     """Step time of one pipeline rank holding `layers` layers in `chunks` local stages."""
     fwd, bwd, recompute = _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first, last)
     compute_mb = fwd.total + bwd.total + recompute.total
-    layer_comm = _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers)
+    layer_comm = _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last)
     support = ENGINE_SUPPORT[engine.name]
     params = rank_params(spec, layout.tp, layout.ep, layers, first, last, layout.pp, support.tp_shards_vocab)
     local = params.dense_total + params.expert_total
     conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version)
     opt_params = local / groups.dp_shard.size if layout.zero_stage >= conv.optimizer_shard_stage else local
-    dp = data_parallel_comm(layout, engine, hw, groups, local, conv.working, conv.grad, conv.param_shard_stage)
+    layer_t, first_t, last_t = param_tensors(spec)
+    outside = (len(first_t) if first else 0) + (len(last_t) if last else 0)
+    counts = call_counts(params, len(layer_t), outside)
+    dp = data_parallel_comm(layout, engine, hw, groups, counts, conv.working, conv.grad, conv.param_shard_stage)
     offload_mb = param_offload_time(layout, hw, opt_params, conv.working)
     m, unit = layout.grad_accum, max(1, layers)
     # TP, EP and pipeline transfers sit on the critical path (each layer waits for them); the ring of
@@ -274,10 +399,13 @@ def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first,
     step_comm = exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / unit) + dp.after_step
     tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else _tensor_count(params)
     opt = optimizer_time(layout, engine, hw, opt_params, tensors, conv.working, conv.offload_grad)
+    opt["optimizer"] += clip_time(hw, groups, tensors, step_scalars(engine, layout.zero_stage, layout.tp)) \
+        if clip else 0.0
     totals = dict(layer_comm, dp=dp.per_microbatch, offload=offload_mb)
     comm = {axis: {"total": m * totals[axis], "exposed": m * exposed_mb[axis]} for axis in exposed_mb}
     comm["dp"] = {"total": comm["dp"]["total"] + dp.with_last_backward + dp.after_step,
                   "exposed": comm["dp"]["exposed"] + step_comm}
+    comm["tp"] = {k: v + layer_comm["tp_step"] for k, v in comm["tp"].items()}  # replicated gradients
     compute = {"gemm": m * (fwd.gemm + bwd.gemm), "attention": m * (fwd.attention + bwd.attention),
                "elementwise": m * (fwd.elementwise + bwd.elementwise), "recompute": m * recompute.total}
     overlap = {"dp": dp.how if hw.overlaps_comm else "none: ranks share the cores that compute",
@@ -285,7 +413,7 @@ def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first,
                "cp": "ring steps behind the attention blocks" if hw.overlaps_comm else "none",
                "ep": "none (blocking all-to-all)",
                "offload": "parameter fetches behind compute" if hw.overlaps_comm else "none"}
-    total = pipeline + step_comm + opt["optimizer"] + opt["offload"]
+    total = pipeline + step_comm + layer_comm["tp_step"] + opt["optimizer"] + opt["offload"]
     return StepTime(total, compute, comm, pipeline - m * (forward + backward), opt["optimizer"], opt["offload"],
                     overlap)
 

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from harness.plan.comm import bus_factor
-from harness.plan.hardware import HardwareProfile, cpu_profile_name, profile_path, save_profile
+from harness.plan.hardware import (PROFILE_VERSION, HardwareProfile, cpu_profile_name, load_profile, profile_path,
+                                   save_profile)
 
 # Up to 512: the size the runtime's own peak measurement uses (bf16 GEMMs on CPUs without AMX run at well
 # under 1 GFLOP/s, so larger shapes cost minutes).
@@ -127,7 +128,7 @@ def collective_times(sizes: Sequence[int]) -> Dict[str, List[Tuple[int, float]]]
         for kind, op in ops.items():
             dist.barrier()
             # every rank must issue the same number of calls: a fixed count, not a per-rank window
-            out[kind].append((nbytes, best_time(op, inner=10)))
+            out[kind].append((nbytes, best_time(op, repeats=7, inner=20)))
     return out
 
 
@@ -164,11 +165,32 @@ def fit_link(samples: Dict[str, List[Tuple[int, float]]], world: int) -> Tuple[f
     return max(alpha, 1e-7), 1.0 / max(inv_bw, 1e-12)
 
 
-def attention_rate(dtype: torch.dtype, seq: int = 256, heads: int = 4, head_dim: int = 16) -> float:
-    """FLOP/s of a causal SDPA forward (4·a·d·T²/2 FLOPs: the half a causal mask keeps)."""
-    q = torch.randn(1, heads, seq, head_dim, dtype=dtype)
-    seconds = best_time(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
-    return 4.0 * heads * head_dim * seq * seq / 2 / seconds
+ATTENTION_SEQS = (64, 256)
+
+
+def attention_rates(dtype: torch.dtype, heads: int = 4, head_dim: int = 16) -> Dict[str, float]:
+    """A causal SDPA call, forward and backward (timed on its own, from a kept forward) at two sequence
+    lengths, each fitted as heads x (fixed cost per head + FLOPs per head / rate): 4·d·T²/2 forward FLOPs per
+    head, the half a causal mask keeps. Returns the forward rate, the backward / forward time ratio at equal
+    FLOPs and the two fixed costs."""
+    fits = {}
+    for name in ("forward", "backward"):
+        points = []
+        for seq in ATTENTION_SEQS:
+            q = torch.randn(1, heads, seq, head_dim, dtype=dtype, requires_grad=True)
+            grad = torch.randn(1, heads, seq, head_dim, dtype=dtype)
+
+            def forward():
+                return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+            forward_s = best_time(forward)
+            seconds = forward_s if name == "forward" else max(best_time(lambda: forward().backward(grad)) - forward_s, 0.0)
+            points.append((4.0 * head_dim * seq * seq / 2, seconds / heads))
+        (f0, t0), (f1, t1) = points
+        per_flop = max((t1 - t0) / (f1 - f0), 1e-15)
+        fits[name] = (max(t0 - f0 * per_flop, 0.0), per_flop)
+    return {"flops": 1.0 / fits["forward"][1], "backward_ratio": fits["backward"][1] / fits["forward"][1],
+            "head_latency_s": fits["forward"][0], "backward_head_latency_s": fits["backward"][0]}
 
 
 def disk_bandwidth(directory: str, nbytes: int = 32 << 20) -> float:
@@ -187,7 +209,7 @@ def measure_rank(dtype: torch.dtype) -> Dict[str, object]:
     rates = matmul_rates(dtype)
     return {"matmul": rates, "linear_flops": linear_rate(dtype), "streaming_bandwidth": streaming_bandwidth(dtype),
             "memory_bandwidth": memory_bandwidth(), "op_latency_s": op_latency(),
-            "adam_params_per_s": adam_rate(), "attention_flops": attention_rate(dtype),
+            "adam_params_per_s": adam_rate(), "attention": attention_rates(dtype),
             "collectives": collective_times(COLLECTIVE_BYTES)}
 
 
@@ -202,15 +224,19 @@ def profile_from(records: List[Dict[str, object]], world: int, name: str, disk: 
     samples = {k: [(n, statistics.median(r["collectives"][k][i][1] for r in records))
                    for i, (n, _) in enumerate(records[0]["collectives"][k])] for k in records[0]["collectives"]}
     alpha, bandwidth = fit_link(samples, world) if world > 1 else (1e-5, med("memory_bandwidth") / 2)
-    attention = med("attention_flops") / peak
+    links = {kind: fit_link({kind: points}, world) for kind, points in samples.items()} if world > 1 else {}
+    attention = {key: statistics.median(r["attention"][key] for r in records) for key in records[0]["attention"]}
     profile = HardwareProfile(
-        name=name, matmul_efficiency=med("linear_flops") / peak, attention_efficiency_sdpa=attention,
-        attention_efficiency_flash=attention, memory_bandwidth=med("streaming_bandwidth"), memory_efficiency=1.0,
+        name=name, matmul_efficiency=med("linear_flops") / peak, attention_efficiency_sdpa=attention["flops"] / peak,
+        attention_efficiency_flash=attention["flops"] / peak, memory_bandwidth=med("streaming_bandwidth"), memory_efficiency=1.0,
         op_latency_s=med("op_latency_s"),
         gpus_per_node=world, intra_node_bandwidth=bandwidth, inter_node_bandwidth=bandwidth,
         collective_base_latency_s=0.0, intra_step_latency_s=alpha, inter_step_latency_s=alpha,
         low_latency_protocol=False, overlaps_comm=False, host_link_bandwidth=med("memory_bandwidth") / 2,
-        cpu_adam_params_per_s=med("adam_params_per_s"), nvme_bandwidth=disk, measured_peak_flops=peak,
+        cpu_adam_params_per_s=med("adam_params_per_s"), nvme_bandwidth=disk,
+        attention_backward_ratio=attention["backward_ratio"], attention_head_latency_s=attention["head_latency_s"],
+        attention_backward_head_latency_s=attention["backward_head_latency_s"], collective_links=links, cores_per_node=len(os.sched_getaffinity(0)),
+        measured_peak_flops=peak, version=PROFILE_VERSION,
         source=f"measured:{name}:{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
     raw = {"matmul_by_shape": {k: statistics.median(r["matmul"][k] for r in records) for k in records[0]["matmul"]},
            "collectives": samples, "ranks": world, "load_average": os.getloadavg()}
@@ -257,9 +283,9 @@ def calibrate(ranks: int = 2, precision: str = "bf16", name: str = "", out: str 
 
 
 def ensure_host_profile(ranks: int = 2) -> Path:
-    """The cached profile of this host, measured on first use."""
+    """The cached profile of this host, measured on first use or when an older calibration wrote it."""
     path = profile_path(cpu_profile_name())
-    return path if path.exists() else calibrate(ranks)
+    return path if load_profile(path) is not None else calibrate(ranks)
 
 
 def main(argv: Sequence[str] = ()) -> int:

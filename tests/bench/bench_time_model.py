@@ -66,16 +66,14 @@ def predict(run_dir: Path) -> Optional[float]:
     """The step time the current model and profile predict for a run's resolved config (so runs measured
     before a recalibration are judged by the profile in use now)."""
     sys.path.insert(0, str(ROOT))
-    import yaml
-
-    from harness.config.compose import compose_run_config
+    from harness.config.compose import run_config_from_dict
     from harness.plan.planner import make_plan
+    from harness.rundir.files import CONFIG_FILE
 
-    overrides = run_dir / ".hydra" / "overrides.yaml"
-    if not overrides.exists():
+    config = run_dir / CONFIG_FILE
+    if not config.exists():
         return None
-    cfg = compose_run_config([o for o in yaml.safe_load(overrides.read_text()) if not o.startswith("hydra.")])
-    return make_plan(cfg).step_time_s
+    return make_plan(run_config_from_dict(json.loads(config.read_text()))).step_time_s
 
 
 def compare(out: Path) -> List[Dict[str, object]]:
