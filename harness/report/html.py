@@ -18,6 +18,7 @@ TITLES = {
     "throughput": "Tokens/s per device by layout",
     "mfu": "MFU by layout",
     "memory": "Memory per device: measured vs predicted vs device memory",
+    "step_time_parts": "Step time: measured vs predicted, and where the prediction goes",
     "step_times": "Step-time distribution per run",
     "compare": "Sweeps compared",
     "status": "Run status and failure reasons",
@@ -32,7 +33,8 @@ RESULT_COLUMNS: Sequence[Tuple[str, str, str]] = (
     ("tokens_per_s", "tokens/s", "rate"), ("tokens_per_s_per_device", "tokens/s/device", "rate"),
     ("tokens_per_s_predicted", "tokens/s predicted", "rate"),
     ("step_time_s", "step (median)", "time"), ("step_time_min_s", "step min", "time"),
-    ("step_time_max_s", "step max", "time"), ("mfu", "MFU", "pct"), ("mfu_predicted", "MFU predicted", "pct"),
+    ("step_time_max_s", "step max", "time"), ("step_time_predicted_s", "step predicted", "time"),
+    ("step_time_ratio", "step meas/pred", "ratio"), ("mfu", "MFU", "pct"), ("mfu_predicted", "MFU predicted", "pct"),
     ("mfu_ratio", "MFU meas/pred", "ratio"), ("hfu", "HFU", "pct"),
     ("mem_state_activation_gib", "mem params+grads+opt+act", "gib"),
     ("mem_predicted_state_activation_gib", "mem predicted params+grads+opt+act", "gib"),
@@ -267,6 +269,8 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
                   f"<h2>{TITLES['mfu']}</h2>", _caption(peak_caption(view)),
                   plots.chart(plots.mfu_figure(view, labels), "chart-mfu"),
                   f"<h2>{TITLES['memory']}</h2>", _caption(caption), plots.chart(memory, "chart-memory"),
+                  f"<h2>{TITLES['step_time_parts']}</h2>",
+                  plots.chart(plots.step_time_parts_figure(view, labels), "chart-step-time-parts"),
                   f"<h2>{TITLES['step_times']}</h2>",
                   plots.chart(plots.step_time_figure(view[view["status"] == COMPLETED], labels), "chart-step-times")]
         if several:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from harness.report.headline import format_bytes, layout_summary
-from harness.rundir import COMPLETED, PLOTLY_JS, write_bytes
+from harness.rundir import COMPLETED, PLOTLY_JS, TIME_PARTS, write_bytes
 
 MEASURED, RECOMMENDED, PREDICTED = "#4e79a7", "#59a14f", "#e15759"
 MEMORY_PARTS = (("param_bytes", "parameters", "#4e79a7"), ("grad_bytes", "gradients", "#f28e2b"),
@@ -208,6 +208,45 @@ def memory_figure(frame: pd.DataFrame, labels: Dict[int, str]) -> Tuple[Any, str
     _layout(fig, "memory", "bytes per device (upper bar measured, lower bar predicted)", 2 * len(names))
     fig.update_xaxes(tickformat=".3s", ticksuffix="B")
     return fig, caption
+
+
+TIME_PART_NAMES = {"compute": "compute", "exposed_comm": "exposed communication", "bubble": "pipeline bubble",
+                   "optimizer": "optimizer step", "offload": "offload traffic"}
+TIME_SHADES = ("#8f8f8f", "#a8a8a8", "#c0c0c0", "#d6d6d6", "#e9e9e9")
+
+
+def step_time_parts_figure(frame: pd.DataFrame, labels: Dict[int, str]):
+    """Per layout the measured median step time (upper bar) and the predicted one (lower bar, greys) stacked
+    by where the time model says it goes, as the memory chart stacks bytes."""
+    import plotly.graph_objects as go
+
+    names = [labels[i] for i in frame.index]
+    hover = [hover_text(row) for _, row in frame.iterrows()]
+    fig = go.Figure()
+    measured = [num(v) for v in frame.get("step_time_s", pd.Series([None] * len(frame), index=frame.index))]
+    fig.add_trace(go.Bar(y=names, x=[v or 0.0 for v in measured], orientation="h", offsetgroup="measured",
+                         name="measured (median step)", marker_color=MEASURED, hoverinfo="text",
+                         hovertext=[f"measured: {_seconds(v)}<br>{h}" for v, h in zip(measured, hover)]))
+    base = [0.0] * len(names)
+    for part, shade in zip(TIME_PARTS, TIME_SHADES):
+        column = frame.get(f"pred_time_{part}_s", pd.Series([None] * len(frame), index=frame.index))
+        values = [num(v) or 0.0 for v in column]
+        if not any(values):
+            continue
+        label = TIME_PART_NAMES[part]
+        fig.add_trace(go.Bar(y=names, x=values, base=list(base), orientation="h", offsetgroup="predicted",
+                             name=f"predicted {label}", marker_color=shade, legendgroup="predicted",
+                             hovertext=[f"predicted {label}: {_seconds(v)}<br>{h}" for v, h in zip(values, hover)],
+                             hoverinfo="text"))
+        base = [b + v for b, v in zip(base, values)]
+    _layout(fig, "step_time_parts", "seconds per optimizer step (upper bar measured, lower bar predicted)",
+            2 * len(names))
+    fig.update_xaxes(tickformat=".3s", ticksuffix="s")
+    return fig
+
+
+def _seconds(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value * 1e3:,.1f} ms" if value < 1 else f"{value:,.2f} s"
 
 
 def step_time_figure(frame: pd.DataFrame, labels: Dict[int, str]):

@@ -168,6 +168,8 @@ def _prediction_columns(measured: Optional[Measured], predicted: Predicted) -> D
         "mfu_predicted": predicted.mfu,
         "mfu_ratio": _ratio(measured.mfu if measured else None, predicted.mfu),
         "step_time_predicted_s": predicted.step_time_s,
+        "step_time_ratio": _ratio(measured.step_time_s if measured else None, predicted.step_time_s),
+        **{f"pred_time_{part}_s": seconds for part, seconds in predicted.time_parts().items()},
         "tokens_per_s_predicted": predicted.tokens_per_s,
     }
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from harness.report.headline import headline
-from harness.rundir import wandb_file_environment, write_text
+from harness.rundir import TIME_PARTS, wandb_file_environment, write_text
 
 PUBLISH_TIMEOUT_S = 120
 # Summary keys the runtime writes (harness/runtime/bench.py `_flat_summary`: the scalar fields of `Measured`).
@@ -39,6 +39,8 @@ PANEL_TITLES = {
     "parallel": "Layout axes against throughput and MFU",
     "loss": "Loss per step",
     "step_time": "Step time per timed step (s)",
+    "predicted_time": "Step time by layout: measured median and predicted (s)",
+    "predicted_parts": "Predicted step time by layout: where it goes (s)",
     "live_throughput": "Tokens/s per timed step",
     "live_mfu": "MFU per timed step (%)",
 }
@@ -100,6 +102,12 @@ def _panels(frame: pd.DataFrame):
         wr.BarPlot(title=PANEL_TITLES["mfu"], metrics=[wr.SummaryMetric(k) for k in UTILIZATION_KEYS]),
         wr.BarPlot(title=PANEL_TITLES["memory"], metrics=[wr.SummaryMetric(k) for k in MEMORY_KEYS],
                    title_x="bytes"),
+        wr.BarPlot(title=PANEL_TITLES["predicted_time"],
+                   metrics=[wr.SummaryMetric("step_time_s"), wr.SummaryMetric("predicted_step_time_s")],
+                   title_x="seconds per optimizer step"),
+        wr.BarPlot(title=PANEL_TITLES["predicted_parts"],
+                   metrics=[wr.SummaryMetric(f"predicted_time_{part}_s") for part in TIME_PARTS],
+                   title_x="seconds per optimizer step"),
         wr.ParallelCoordinatesPlot(title=PANEL_TITLES["parallel"], columns=columns),
         wr.RunComparer(diff_only="split"),
         wr.LinePlot(title=PANEL_TITLES["loss"], y=["loss"]),

@@ -20,6 +20,7 @@ from harness.rundir.readers import (  # noqa: F401
 )
 from harness.rundir.records import (  # noqa: F401
     SCHEMA_VERSION,
+    TIME_PARTS,
     Measured,
     Predicted,
     RankError,

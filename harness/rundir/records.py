@@ -119,6 +119,10 @@ class Measured:
         return cls(**_known(cls, renamed, "measured"))
 
 
+# The parts of a predicted step time (Predicted.time_parts), in the order charts stack them.
+TIME_PARTS = ("compute", "exposed_comm", "bubble", "optimizer", "offload")
+
+
 @dataclass
 class Predicted:
     """The plan's prediction, in the same keys as the measurement (plan.json `predicted`, metrics.json
@@ -149,6 +153,21 @@ class Predicted:
     def to_dict(self) -> Dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         return {**self.extra, **out}
+
+    def time_parts(self) -> Dict[str, float]:
+        """Where the predicted step time goes (seconds; they sum to step_time_s): the time model's breakdown
+        (`time` in the plan's prediction) as compute, exposed communication, pipeline bubble, optimizer and
+        offload. Empty when the plan predicted no time."""
+        time = self.extra.get("time")
+        if not isinstance(time, Mapping):
+            return {}
+        try:
+            return {"compute": float(sum(time["compute_s"].values())),
+                    "exposed_comm": float(sum(axis["exposed"] for axis in time["comm_s"].values())),
+                    "bubble": float(time["bubble_s"]), "optimizer": float(time["optimizer_s"]),
+                    "offload": float(time["offload_s"])}
+        except (KeyError, TypeError, AttributeError, ValueError):
+            return {}
 
     @classmethod
     def from_dict(cls, data: Optional[Mapping[str, Any]]) -> "Predicted":

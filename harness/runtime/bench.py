@@ -29,6 +29,7 @@ from harness.rundir import (
     PLAN_FILE,
     RUNNING,
     Measured,
+    Predicted,
     RunResult,
     write_error,
     write_json,
@@ -245,7 +246,13 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
         tokens_per_step=payload["tokens_per_step"],
         predicted_total_bytes=payload["predicted"].get("total_bytes"),
         predicted_mfu=payload["predicted"].get("mfu"),
+        predicted_hfu=payload["predicted"].get("hfu"),
+        predicted_step_time_s=payload["predicted"].get("step_time_s"),
+        predicted_tokens_per_s=payload["predicted"].get("tokens_per_s"),
     )
+    # where the predicted step time goes, beside the measured step time (seconds)
+    parts = Predicted.from_dict(payload["predicted"]).time_parts()
+    summary.update({f"predicted_time_{part}_s": seconds for part, seconds in parts.items()})
     return summary
 
 

@@ -58,12 +58,12 @@ def test_format_bytes():
 
 def test_report_has_every_section_and_the_answer(frame, sweep_dir):
     page = render_html(frame, [sweep_dir])
-    for title in ("throughput", "mfu", "memory", "step_times", "status", "results"):
+    for title in ("throughput", "mfu", "memory", "step_time_parts", "step_times", "status", "results"):
         assert TITLES[title] in page
     assert TITLES["compare"] not in page  # one sweep
     assert "Which layout should I use?" in page
     assert "Use dp2 tp1 zero2 mb2: " in page
-    assert page.count('<div class="plot"') == 4 and page.count("Plotly.newPlot") == 4
+    assert page.count('<div class="plot"') == 5 and page.count("Plotly.newPlot") == 5
     assert "rank 1: RuntimeError: NCCL timeout in all_reduce" in page
     assert "tp=3 must divide num_attention_heads=4" in page
     for state in ("COMPLETED", "FAILED", "OOM", "PRUNED", "RUNNING", "PENDING"):
@@ -127,3 +127,21 @@ def test_two_invocations_of_one_sweep_are_compared(tmp_path):
     assert page.count('class="headline"') == 1
     assert 'id="compare-table"' in page
     assert "grid (monday\\u002fgrid) \\u00b7 dp2 tp1 zero2 mb2" in page and "grid (tuesday/grid)" in page
+
+
+def test_the_step_time_chart_stacks_the_predicted_parts_beside_the_measured_step(frame):
+    from harness.report.html import chart_labels, ordered
+    from harness.report.plots import step_time_parts_figure
+
+    view = ordered(frame)
+    fig = step_time_parts_figure(view, chart_labels(view))
+    measured = next(t for t in fig.data if t.name.startswith("measured"))
+    predicted = [t for t in fig.data if t.name.startswith("predicted")]
+    assert [t.name for t in predicted] == ["predicted compute", "predicted exposed communication",
+                                           "predicted optimizer step", "predicted offload traffic"]
+    row = list(view["run"]).index("0")  # run 0 predicts 40 ms: its parts stack to that
+    assert sum(t.x[row] for t in predicted) == pytest.approx(0.04)
+    run = frame.set_index("run").loc["0"]
+    assert measured.x[row] == pytest.approx(run["step_time_s"])
+    assert run["step_time_ratio"] == pytest.approx(run["step_time_s"] / 0.04)
+    assert run["pred_time_exposed_comm_s"] == pytest.approx(0.25 * 0.04)

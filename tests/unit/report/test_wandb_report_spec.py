@@ -73,7 +73,12 @@ def test_runset_is_the_sweeps_group(report):
 def test_panels(report):
     panels = _grid(report).panels
     bars = {p.title: p for p in panels if isinstance(p, wr.BarPlot)}
-    assert set(bars) == {PANEL_TITLES["throughput"], PANEL_TITLES["mfu"], PANEL_TITLES["memory"]}
+    assert set(bars) == {PANEL_TITLES[k] for k in ("throughput", "mfu", "memory", "predicted_time", "predicted_parts")}
+    # the runtime's summary keys (harness/runtime/bench.py _flat_summary): measured beside predicted
+    assert [m.name for m in bars[PANEL_TITLES["predicted_time"]].metrics] == ["step_time_s", "predicted_step_time_s"]
+    assert [m.name for m in bars[PANEL_TITLES["predicted_parts"]].metrics] == [
+        "predicted_time_compute_s", "predicted_time_exposed_comm_s", "predicted_time_bubble_s",
+        "predicted_time_optimizer_s", "predicted_time_offload_s"]
     assert [m.name for m in bars[PANEL_TITLES["throughput"]].metrics] == [THROUGHPUT_KEY]
     assert [m.name for m in bars[PANEL_TITLES["mfu"]].metrics] == ["mfu", "hfu"]
     assert [m.name for m in bars[PANEL_TITLES["memory"]].metrics] == list(MEMORY_KEYS)
