@@ -70,6 +70,10 @@ class ModelSpec:
     final_logit_softcapping: Optional[float] = None
     tp_plan_source: str = "transformers"  # "transformers", "harness" (what transformers lacks) or "none"
     layer_tensors: Tuple[ParamTensor, ...] = ()  # the most common decoder layer, in module order
+    # Every distinct decoder layer's tensors (in module order), and the kind of each layer: what a pipeline
+    # stage holds when layers differ (DeepSeek-V3's dense first layers before its MoE ones).
+    layer_kinds: Tuple[Tuple[ParamTensor, ...], ...] = ()
+    layer_pattern: Tuple[int, ...] = ()
     first_tensors: Tuple[ParamTensor, ...] = ()  # embedding tables
     last_tensors: Tuple[ParamTensor, ...] = ()  # final norm, untied lm_head
     no_split_modules: Tuple[str, ...] = ()
@@ -236,14 +240,17 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         layer_active_params=tuple(x.active for x in per_layer),
         attention_windows=_attention_windows(name, shape["model_type"], f), qk_head_dim=f["qk_head_dim"], v_head_dim=f["v_head_dim"],
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],
-        tp_plan_source=shape["tp_plan_source"], layer_tensors=_tensors(rows), first_tensors=_tensors(first),
+        tp_plan_source=shape["tp_plan_source"], layer_tensors=_tensors(rows),
+        layer_kinds=tuple(_tensors(kind) for kind in kinds), layer_pattern=tuple(int(i) for i in pattern),
+        first_tensors=_tensors(first),
         last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
         pp_plan=tuple(shape["pp_plan"]),
     )
 
 
 def param_tensors(spec: ModelSpec) -> Tuple[Tuple[ParamTensor, ...], Tuple[ParamTensor, ...], Tuple[ParamTensor, ...]]:
-    """(one decoder layer, first-stage tensors, last-stage tensors), in transformers' shapes and order.
+    """(the most common decoder layer, first-stage tensors, last-stage tensors), in transformers' shapes and
+    order; `spec.layer_kinds[spec.layer_pattern[i]]` are layer i's own tensors.
 
     The split dims come from transformers' `base_model_tp_plan` (Megatron's split, Shoeybi et al. 2019,
     sec. 3: colwise projections split their output features and bias, rowwise ones their input features;

@@ -12,7 +12,7 @@ from harness.plan.compute_time import OpTime, layer_time, outside_time, streamin
 from harness.plan.conventions import COMPUTE_BYTES, state_convention
 from harness.plan.hardware import HardwareProfile
 from harness.plan.model_spec import ModelSpec
-from harness.plan.states import rank_params, stage_layer_counts
+from harness.plan.states import rank_layers, rank_params, stage_layer_counts
 from harness.plan.support import ENGINE_SUPPORT
 
 # Kernels torch's AdamW issues per parameter tensor when it loops over tensors (its default off CUDA:
@@ -121,7 +121,8 @@ def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwarePro
         stages = rank_stages(layout.pp_schedule, layout.pp, layout.pp_virtual_stages, rank) if layout.pp > 1 else (0,)
         layers = sum(counts[s] for s in stages)
         first, last = 0 in stages, len(counts) - 1 in stages
-        step = _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, len(stages))
+        step = _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, len(stages),
+                          rank_layers(counts, stages))
         if best is None or step.step_time_s > best.step_time_s:
             best = step
     assert best is not None
@@ -246,13 +247,13 @@ def param_offload_time(layout: Any, hw: HardwareProfile, opt_params: float, work
     return 2 * opt_params * work_bytes / rate
 
 
-def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, chunks) -> StepTime:
+def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, chunks, layer_ids) -> StepTime:
     """Step time of one pipeline rank holding `layers` layers in `chunks` local stages."""
     fwd, bwd, recompute = _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first, last)
     compute_mb = fwd.total + bwd.total + recompute.total
     layer_comm = _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers)
     support = ENGINE_SUPPORT[engine.name]
-    params = rank_params(spec, layout.tp, layout.ep, layers, first, last, layout.pp, support.tp_shards_vocab)
+    params = rank_params(spec, layout.tp, layout.ep, layer_ids, first, last, layout.pp, support.tp_shards_vocab)
     local = params.dense_total + params.expert_total
     conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version)
     opt_params = local / groups.dp_shard.size if layout.zero_stage >= conv.optimizer_shard_stage else local
