@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 5  # bump when the JSON below changes meaning
+SHAPE_VERSION = 6  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -266,6 +266,7 @@ def _fields(config: Any) -> Dict[str, Any]:
         "hidden_dropout": float(_first_attr(config, "resid_pdrop", "hidden_dropout", default=0.0)),
         "embedding_dropout": float(_first_attr(config, "embd_pdrop", "embedding_dropout", default=0.0)),
         "sliding_window": _first_attr(config, "sliding_window"),
+        "attention_chunk_size": _first_attr(config, "attention_chunk_size"),
         "layer_types": list(layer_types) if layer_types else None,
         "attn_logit_softcapping": _first_attr(config, "attn_logit_softcapping"),
         "final_logit_softcapping": _first_attr(config, "final_logit_softcapping"),

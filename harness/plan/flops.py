@@ -42,14 +42,21 @@ class ForwardFlops(NamedTuple):
     outside_layers: float  # final norm and, by convention, the lm_head
 
 
-def keys_per_query(seq_len: int, window: int, attention: str) -> float:
+def keys_per_query(seq_len: int, window: int, attention: str, chunk: int = 0) -> float:
     """Keys one query is scored against, averaged over a sequence of `seq_len` tokens.
 
     full: every key the window admits, min(T, w) (w = 0: no window, T). causal: query i sees
     min(i, w) earlier keys; averaged over T queries (continuous limit) that is T/2 without a window
     (Kaplan et al. 2020) and w - w^2 / (2T) for a sliding window w < T (Beltagy et al. 2020's local
     attention, as in Mistral and Gemma 2/3's local layers), equal to T/2 at w = T.
+    Chunked attention (Llama 4's local layers) cuts the sequence into chunks of C tokens, T = nC + r, and a
+    query sees only its own chunk: full counts each chunk's whole block, (n·C² + r²) / T keys per query
+    (T when C >= T), causal half of it (T/2 when C >= T, as without a window).
     """
+    if chunk > 0:
+        n, r = divmod(seq_len, chunk)
+        block = (n * chunk * chunk + r * r) / seq_len
+        return block / 2 if attention == "causal" else block
     if window <= 0 or window >= seq_len:
         return seq_len / 2 if attention == "causal" else float(seq_len)
     return window - window * window / (2 * seq_len) if attention == "causal" else float(window)
@@ -71,8 +78,9 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     """
     layers = 2.0 * spec.decoder_active_params
     per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
-    attention = sum(per_key * keys_per_query(seq_len, window, convention.attention)
-                    for window in spec.attention_windows)
+    chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
+    attention = sum(per_key * keys_per_query(seq_len, window, convention.attention, chunk)
+                    for window, chunk in zip(spec.attention_windows, chunks, strict=True))
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
     return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head))
 

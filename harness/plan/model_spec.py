@@ -64,6 +64,7 @@ class ModelSpec:
     layer_total_params: Tuple[int, ...] = ()
     layer_active_params: Tuple[int, ...] = ()
     attention_windows: Tuple[int, ...] = ()  # keys a query may see: 0 all earlier keys, w a sliding window
+    attention_chunks: Tuple[int, ...] = ()  # 0, or C: a query sees only the keys of its own C-token chunk
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
@@ -147,19 +148,23 @@ def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention")
 
 
-def _attention_windows(name: str, model_type: str, fields: Mapping[str, Any]) -> Tuple[int, ...]:
-    """Per layer: 0 (every earlier key) or the sliding window. Layers of other kinds (linear attention,
-    state-space, convolution, chunked attention) have FLOPs and saved tensors the planner has no
-    formula for: such families are refused by name."""
+def _attention_spans(name: str, model_type: str, fields: Mapping[str, Any]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """(window, chunk) per layer: window 0 (every earlier key) or the sliding window w; chunk 0 or the
+    chunk C of chunked attention (Llama 4's local layers: a query sees the keys of its own C-token chunk).
+    Layers of other kinds (linear attention, state-space, convolution) have FLOPs and saved tensors the
+    planner has no formula for: such families are refused by name."""
     window = int(fields.get("sliding_window") or 0)
+    chunk = int(fields.get("attention_chunk_size") or 0)
     types = fields.get("layer_types")
     if not types:
-        return (window,) * fields["num_layers"]
-    other = sorted({kind for kind in types if kind not in _FULL_ATTENTION and kind != "sliding_attention"})
+        return (window,) * fields["num_layers"], (0,) * fields["num_layers"]
+    spans = {**{kind: (0, 0) for kind in _FULL_ATTENTION}, "sliding_attention": (window, 0),
+             "chunked_attention": (0, chunk)}
+    other = sorted({kind for kind in types if kind not in spans})
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
-                         "models softmax attention layers (full or sliding window) only")
-    return tuple(window if kind == "sliding_attention" else 0 for kind in types)
+                         "models softmax attention layers (full, sliding window or chunked) only")
+    return tuple(spans[kind][0] for kind in types), tuple(spans[kind][1] for kind in types)
 
 
 def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
@@ -198,6 +203,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         raise ValueError(f"model {name!r} ({shape['model_type']}): {experts} routed experts but no experts-per-"
                          "token field (num_experts_per_tok) in its config")
     rows = kinds[_representative(kinds, pattern, k)]
+    windows, chunks = _attention_spans(name, shape["model_type"], f)
     layer = _layer_counts(rows, k)
     h = f["hidden_size"]
     flags = _block_flags(rows, h)
@@ -238,7 +244,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         active_params=embedding + sum(x.active for x in per_layer) + lm_head + final_norm,
         layer_total_params=tuple(x.total for x in per_layer),
         layer_active_params=tuple(x.active for x in per_layer),
-        attention_windows=_attention_windows(name, shape["model_type"], f), qk_head_dim=f["qk_head_dim"], v_head_dim=f["v_head_dim"],
+        attention_windows=windows, attention_chunks=chunks, qk_head_dim=f["qk_head_dim"], v_head_dim=f["v_head_dim"],
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],
         tp_plan_source=shape["tp_plan_source"], layer_tensors=_tensors(rows),
         layer_kinds=tuple(_tensors(kind) for kind in kinds), layer_pattern=tuple(int(i) for i in pattern),
