@@ -20,10 +20,9 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
-    **{name: _LAYER_KINDS for name in (  # linear attention / state-space / sparse-indexed / chunked layers
-        "axk2", "bailing_hybrid", "deepseek_v32", "dots3_note_text", "glm_moe_dsa",
-        "granitemoehybrid", "inkling2_text", "inkling_text", "jamba", "kimi_linear",
-        "minimax", "nemotron_h", "olmo_hybrid", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")},
+    **{name: _LAYER_KINDS for name in (  # linear attention / state-space layers
+        "bailing_hybrid", "granitemoehybrid", "inkling2_text", "inkling_text", "jamba", "kimi_linear", "minimax",
+        "nemotron_h", "olmo_hybrid", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
