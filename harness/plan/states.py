@@ -26,6 +26,8 @@ class RankParams(NamedTuple):
     # FSDP1 wrap units as ((parameter numels in module order), count): the decoder layer, `layers`
     # times, and the root (embedding, final norm, lm_head).
     units: Tuple[Tuple[Tuple[int, ...], int], ...] = ()
+    # The dense groups that run forward only and never get a gradient (ParamTensor.trained False).
+    untrained: Tuple[Tuple[int, int, int], ...] = ()
 
 
 _RANK_PARAMS: Dict[tuple, Tuple[ModelSpec, RankParams]] = {}
@@ -55,12 +57,15 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layer_ids: Tuple[int, ...], f
         return hit[1]
     dense: List[Tuple[int, int, int]] = []
     expert: List[Tuple[int, int, int]] = []
+    untrained: List[Tuple[int, int, int]] = []
     units: List[Tuple[Tuple[int, ...], int]] = []
     for kind, count in sorted(Counter(spec.layer_pattern[i] for i in layer_ids).items()):
         layer_numels = []
         for t in spec.layer_kinds[kind]:
             numel, dim0 = _local(t, tp, ep)
             (expert if t.expert else dense).append((numel, dim0, count))
+            if not t.trained:
+                untrained.append((numel, dim0, count))
             layer_numels.append(numel)
         units.append((tuple(layer_numels), count))
     largest = max((sum(unit) for unit, _ in units), default=0)
@@ -70,7 +75,7 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layer_ids: Tuple[int, ...], f
     expert_total = sum(n * c for n, _, c in expert)
     units = [unit for unit in (*units, (tuple(root_numels), 1)) if unit[0] and unit[1]]
     result = RankParams(tuple(dense), dense_total, tuple(expert), expert_total, largest, len(layer_ids), first,
-                        last, tuple(units))
+                        last, tuple(units), tuple(untrained))
     _RANK_PARAMS[key] = (spec, result)
     return result
 
@@ -113,8 +118,9 @@ def state_bytes(conv: StateConvention, params: RankParams, zero_stage: int, dens
             + (partition_numel(rule, params.expert, params.expert_total, expert_shards, sharded, zero_stage)
                if params.expert else 0))
     p_numel = numel[zero_stage >= conv.param_shard_stage]
-    g_numel = numel[zero_stage >= conv.grad_shard_stage]
-    o_numel = numel[zero_stage >= conv.optimizer_shard_stage]
+    g_sharded, o_sharded = zero_stage >= conv.grad_shard_stage, zero_stage >= conv.optimizer_shard_stage
+    g_numel = numel[g_sharded] - _untrained_numel(conv, params, g_sharded, dense_shards, zero_stage)
+    o_numel = numel[o_sharded] - _untrained_numel(conv, params, o_sharded, dense_shards, zero_stage)
     return {
         "param": p_numel * conv.param,
         "grad": g_numel * conv.grad,
@@ -123,6 +129,15 @@ def state_bytes(conv: StateConvention, params: RankParams, zero_stage: int, dens
         "optimizer_grad": o_numel * conv.optimizer_grad,
         "grad_numel": g_numel,
     }
+
+
+def _untrained_numel(conv: StateConvention, params: RankParams, sharded: bool, shards: int, zero_stage: int) -> int:
+    """Elements of the forward-only tensors' partition, which hold no gradient or optimizer state where the
+    engine keeps those only for parameters the backward reaches (per-tensor partitions: a sum over tensors)."""
+    if conv.states_for_untrained or not params.untrained:
+        return 0
+    total = sum(n * c for n, _, c in params.untrained)
+    return partition_numel(conv.partition, params.untrained, total, shards, sharded, zero_stage)
 
 
 def flat_numel(params: RankParams, group: int) -> int:

@@ -7,7 +7,7 @@ import pytest
 from harness.config.schema import LayoutConfig, engine_config
 from harness.plan.activations import (inflight_microbatches, layer_activations, rank_activation_bytes,
                                       split_backward_moments, token_activations)
-from harness.plan.conventions import STATE_CONVENTIONS, StateConvention, partition_numel
+from harness.plan.conventions import STATE_CONVENTIONS, StateConvention, partition_numel, state_convention
 from harness.plan.memory import memory_per_rank
 from harness.plan.pipeline import rank_layers, rank_stages, stage_layer_counts
 from harness.plan.states import RankParams, place_states, rank_params, state_bytes
@@ -190,6 +190,23 @@ def test_pipeline_ranks_hold_their_own_layer_kinds(dense_layers):
         layers = rank_layers(counts, rank_stages("1F1B", 2, 1, rank))
         params = rank_params(spec, 1, 1, layers, rank == 0, rank == 1, 2, (True, True))
         assert params.dense_total + params.expert_total == sum(layer_numel[i] for i in layers) + ends, rank
+
+
+
+def test_forward_only_parameters_hold_no_fsdp2_gradient_or_adam_state():
+    """DeepSeek Sparse Attention's indexer runs under no_grad: FSDP2 keeps no gradient or Adam state for it,
+    DeepSpeed's flat partitions do (both measured in tests/families/test_family_runs.py)."""
+    fields = dict(DENSE_FIRST_MOE, model_type="deepseek_v32", first_k_dense_replace=1, index_topk=8,
+                  index_n_heads=2, index_head_dim=16)
+    spec = model_spec_from_hf("dsa", fields)
+    indexer = sum(p.numel() for name, p in meta_model(fields).named_parameters() if ".indexer." in name)
+    assert indexer > 0 and spec.decoder_forward_only_params == indexer
+    params = rank_params(spec, 1, 1, tuple(range(4)), True, True, 1, (True, True))
+    fsdp2 = state_bytes(state_convention("fsdp", "fp32", 3), params, 3, 1, 1)
+    assert (fsdp2["param"], fsdp2["grad"], fsdp2["moments"]) == (
+        4 * spec.total_params, 4 * (spec.total_params - indexer), 8 * (spec.total_params - indexer))
+    zero3 = state_bytes(state_convention("deepspeed", "fp32", 3), params, 3, 1, 1)
+    assert (zero3["grad"], zero3["moments"]) == (4 * spec.total_params, 8 * spec.total_params)
 
 
 # Korthikanti et al. 2022 on GPT-3 175B shapes (h = 12288, a = 96, s = 2048), 16-bit, dropout on.
