@@ -20,7 +20,8 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
-    **{name: _LAYER_KINDS for name in (  # linear attention / state-space layers
+    # linear attention / state-space layers; Inkling's hybrid layers (per-layer head counts and head dims)
+    **{name: _LAYER_KINDS for name in (
         "bailing_hybrid", "granitemoehybrid", "inkling2_text", "inkling_text", "jamba", "kimi_linear", "minimax",
         "nemotron_h", "olmo_hybrid", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
