@@ -29,7 +29,7 @@ FP32_RTOL = 1e-5
 TIMEOUT_S = 600
 # The tiny fields' window (32) is shorter than the runs' 64 tokens: nd passes no mask and refuses it.
 RUN_FIELDS = {"sliding_window": 64}
-# run name: (family, engine recipe and its overrides). Every engine axis, six families beyond Llama.
+# run name: (family, engine recipe and its overrides). Every engine axis, eight families beyond Llama.
 RUNS = {
     "gemma2_zero3": ("gemma2", ["recipes=cpu_zero3"]),
     "phi3_fsdp2": ("phi3", ["recipes=cpu_fsdp"]),
