@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 5  # bump when the JSON below changes meaning
+SHAPE_VERSION = 8  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -253,7 +253,7 @@ def _fields(config: Any) -> Dict[str, Any]:
         "num_heads": heads,
         "num_kv_heads": int(_first_attr(config, "num_key_value_heads", default=heads)),
         "head_dim": head_dim,
-        "qk_head_dim": int(_first_attr(config, "qk_head_dim", default=head_dim)),
+        "qk_head_dim": _qk_head_dim(config, head_dim),
         "v_head_dim": int(_first_attr(config, "v_head_dim", default=head_dim)),
         "ffn_size": _first_attr(config, "moe_intermediate_size", "intermediate_size", "n_inner",
                                 "ffn_hidden_size", default=4 * hidden),
@@ -266,11 +266,23 @@ def _fields(config: Any) -> Dict[str, Any]:
         "hidden_dropout": float(_first_attr(config, "resid_pdrop", "hidden_dropout", default=0.0)),
         "embedding_dropout": float(_first_attr(config, "embd_pdrop", "embedding_dropout", default=0.0)),
         "sliding_window": _first_attr(config, "sliding_window"),
+        "attention_chunk_size": _first_attr(config, "attention_chunk_size"),
+        "index_topk": _first_attr(config, "index_topk"),
+        "index_n_heads": _first_attr(config, "index_n_heads"),
+        "index_head_dim": _first_attr(config, "index_head_dim"),
         "layer_types": list(layer_types) if layer_types else None,
         "attn_logit_softcapping": _first_attr(config, "attn_logit_softcapping"),
         "final_logit_softcapping": _first_attr(config, "final_logit_softcapping"),
         "attn_implementation": str(getattr(config, "_attn_implementation", None) or "sdpa"),
     }
+
+
+def _qk_head_dim(config: Any, head_dim: int) -> int:
+    """Dims of a query-key dot: `qk_head_dim`, else multi-latent attention's non-rotary + rotary parts (a config
+    without the sum, e.g. dots3_note), else head_dim."""
+    nope, rope = getattr(config, "qk_nope_head_dim", None), getattr(config, "qk_rope_head_dim", None)
+    mla = int(nope) + int(rope) if nope is not None and rope is not None else 0
+    return int(_first_attr(config, "qk_head_dim", default=0) or mla or head_dim)
 
 
 def _experts_per_token(config: Any) -> int:

@@ -118,8 +118,10 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
 def largest_param_partition(cfg: RunConfig) -> int:
     """Elements of the largest parameter partition a rank holds at ZeRO-3: ceil(numel / dp) of the largest
     tensor (an upper bound under AutoTP, which splits some tensors first)."""
-    layer, first, last = param_tensors(model_spec_from_hf(cfg.model.name, cfg.model.hf_config))
-    largest = max(math.prod(tensor.shape) for tensor in (*layer, *first, *last))
+    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    _, first, last = param_tensors(spec)
+    layers = (tensor for kind in spec.layer_kinds for tensor in kind)
+    largest = max(math.prod(tensor.shape) for tensor in (*layers, *first, *last))
     return -(-largest // ParallelDims.of(cfg.layout).dp)
 
 

@@ -40,16 +40,24 @@ class ForwardFlops(NamedTuple):
     layers: float  # weights of the decoder layers a token touches (k experts + router for MoE)
     attention_core: float  # QK^T and AV, no weights
     outside_layers: float  # final norm and, by convention, the lm_head
+    forward_only: float = 0.0  # work with no backward: modules run under no_grad (a sparse-attention indexer)
 
 
-def keys_per_query(seq_len: int, window: int, attention: str) -> float:
+def keys_per_query(seq_len: int, window: int, attention: str, chunk: int = 0) -> float:
     """Keys one query is scored against, averaged over a sequence of `seq_len` tokens.
 
     full: every key the window admits, min(T, w) (w = 0: no window, T). causal: query i sees
     min(i, w) earlier keys; averaged over T queries (continuous limit) that is T/2 without a window
     (Kaplan et al. 2020) and w - w^2 / (2T) for a sliding window w < T (Beltagy et al. 2020's local
     attention, as in Mistral and Gemma 2/3's local layers), equal to T/2 at w = T.
+    Chunked attention (Llama 4's local layers) cuts the sequence into chunks of C tokens, T = nC + r, and a
+    query sees only its own chunk: full counts each chunk's whole block, (n·C² + r²) / T keys per query
+    (T when C >= T), causal half of it (T/2 when C >= T, as without a window).
     """
+    if chunk > 0:
+        n, r = divmod(seq_len, chunk)
+        block = (n * chunk * chunk + r * r) / seq_len
+        return block / 2 if attention == "causal" else block
     if window <= 0 or window >= seq_len:
         return seq_len / 2 if attention == "causal" else float(seq_len)
     return window - window * window / (2 * seq_len) if attention == "causal" else float(window)
@@ -68,21 +76,29 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     dim d_qk with each key (2·a·d_qk per key) and AV sums the values (2·a·d_v per key): with
     d_qk = d_v = d and T keys that is 4·H·Q·T in PaLM's letters (appendix B). Keys per query follow
     the layer's window (keys_per_query).
+    Forward-only work (DeepSeek Sparse Attention's lightning indexer, run under no_grad): 2 FLOPs per
+    indexer parameter, and per earlier key q·k over its heads (2·H_I·d_I) then the head-weighted sum
+    (2·H_I) (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)).
     """
-    layers = 2.0 * spec.decoder_active_params
+    forward_only = 2.0 * spec.decoder_forward_only_params
+    layers = 2.0 * spec.decoder_active_params - forward_only
     per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
-    attention = sum(per_key * keys_per_query(seq_len, window, convention.attention)
-                    for window in spec.attention_windows)
+    chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
+    attention = sum(per_key * keys_per_query(seq_len, window, convention.attention, chunk)
+                    for window, chunk in zip(spec.attention_windows, chunks, strict=True))
+    indexer = 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
+    forward_only += indexer * sum(spec.attention_indexed)
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
-    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head))
+    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only)
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> float:
     """Model FLOPs of one training token: forward + backward, the backward costing twice the forward
     (a gradient for the input and one for the weight): 3 x forward, i.e. 6N + 12LHQT (PaLM appendix B)
-    with the full convention, 6N + 6LHQT with the causal one. Recomputation is never counted here."""
+    with the full convention, 6N + 6LHQT with the causal one; forward-only work once. Recomputation is
+    never counted here."""
     forward = forward_flops_per_token(spec, seq_len, convention)
-    return 3.0 * (forward.layers + forward.attention_core + forward.outside_layers)
+    return 3.0 * (forward.layers + forward.attention_core + forward.outside_layers) + forward.forward_only
 
 
 def recompute_flops_per_token(
@@ -91,8 +107,9 @@ def recompute_flops_per_token(
     """Extra forward FLOPs activation checkpointing spends (HFU counts them, MFU does not).
 
     full: every checkpointed decoder layer runs its forward again in the backward (Korthikanti et al.
-    2022, sec. 5: 4 passes instead of 3); selective: only the attention core (QK^T, softmax, AV) is
-    recomputed (Korthikanti et al. 2022, sec. 4.2). Embedding, final norm and lm_head are not recomputed.
+    2022, sec. 5: 4 passes instead of 3; a forward-only indexer runs again too); selective: only the
+    attention core (QK^T, softmax, AV) is recomputed (Korthikanti et al. 2022, sec. 4.2). Embedding, final
+    norm and lm_head are not recomputed.
     """
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"activation_checkpointing={checkpointing!r} must be one of {CHECKPOINTING}")
@@ -101,4 +118,4 @@ def recompute_flops_per_token(
     forward = forward_flops_per_token(spec, seq_len, convention)
     if checkpointing == "selective":
         return forward.attention_core
-    return forward.layers + forward.attention_core
+    return forward.layers + forward.attention_core + forward.forward_only

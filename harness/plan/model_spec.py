@@ -16,6 +16,7 @@ class ParamTensor(NamedTuple):
     shape: Tuple[int, ...]
     tp_dim: Optional[int]  # None: replicated across the TP group
     expert: bool = False  # dim 0 indexes experts (split by expert parallelism)
+    trained: bool = True  # False: run forward only, never given a gradient (FORWARD_ONLY)
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,23 @@ class ModelSpec:
     layer_total_params: Tuple[int, ...] = ()
     layer_active_params: Tuple[int, ...] = ()
     attention_windows: Tuple[int, ...] = ()  # keys a query may see: 0 all earlier keys, w a sliding window
+    attention_chunks: Tuple[int, ...] = ()  # 0, or C: a query sees only the keys of its own C-token chunk
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): per layer, whether a lightning indexer scores every
+    # earlier key (indexer_heads heads of indexer_head_dim) to pick the index_topk keys attention sees.
+    attention_indexed: Tuple[bool, ...] = ()
+    indexer_heads: int = 0
+    indexer_head_dim: int = 0
+    layer_forward_only_params: Tuple[int, ...] = ()  # per layer: parameters of FORWARD_ONLY modules
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
     final_logit_softcapping: Optional[float] = None
     tp_plan_source: str = "transformers"  # "transformers", "harness" (what transformers lacks) or "none"
     layer_tensors: Tuple[ParamTensor, ...] = ()  # the most common decoder layer, in module order
+    # Every distinct decoder layer's tensors (in module order), and the kind of each layer: what a pipeline
+    # stage holds when layers differ (DeepSeek-V3's dense first layers before its MoE ones).
+    layer_kinds: Tuple[Tuple[ParamTensor, ...], ...] = ()
+    layer_pattern: Tuple[int, ...] = ()
     first_tensors: Tuple[ParamTensor, ...] = ()  # embedding tables
     last_tensors: Tuple[ParamTensor, ...] = ()  # final norm, untied lm_head
     no_split_modules: Tuple[str, ...] = ()
@@ -87,6 +99,11 @@ class ModelSpec:
     def decoder_active_params(self) -> int:
         """Parameters of all decoder layers one token touches."""
         return sum(self.layer_active_params)
+
+    @property
+    def decoder_forward_only_params(self) -> int:
+        """Parameters of all decoder layers that run forward only (no gradient, no optimizer step)."""
+        return sum(self.layer_forward_only_params)
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-native: tuples (per-layer figures, tensor shapes) become lists."""
@@ -110,6 +127,9 @@ Row = Sequence[Any]  # [name inside the layer, shape, tp_dim, routed expert]
 _ATTENTION = re.compile(r"^(?![^.]*norm)[^.]*(attn|attention)[^.]*\.")
 _QK_NORM = re.compile(r"(^|\.)(q|k)_(norm|layernorm)\.")
 _POSITIONS = re.compile(r"(wpe|pos)")
+# Modules transformers runs under torch.no_grad inside a training forward: DeepSeek Sparse Attention's
+# lightning indexer (deepseek_v32, glm_moe_dsa). Their parameters get no gradient from the loss.
+FORWARD_ONLY = re.compile(r"(^|\.)indexer\.")
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -143,19 +163,28 @@ def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention")
 
 
-def _attention_windows(name: str, model_type: str, fields: Mapping[str, Any]) -> Tuple[int, ...]:
-    """Per layer: 0 (every earlier key) or the sliding window. Layers of other kinds (linear attention,
-    state-space, convolution, chunked attention) have FLOPs and saved tensors the planner has no
-    formula for: such families are refused by name."""
+def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any]) -> Dict[str, Any]:
+    """Per layer: window 0 (every earlier key) or the sliding window w; chunk 0 or the chunk C of chunked
+    attention (Llama 4's local layers: a query sees the keys of its own C-token chunk); indexed layers
+    (DeepSeek Sparse Attention) attend to the index_topk keys their indexer picks among the earlier ones,
+    as many per query as a sliding window of index_topk. Layers of other kinds (linear attention,
+    state-space, convolution) have FLOPs and saved tensors the planner has no formula for: such families
+    are refused by name."""
+    n = fields["num_layers"]
     window = int(fields.get("sliding_window") or 0)
-    types = fields.get("layer_types")
-    if not types:
-        return (window,) * fields["num_layers"]
-    other = sorted({kind for kind in types if kind not in _FULL_ATTENTION and kind != "sliding_attention"})
+    types = fields.get("layer_types") or [("sliding_attention" if window else "full_attention")] * n
+    spans = {**{kind: (0, 0, False) for kind in _FULL_ATTENTION}, "sliding_attention": (window, 0, False),
+             "chunked_attention": (0, int(fields.get("attention_chunk_size") or 0), False),
+             "indexed_attention": (int(fields.get("index_topk") or 0), 0, True)}
+    other = sorted({kind for kind in types if kind not in spans})
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
-                         "models softmax attention layers (full or sliding window) only")
-    return tuple(window if kind == "sliding_attention" else 0 for kind in types)
+                         "models softmax attention layers (full, sliding window, chunked or indexed) only")
+    indexed = tuple(spans[kind][2] for kind in types)
+    return {"attention_windows": tuple(spans[kind][0] for kind in types),
+            "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
+            "indexer_heads": int(fields.get("index_n_heads") or 0) if any(indexed) else 0,
+            "indexer_head_dim": int(fields.get("index_head_dim") or 0) if any(indexed) else 0}
 
 
 def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
@@ -175,7 +204,8 @@ def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
 
 
 def _tensors(rows: Sequence[Row]) -> Tuple[ParamTensor, ...]:
-    return tuple(ParamTensor(tuple(int(size) for size in r[1]), r[2], bool(r[3])) for r in rows)
+    return tuple(ParamTensor(tuple(int(size) for size in r[1]), r[2], bool(r[3]), not FORWARD_ONLY.search(r[0]))
+                 for r in rows)
 
 
 def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> int:
@@ -234,16 +264,21 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         active_params=embedding + sum(x.active for x in per_layer) + lm_head + final_norm,
         layer_total_params=tuple(x.total for x in per_layer),
         layer_active_params=tuple(x.active for x in per_layer),
-        attention_windows=_attention_windows(name, shape["model_type"], f), qk_head_dim=f["qk_head_dim"], v_head_dim=f["v_head_dim"],
+        **_attention_fields(name, shape["model_type"], f), qk_head_dim=f["qk_head_dim"], v_head_dim=f["v_head_dim"],
+        layer_forward_only_params=tuple(sum(_numel(r[1]) for r in kinds[i] if FORWARD_ONLY.search(r[0]))
+                                        for i in pattern),
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],
-        tp_plan_source=shape["tp_plan_source"], layer_tensors=_tensors(rows), first_tensors=_tensors(first),
+        tp_plan_source=shape["tp_plan_source"], layer_tensors=_tensors(rows),
+        layer_kinds=tuple(_tensors(kind) for kind in kinds), layer_pattern=tuple(int(i) for i in pattern),
+        first_tensors=_tensors(first),
         last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
         pp_plan=tuple(shape["pp_plan"]),
     )
 
 
 def param_tensors(spec: ModelSpec) -> Tuple[Tuple[ParamTensor, ...], Tuple[ParamTensor, ...], Tuple[ParamTensor, ...]]:
-    """(one decoder layer, first-stage tensors, last-stage tensors), in transformers' shapes and order.
+    """(the most common decoder layer, first-stage tensors, last-stage tensors), in transformers' shapes and
+    order; `spec.layer_kinds[spec.layer_pattern[i]]` are layer i's own tensors.
 
     The split dims come from transformers' `base_model_tp_plan` (Megatron's split, Shoeybi et al. 2019,
     sec. 3: colwise projections split their output features and bias, rowwise ones their input features;

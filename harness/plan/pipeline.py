@@ -8,6 +8,7 @@ for a stage are the layers that stage builds.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import List, Sequence, Tuple
 
 from harness.config.schema import PipelineSchedule, allowed
@@ -46,6 +47,14 @@ def stage_layer_indices(counts: Sequence[int]) -> List[List[int]]:
     """Decoder-layer indices of each stage, in order."""
     starts = [sum(counts[:stage]) for stage in range(len(counts))]
     return [list(range(start, start + count)) for start, count in zip(starts, counts)]
+
+
+@lru_cache(maxsize=4096)
+def rank_layers(counts: Tuple[int, ...], stages: Tuple[int, ...]) -> Tuple[int, ...]:
+    """Decoder-layer indices of the stages one rank runs, in stage order (memoised: the planner asks for
+    the same split under every batch shape)."""
+    indices = stage_layer_indices(counts)
+    return tuple(i for stage in stages for i in indices[stage])
 
 
 def stage_to_rank(stage: int, pp: int, schedule: str) -> int:

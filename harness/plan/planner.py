@@ -157,10 +157,10 @@ def clear_caches() -> None:
                  rules.check_sequence, rules.check_experts, rules.check_engine, rules.check_offload,
                  rules.check_model_init):
         rule.cache_clear()
-    from harness.plan import comm, compute_time
+    from harness.plan import comm, compute_time, pipeline
 
     for memo in (activations.distinct_moments, comm.collective_time, comm.axis_group, compute_time.layer_time,
-                 compute_time.outside_time):
+                 compute_time.outside_time, pipeline.rank_layers):
         memo.cache_clear()
 
 

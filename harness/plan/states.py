@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
 from harness.plan.conventions import StateConvention, flat_shard_numel, partition_numel, state_convention
 from harness.plan.model_spec import ModelSpec, ParamTensor, param_tensors
 from harness.plan.parallel_dims import ParallelDims
-from harness.plan.pipeline import V_SCHEDULES, rank_stages, stage_layer_counts
+from harness.plan.pipeline import V_SCHEDULES, rank_layers, rank_stages, stage_layer_counts
 from harness.plan.support import ENGINE_SUPPORT
 
 
@@ -25,6 +26,8 @@ class RankParams(NamedTuple):
     # FSDP1 wrap units as ((parameter numels in module order), count): the decoder layer, `layers`
     # times, and the root (embedding, final norm, lm_head).
     units: Tuple[Tuple[Tuple[int, ...], int], ...] = ()
+    # The dense groups that run forward only and never get a gradient (ParamTensor.trained False).
+    untrained: Tuple[Tuple[int, int, int], ...] = ()
 
 
 _RANK_PARAMS: Dict[tuple, Tuple[ModelSpec, RankParams]] = {}
@@ -42,31 +45,51 @@ def _local(t: ParamTensor, tp: int, ep: int, split_tp: bool = True) -> Tuple[int
     return numel, shape[0]
 
 
-def rank_params(spec: ModelSpec, tp: int, ep: int, layers: int, first: bool, last: bool, pp: int,
+def rank_params(spec: ModelSpec, tp: int, ep: int, layer_ids: Tuple[int, ...], first: bool, last: bool, pp: int,
                 tp_shards_vocab: Tuple[bool, bool]) -> RankParams:
-    """What one rank holds: `layers` decoder layers, plus the embedding on the first stage and the final
-    norm + lm_head on the last (Narayanan et al. 2021, sec. 2.2). A tied lm_head on a different stage
-    than the embedding is a second copy there (Megatron keeps one and all-reduces its gradient)."""
-    key = (id(spec), tp, ep, layers, first, last, pp, tp_shards_vocab)
+    """What one rank holds: the decoder layers `layer_ids` (each with its own kind's tensors), plus the
+    embedding on the first stage and the final norm + lm_head on the last (Narayanan et al. 2021, sec. 2.2).
+    A tied lm_head on a different stage than the embedding is a second copy there (Megatron keeps one and
+    all-reduces its gradient)."""
+    key = (id(spec), tp, ep, layer_ids, first, last, pp, tp_shards_vocab)
     hit = _RANK_PARAMS.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]
-    layer, first_t, last_t = param_tensors(spec)
     dense: List[Tuple[int, int, int]] = []
     expert: List[Tuple[int, int, int]] = []
-    layer_numels: List[int] = []
-    for t in layer:
-        numel, dim0 = _local(t, tp, ep)
-        (expert if t.expert else dense).append((numel, dim0, layers))
-        layer_numels.append(numel)
-    largest = sum(layer_numels) if layers else 0
+    untrained: List[Tuple[int, int, int]] = []
+    units: List[Tuple[Tuple[int, ...], int]] = []
+    for kind, count in sorted(Counter(spec.layer_pattern[i] for i in layer_ids).items()):
+        layer_numels = []
+        for t in spec.layer_kinds[kind]:
+            numel, dim0 = _local(t, tp, ep)
+            (expert if t.expert else dense).append((numel, dim0, count))
+            if not t.trained:
+                untrained.append((numel, dim0, count))
+            layer_numels.append(numel)
+        units.append((tuple(layer_numels), count))
+    largest = max((sum(unit) for unit, _ in units), default=0)
+    root_numels = _root_tensors(spec, tp, ep, first, last, pp, tp_shards_vocab, dense)
+    largest = max([largest, *root_numels])
+    dense_total = sum(n * c for n, _, c in dense)
+    expert_total = sum(n * c for n, _, c in expert)
+    units = [unit for unit in (*units, (tuple(root_numels), 1)) if unit[0] and unit[1]]
+    result = RankParams(tuple(dense), dense_total, tuple(expert), expert_total, largest, len(layer_ids), first,
+                        last, tuple(units), tuple(untrained))
+    _RANK_PARAMS[key] = (spec, result)
+    return result
+
+
+def _root_tensors(spec: ModelSpec, tp: int, ep: int, first: bool, last: bool, pp: int,
+                  tp_shards_vocab: Tuple[bool, bool], dense: List[Tuple[int, int, int]]) -> List[int]:
+    """Appends the embedding (first stage) and final norm + lm_head (last stage) to `dense`; their numels."""
+    _, first_t, last_t = param_tensors(spec)
     root_numels: List[int] = []
     if first:
         for i, t in enumerate(first_t):
             numel, dim0 = _local(t, tp, ep, split_tp=tp_shards_vocab[0] or i > 0)
             dense.append((numel, dim0, 1))
             root_numels.append(numel)
-            largest = max(largest, numel)
     if last:
         head = list(last_t)
         if spec.tied_embeddings and (pp > 1 and not first):
@@ -75,14 +98,7 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layers: int, first: bool, las
             numel, dim0 = _local(t, tp, ep, split_tp=tp_shards_vocab[1])
             dense.append((numel, dim0, 1))
             root_numels.append(numel)
-            largest = max(largest, numel)
-    dense_total = sum(n * c for n, _, c in dense)
-    expert_total = sum(n * c for n, _, c in expert)
-    units = tuple(unit for unit in ((tuple(layer_numels), layers), (tuple(root_numels), 1)) if unit[0] and unit[1])
-    result = RankParams(tuple(dense), dense_total, tuple(expert), expert_total, largest, layers, first, last,
-                        units)
-    _RANK_PARAMS[key] = (spec, result)
-    return result
+    return root_numels
 
 
 def state_bytes(conv: StateConvention, params: RankParams, zero_stage: int, dense_shards: int,
@@ -102,8 +118,9 @@ def state_bytes(conv: StateConvention, params: RankParams, zero_stage: int, dens
             + (partition_numel(rule, params.expert, params.expert_total, expert_shards, sharded, zero_stage)
                if params.expert else 0))
     p_numel = numel[zero_stage >= conv.param_shard_stage]
-    g_numel = numel[zero_stage >= conv.grad_shard_stage]
-    o_numel = numel[zero_stage >= conv.optimizer_shard_stage]
+    g_sharded, o_sharded = zero_stage >= conv.grad_shard_stage, zero_stage >= conv.optimizer_shard_stage
+    g_numel = numel[g_sharded] - _untrained_numel(conv, params, g_sharded, dense_shards, zero_stage)
+    o_numel = numel[o_sharded] - _untrained_numel(conv, params, o_sharded, dense_shards, zero_stage)
     return {
         "param": p_numel * conv.param,
         "grad": g_numel * conv.grad,
@@ -112,6 +129,15 @@ def state_bytes(conv: StateConvention, params: RankParams, zero_stage: int, dens
         "optimizer_grad": o_numel * conv.optimizer_grad,
         "grad_numel": g_numel,
     }
+
+
+def _untrained_numel(conv: StateConvention, params: RankParams, sharded: bool, shards: int, zero_stage: int) -> int:
+    """Elements of the forward-only tensors' partition, which hold no gradient or optimizer state where the
+    engine keeps those only for parameters the backward reaches (per-tensor partitions: a sum over tensors)."""
+    if conv.states_for_untrained or not params.untrained:
+        return 0
+    total = sum(n * c for n, _, c in params.untrained)
+    return partition_numel(conv.partition, params.untrained, total, shards, sharded, zero_stage)
 
 
 def flat_numel(params: RankParams, group: int) -> int:
@@ -192,7 +218,7 @@ def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: in
     result = []
     for rank in candidate_ranks(pp, layout.pp_schedule, bool(layout.pp_stage_layers)):
         stages = rank_stages(layout.pp_schedule, pp, v, rank)
-        params = rank_params(spec, layout.tp, layout.ep, sum(counts[s] for s in stages), 0 in stages,
+        params = rank_params(spec, layout.tp, layout.ep, rank_layers(counts, stages), 0 in stages,
                              len(counts) - 1 in stages, pp, ENGINE_SUPPORT[engine_name].tp_shards_vocab)
         result.append(place_states(conv, params, layout, rank))
     if len(_RANK_STATES) > 1_000_000:

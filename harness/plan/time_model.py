@@ -13,7 +13,7 @@ from harness.plan.compute_time import OpTime, layer_time, outside_time, streamin
 from harness.plan.conventions import COMPUTE_BYTES, state_convention
 from harness.plan.hardware import HardwareProfile
 from harness.plan.model_spec import ModelSpec, param_tensors
-from harness.plan.states import rank_params, stage_layer_counts
+from harness.plan.states import rank_layers, rank_params, stage_layer_counts
 from harness.plan.support import ENGINE_SUPPORT
 
 # Kernels torch's AdamW issues per parameter tensor when it loops over tensors (its default off CUDA:
@@ -123,7 +123,7 @@ def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwarePro
         layers = sum(counts[s] for s in stages)
         first, last = 0 in stages, len(counts) - 1 in stages
         step = _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, len(stages),
-                          clip)
+                          rank_layers(counts, stages), clip)
         if best is None or step.step_time_s > best.step_time_s:
             best = step
     assert best is not None
@@ -258,12 +258,11 @@ class CallCounts(NamedTuple):
     params: float  # elements of this rank's (TP / PP / EP-local) parameters
 
 
-def call_counts(params: Any, layer_tensors: int, outside_tensors: int) -> CallCounts:
+def call_counts(params: Any) -> CallCounts:
     """Units and fetches of one pipeline rank: a unit per decoder layer plus the root unit where the rank
     holds the embedding or the head; a fetch per parameter tensor (biases counted as their own fetch)."""
     root = 1 if (params.first or params.last) else 0
-    return CallCounts(params.layers + root, params.layers * layer_tensors + outside_tensors,
-                      params.dense_total + params.expert_total)
+    return CallCounts(params.layers + root, _tensor_count(params), params.dense_total + params.expert_total)
 
 
 def _calls(kind: str, nbytes: float, calls: float, group: Group, hw: HardwareProfile) -> float:
@@ -368,20 +367,18 @@ def param_offload_time(layout: Any, hw: HardwareProfile, opt_params: float, work
     return 2 * opt_params * work_bytes / rate
 
 
-def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, chunks, clip) -> StepTime:
+def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, chunks, layer_ids,
+               clip) -> StepTime:
     """Step time of one pipeline rank holding `layers` layers in `chunks` local stages."""
     fwd, bwd, recompute = _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first, last)
     compute_mb = fwd.total + bwd.total + recompute.total
     layer_comm = _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last)
     support = ENGINE_SUPPORT[engine.name]
-    params = rank_params(spec, layout.tp, layout.ep, layers, first, last, layout.pp, support.tp_shards_vocab)
+    params = rank_params(spec, layout.tp, layout.ep, layer_ids, first, last, layout.pp, support.tp_shards_vocab)
     local = params.dense_total + params.expert_total
     conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version)
     opt_params = local / groups.dp_shard.size if layout.zero_stage >= conv.optimizer_shard_stage else local
-    layer_t, first_t, last_t = param_tensors(spec)
-    outside = (len(first_t) if first else 0) + (len(last_t) if last else 0)
-    counts = call_counts(params, len(layer_t), outside)
-    dp = data_parallel_comm(layout, engine, hw, groups, counts, conv.working, conv.grad, conv.param_shard_stage)
+    dp = data_parallel_comm(layout, engine, hw, groups, call_counts(params), conv.working, conv.grad, conv.param_shard_stage)
     offload_mb = param_offload_time(layout, hw, opt_params, conv.working)
     m, unit = layout.grad_accum, max(1, layers)
     # TP, EP and pipeline transfers sit on the critical path (each layer waits for them); the ring of

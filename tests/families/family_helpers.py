@@ -20,10 +20,10 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
-    **{name: _LAYER_KINDS for name in (  # linear attention / state-space / sparse-indexed / chunked layers
-        "axk2", "bailing_hybrid", "deepseek_v32", "dots3_note_text", "glm_moe_dsa",
-        "granitemoehybrid", "inkling2_text", "inkling_text", "jamba", "kimi_linear", "llama4_text",
-        "minimax", "nemotron_h", "olmo_hybrid", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")},
+    # linear attention / state-space layers; Inkling's hybrid layers (per-layer head counts and head dims)
+    **{name: _LAYER_KINDS for name in (
+        "bailing_hybrid", "granitemoehybrid", "inkling2_text", "inkling_text", "jamba", "kimi_linear", "minimax",
+        "nemotron_h", "olmo_hybrid", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
@@ -32,6 +32,12 @@ REFUSED: Dict[str, str] = {
     "gemma4_text": "per-layer shapes are not supported",
     "gemma4_unified_text": "per-layer shapes are not supported",
     "phi4_multimodal": "is a matrix outside the decoder layers",  # vision and audio encoders
+}
+# The FLOP count's config where a family's transformers forward runs matmuls that are not the model's FLOPs.
+# Llama 4's text MoE multiplies every routed expert for every token (the router's sigmoid scores are 0 for
+# the experts a token is not routed to): with every expert routed (k = E) its matmuls are the model's.
+FLOP_FIELDS: Dict[str, Dict[str, Any]] = {
+    "llama4_text": {"num_experts_per_tok": TINY["num_local_experts"]},
 }
 # Families whose tiny config transformers itself rejects (not a planner verdict; their real configs
 # are untested here).
@@ -79,6 +85,11 @@ def tiny_fields(model_type: str) -> Dict[str, Any]:
     return {"model_type": model_type, **fields}
 
 
+def flop_fields(model_type: str) -> Dict[str, Any]:
+    """The tiny config whose forward + backward FLOPs are counted (FLOP_FIELDS applied)."""
+    return {**tiny_fields(model_type), **FLOP_FIELDS.get(model_type, {})}
+
+
 @lru_cache(maxsize=None)
 def family_meta_model(model_type: str):
     """The tiny model on the meta device, built once per family and session."""
@@ -97,7 +108,7 @@ def measured_flops(model_type: str, seq_len: int) -> float:
 
     from harness.config.model_shape import hf_config_object
 
-    fields = dict(tiny_fields(model_type), attn_implementation="eager")
+    fields = dict(flop_fields(model_type), attn_implementation="eager")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(hf_config_object(fields), dtype=torch.float32,
                                              experts_implementation="eager")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from family_helpers import REFUSED, TINY_CONFIG_REJECTED, family_meta_model, family_names, measured_flops, tiny_fields
+from family_helpers import (REFUSED, TINY_CONFIG_REJECTED, family_meta_model, family_names, flop_fields,
+                            measured_flops, tiny_fields)
 from harness.plan.flops import FlopConvention, flops_per_token
-from harness.plan.model_spec import model_spec_from_hf
+from harness.plan.model_spec import FORWARD_ONLY, model_spec_from_hf
 from harness.plan.planner import make_plan
 from plan_helpers import hf_counts, run_config
 
@@ -32,12 +33,12 @@ def test_counts_equal_the_meta_model(model_type):
 @pytest.mark.parametrize("model_type", SUPPORTED)
 def test_flops_equal_the_model_matmuls(model_type):
     """Model FLOPs (full attention convention, lm_head included) against torch's count of one forward +
-    backward. The spec counts norm weights and biases as 6N does (6 FLOPs per weight and token) where
-    torch counts only matmuls: those vectors are taken out of the prediction."""
-    fields = tiny_fields(model_type)
-    spec = model_spec_from_hf(model_type, fields)
-    vectors = sum(p.numel() for p in family_meta_model(model_type).parameters() if p.dim() == 1)
-    predicted = (flops_per_token(spec, SEQ_LEN, FlopConvention(attention="full")) - 6 * vectors) * SEQ_LEN
+    backward. The spec counts norm weights and biases as 6N does (6 FLOPs per weight and token; 2 in a
+    forward-only module) where torch counts only matmuls: those vectors are taken out of the prediction."""
+    spec = model_spec_from_hf(model_type, flop_fields(model_type))
+    vectors = sum((2 if FORWARD_ONLY.search(name) else 6) * p.numel()
+                  for name, p in family_meta_model(model_type).named_parameters() if p.dim() == 1)
+    predicted = (flops_per_token(spec, SEQ_LEN, FlopConvention(attention="full")) - vectors) * SEQ_LEN
     assert measured_flops(model_type, SEQ_LEN) == pytest.approx(predicted, rel=0.002)
 
 

@@ -47,7 +47,7 @@ def test_palm_540b_mfu_46_2_percent():
     palm = dataclasses.replace(base, num_layers=layers, num_heads=48, head_dim=256, hidden_size=hidden,
                                vocab_size=vocab, active_layer_params=per_layer, final_norm_params=0,
                                layer_active_params=(per_layer,) * layers, attention_windows=(0,) * layers,
-                               qk_head_dim=256, v_head_dim=256)
+                               attention_chunks=(0,) * layers, qk_head_dim=256, v_head_dim=256)
     per_token = flops_per_token(palm, 2048, FULL)
     assert per_token == pytest.approx(6 * 540.35e9 + 12 * 118 * 48 * 256 * 2048)
     assert round(mfu(238.3e3, per_token, 275e12, 6144), 3) == 0.462
@@ -172,3 +172,15 @@ def test_keys_per_query_against_a_counted_mask(seq_len, window):
     half_diagonal = min(w, seq_len) / 2
     assert keys_per_query(seq_len, window, "causal") == pytest.approx((kept - half_diagonal) / seq_len, rel=1e-12)
     assert keys_per_query(seq_len, window, "full") == min(seq_len, w)
+
+
+@pytest.mark.parametrize("seq_len, chunk", [(64, 16), (70, 16), (16, 64), (8192, 8192), (10000, 8192)])
+def test_chunked_keys_per_query_against_a_counted_mask(seq_len, chunk):
+    """Chunked attention (Llama 4): query i sees keys from the start of its chunk to i. Causal: the kept pairs
+    less the half diagonal (T/2) over T; full: every pair of each chunk's block."""
+    from harness.plan.flops import keys_per_query
+
+    kept = sum(i % chunk + 1 for i in range(seq_len))
+    blocks = sum(min(chunk, seq_len - start) ** 2 for start in range(0, seq_len, chunk))
+    assert keys_per_query(seq_len, 0, "causal", chunk) == pytest.approx((kept - seq_len / 2) / seq_len, rel=1e-12)
+    assert keys_per_query(seq_len, 0, "full", chunk) == pytest.approx(blocks / seq_len, rel=1e-12)

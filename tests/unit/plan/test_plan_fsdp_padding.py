@@ -62,8 +62,8 @@ def test_flat_shard_rule_by_hand():
 
 @pytest.mark.parametrize("use_orig_params, aligned", [(False, 0), (True, 8)])
 def test_fsdp1_flat_parameter_shards_match_the_rule(cfg, use_orig_params, aligned):
-    params = rank_params(spec_for(cfg.model), 1, 1, cfg.model.hf_config["num_hidden_layers"], True, True, 1,
-                         (True, True))  # fmt: skip
+    params = rank_params(spec_for(cfg.model), 1, 1, tuple(range(cfg.model.hf_config["num_hidden_layers"])), True,
+                         True, 1, (True, True))  # fmt: skip
     expected = sorted(flat_shard_numel(unit, RANKS, aligned) for unit, count in params.units for _ in range(count))
     for rank in range(RANKS):
         with fake_rank(rank):
@@ -115,7 +115,7 @@ def fsdp_states(model):
 
 
 def test_state_bytes_shard_flat_parameters_only_when_sharded(cfg):
-    params = rank_params(spec_for(cfg.model), 1, 1, 2, True, True, 1, (True, True))
+    params = rank_params(spec_for(cfg.model), 1, 1, (0, 1), True, True, 1, (True, True))
     conv = state_convention("fsdp", "fp32", 0, fsdp_version=1)
     assert conv.partition == "flat"
     whole = params.dense_total

@@ -7,12 +7,13 @@ import pytest
 from harness.config.schema import LayoutConfig, engine_config
 from harness.plan.activations import (inflight_microbatches, layer_activations, rank_activation_bytes,
                                       split_backward_moments, token_activations)
-from harness.plan.conventions import STATE_CONVENTIONS, StateConvention, partition_numel
+from harness.plan.conventions import STATE_CONVENTIONS, StateConvention, partition_numel, state_convention
 from harness.plan.memory import memory_per_rank
+from harness.plan.pipeline import rank_layers, rank_stages, stage_layer_counts
 from harness.plan.states import RankParams, place_states, rank_params, state_bytes
 from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.planner import make_plan
-from plan_helpers import REAL_SHAPES, run_config
+from plan_helpers import REAL_SHAPES, meta_model, run_config
 
 DEEPSPEED_BF16 = STATE_CONVENTIONS[("deepspeed", "bf16")]
 
@@ -148,20 +149,64 @@ def test_offload_moves_states_to_host_or_nvme():
 def test_tensor_pipeline_and_expert_division():
     spec = model_spec_from_hf("tiny", REAL_SHAPES["tiny_llama"])
     h, vocab, norms = 64, 256, spec.norm_params
-    whole = rank_params(spec, 1, 1, 2, True, True, 1, (True, True))
+    whole = rank_params(spec, 1, 1, (0, 1), True, True, 1, (True, True))
     assert whole.dense_total == spec.total_params
-    split = rank_params(spec, 2, 1, 2, True, True, 1, (True, True))  # Megatron: vocab-parallel too
+    split = rank_params(spec, 2, 1, (0, 1), True, True, 1, (True, True))  # Megatron: vocab-parallel too
     assert split.dense_total == 2 * ((spec.layer_params - norms) // 2 + norms) + vocab * h + h
-    first = rank_params(spec, 1, 1, 1, True, False, 2, (True, True))
-    last = rank_params(spec, 1, 1, 1, False, True, 2, (True, True))
+    first = rank_params(spec, 1, 1, (0,), True, False, 2, (True, True))
+    last = rank_params(spec, 1, 1, (1,), False, True, 2, (True, True))
     assert first.dense_total == spec.layer_params + vocab * h  # embedding on the first stage
     assert last.dense_total == spec.layer_params + h + vocab * h  # final norm + lm_head on the last
     tied = model_spec_from_hf("tied", dict(REAL_SHAPES["tiny_llama"], tie_word_embeddings=True))
-    assert rank_params(tied, 1, 1, 1, False, True, 2, (True, True)).dense_total == tied.layer_params + h + vocab * h
+    assert rank_params(tied, 1, 1, (1,), False, True, 2, (True, True)).dense_total == tied.layer_params + h + vocab * h
     moe = model_spec_from_hf("moe", dict(model_type="mixtral", hidden_size=64, intermediate_size=96,
                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                          vocab_size=256, num_local_experts=4, num_experts_per_tok=2))
-    assert rank_params(moe, 1, 2, 2, True, True, 1, (True, True)).expert_total == 2 * 2 * moe.expert_params
+    assert rank_params(moe, 1, 2, (0, 1), True, True, 1, (True, True)).expert_total == 2 * 2 * moe.expert_params
+
+
+# DeepSeek-V3's shape at toy size: dense MLP in the first `first_k_dense_replace` layers, routed + shared
+# experts after them.
+DENSE_FIRST_MOE = dict(model_type="deepseek_v3", vocab_size=256, hidden_size=64, intermediate_size=96,
+                       moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                       n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, kv_lora_rank=16,
+                       q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
+                       n_group=1, topk_group=1, max_position_embeddings=128)
+
+
+@pytest.mark.parametrize("dense_layers", [1, 3])
+def test_pipeline_ranks_hold_their_own_layer_kinds(dense_layers):
+    """Under pp=2 each rank holds the parameters of its own layers, counted on the meta model: a dense-first
+    MoE model's stages differ (one representative layer times the stage's layer count would not)."""
+    fields = dict(DENSE_FIRST_MOE, first_k_dense_replace=dense_layers)
+    spec = model_spec_from_hf("dense_first_moe", fields)
+    model = meta_model(fields)
+    layer_numel = [sum(p.numel() for p in layer.parameters()) for layer in model.model.layers]
+    assert len(set(layer_numel)) == 2
+    embedding, norm = (sum(p.numel() for p in module.parameters()) for module in (model.model.embed_tokens,
+                                                                                 model.model.norm))
+    counts = stage_layer_counts(4, 2, 1)
+    for rank, ends in ((0, embedding), (1, norm + model.lm_head.weight.numel())):
+        layers = rank_layers(counts, rank_stages("1F1B", 2, 1, rank))
+        params = rank_params(spec, 1, 1, layers, rank == 0, rank == 1, 2, (True, True))
+        assert params.dense_total + params.expert_total == sum(layer_numel[i] for i in layers) + ends, rank
+
+
+
+def test_forward_only_parameters_hold_no_fsdp2_gradient_or_adam_state():
+    """DeepSeek Sparse Attention's indexer runs under no_grad: FSDP2 keeps no gradient or Adam state for it,
+    DeepSpeed's flat partitions do (both measured in tests/families/test_family_runs.py)."""
+    fields = dict(DENSE_FIRST_MOE, model_type="deepseek_v32", first_k_dense_replace=1, index_topk=8,
+                  index_n_heads=2, index_head_dim=16)
+    spec = model_spec_from_hf("dsa", fields)
+    indexer = sum(p.numel() for name, p in meta_model(fields).named_parameters() if ".indexer." in name)
+    assert indexer > 0 and spec.decoder_forward_only_params == indexer
+    params = rank_params(spec, 1, 1, tuple(range(4)), True, True, 1, (True, True))
+    fsdp2 = state_bytes(state_convention("fsdp", "fp32", 3), params, 3, 1, 1)
+    assert (fsdp2["param"], fsdp2["grad"], fsdp2["moments"]) == (
+        4 * spec.total_params, 4 * (spec.total_params - indexer), 8 * (spec.total_params - indexer))
+    zero3 = state_bytes(state_convention("deepspeed", "fp32", 3), params, 3, 1, 1)
+    assert (zero3["grad"], zero3["moments"]) == (4 * spec.total_params, 8 * spec.total_params)
 
 
 # Korthikanti et al. 2022 on GPT-3 175B shapes (h = 12288, a = 96, s = 2048), 16-bit, dropout on.
