@@ -12,6 +12,7 @@ from harness.plan.comm import Group, axis_group, collective_time
 from harness.plan.compute_time import OpTime, layer_time, outside_time, streaming_time
 from harness.plan.conventions import COMPUTE_BYTES, state_convention
 from harness.plan.hardware import HardwareProfile
+from harness.plan.host_work import host_work_s
 from harness.plan.model_spec import ModelSpec, param_tensors
 from harness.plan.states import rank_layers, rank_params, stage_layer_counts
 from harness.plan.support import ENGINE_SUPPORT
@@ -391,7 +392,8 @@ def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first,
     exposed_mb["dp"] = exposed(dp.per_microbatch, compute_mb, hw, tail=dp.per_microbatch / unit)
     exposed_mb["offload"] = exposed(offload_mb, max(0.0, compute_mb - dp.per_microbatch), hw, tail=offload_mb / unit)
     per_mb = sum(exposed_mb.values())
-    forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3
+    host_mb, host_step = host_work_s(engine, layout, hw, _tensor_count(params))
+    forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3 + host_mb
     pipeline = pipeline_time(layout.pp_schedule, layout.pp, chunks, m, forward, backward)
     step_comm = exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / unit) + dp.after_step
     tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else _tensor_count(params)
@@ -404,15 +406,20 @@ def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first,
                   "exposed": comm["dp"]["exposed"] + step_comm}
     comm["tp"] = {k: v + layer_comm["tp_step"] for k, v in comm["tp"].items()}  # replicated gradients
     compute = {"gemm": m * (fwd.gemm + bwd.gemm), "attention": m * (fwd.attention + bwd.attention),
-               "elementwise": m * (fwd.elementwise + bwd.elementwise), "recompute": m * recompute.total}
-    overlap = {"dp": dp.how if hw.overlaps_comm else "none: ranks share the cores that compute",
-               "tp": "none (blocking, on the critical path)", "pp": "none (each stage waits for its input)",
-               "cp": "ring steps behind the attention blocks" if hw.overlaps_comm else "none",
-               "ep": "none (blocking all-to-all)",
-               "offload": "parameter fetches behind compute" if hw.overlaps_comm else "none"}
-    total = pipeline + step_comm + layer_comm["tp_step"] + opt["optimizer"] + opt["offload"]
+               "elementwise": m * (fwd.elementwise + bwd.elementwise), "recompute": m * recompute.total,
+               "framework": m * host_mb + host_step}
+    total = pipeline + step_comm + layer_comm["tp_step"] + opt["optimizer"] + opt["offload"] + host_step
     return StepTime(total, compute, comm, pipeline - m * (forward + backward), opt["optimizer"], opt["offload"],
-                    overlap)
+                    _overlap(dp, hw))
+
+
+def _overlap(dp: DataParallelComm, hw: HardwareProfile) -> Dict[str, str]:
+    """What hides each axis's communication, in words for the breakdown."""
+    return {"dp": dp.how if hw.overlaps_comm else "none: ranks share the cores that compute",
+            "tp": "none (blocking, on the critical path)", "pp": "none (each stage waits for its input)",
+            "cp": "ring steps behind the attention blocks" if hw.overlaps_comm else "none",
+            "ep": "none (blocking all-to-all)",
+            "offload": "parameter fetches behind compute" if hw.overlaps_comm else "none"}
 
 
 def _tensor_count(params: Any) -> int:

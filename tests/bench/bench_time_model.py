@@ -28,6 +28,14 @@ SPREAD = [
     ("nd tp2 ckpt=full", ["recipes=cpu_nd_tp2", "layout.activation_checkpointing=full"]),
     ("nd pp2 ga4", ["recipes=cpu_nd_pp2", "layout.grad_accum=4"]),
     ("zero2 mb8", ["recipes=cpu_zero2", "layout.micro_batch=8"]),
+    # shapes and schedules no engine factor (harness/plan/host_work.py) was measured on
+    ("zero3 4 layers mb4", ["recipes=cpu_zero3", "model.hf_config.num_hidden_layers=4", "layout.micro_batch=4"]),
+    ("fsdp ga2 seq128", ["recipes=cpu_fsdp", "layout.grad_accum=2", "layout.seq_len=128"]),
+    ("nd tp2 mb4", ["recipes=cpu_nd_tp2", "layout.micro_batch=4"]),
+    ("nd pp2 GPipe 4 layers", ["recipes=cpu_nd_pp2", "layout.pp_schedule=GPipe", "model.hf_config.num_hidden_layers=4"]),
+    ("zero0 hidden128", ["recipes=cpu_zero2", "layout.zero_stage=0", "model.hf_config.hidden_size=128",
+                         "model.hf_config.intermediate_size=256"]),
+    ("fsdp1 ga4 3 layers", ["recipes=cpu_fsdp1", "layout.grad_accum=4", "model.hf_config.num_hidden_layers=3"]),
 ]
 
 

@@ -13,6 +13,7 @@ from harness.plan.comm import Group, collective_time
 from harness.plan.compute_time import attention_time
 from harness.plan.hardware import HARDWARE
 from harness.plan.model_spec import model_spec_from_hf
+from harness.plan.host_work import HOST_OPS, host_mechanisms, host_work_s
 from harness.plan.time_model import predict_step_time, ranks_per_core, step_scalars
 from plan_helpers import REAL_SHAPES, run_config
 
@@ -108,3 +109,42 @@ def test_attention_pays_its_fixed_cost_per_sequence_and_head():
         bwd = attention_time(spec, 128, 64, tp, 2, hw, 1e12, backward=True)
         assert fwd - attention_time(spec, 128, 64, tp, 2, none, 1e12, backward=False) == pytest.approx(pairs * 10e-6)
         assert bwd - attention_time(spec, 128, 64, tp, 2, none, 1e12, backward=True) == pytest.approx(pairs * 100e-6)
+
+
+@pytest.mark.parametrize("engine, layout, rows", [
+    (dict(name="deepspeed"), dict(zero_stage=0), ["deepspeed_zero0"]),
+    (dict(name="deepspeed"), dict(zero_stage=2), ["deepspeed_zero12"]),
+    (dict(name="deepspeed"), dict(zero_stage=1, tp=2, dp_shard=1), ["deepspeed_zero12", "deepspeed_autotp"]),
+    (dict(name="deepspeed"), dict(zero_stage=3), ["deepspeed_zero3"]),
+    (dict(name="fsdp"), dict(zero_stage=3), ["fsdp2_reshard"]),
+    (dict(name="fsdp"), dict(zero_stage=2), ["fsdp2"]),
+    (dict(name="fsdp", fsdp_version=1), dict(zero_stage=3), ["fsdp1"]),
+    (dict(name="nd", sequence_parallel=True), dict(zero_stage=0, tp=2, dp_shard=1), ["dtensor_tp"]),
+    (dict(name="nd"), dict(zero_stage=3, tp=1, dp_shard=2), ["fsdp2_reshard"]),
+])
+def test_host_work_rows_follow_the_engine_mechanism(engine, layout, rows):
+    cfg = run_config(engine=engine, **layout)
+    assert host_mechanisms(cfg.engine, cfg.layout) == rows
+
+
+def test_host_work_is_in_op_latencies_on_cpu_ranks_and_hidden_on_gpus():
+    cfg = run_config(engine=dict(name="deepspeed"), zero_stage=3)
+    per_tensor, per_step = HOST_OPS["deepspeed_zero3"]
+    cpu = replace(COUNTING, overlaps_comm=False, op_latency_s=2e-6)
+    assert host_work_s(cfg.engine, cfg.layout, cpu, 21) == pytest.approx((per_tensor * 21 * 2e-6, per_step * 2e-6))
+    assert host_work_s(cfg.engine, cfg.layout, replace(cpu, op_latency_s=4e-6), 21)[0] == pytest.approx(
+        2 * per_tensor * 21 * 2e-6)
+    assert host_work_s(cfg.engine, cfg.layout, HARDWARE["h100_sxm"], 21) == (0.0, 0.0)
+    step = predict_step_time(tiny(2), cfg.layout, cfg.engine, cpu, peak=1e12)
+    # in the breakdown as compute "framework": every micro-batch's tensors plus the step's own work
+    assert step.compute_s["framework"] == pytest.approx((per_tensor * 21 + per_step) * 2e-6)
+    parts = (sum(step.compute_s.values()) + sum(c["exposed"] for c in step.comm_s.values()) + step.bubble_s
+             + step.optimizer_s + step.offload_s)
+    assert parts == pytest.approx(step.step_time_s)
+
+
+def test_pipeline_engines_have_their_own_host_work():
+    ds = run_config(engine=dict(name="deepspeed"), zero_stage=1, pp=2, dp_shard=1, grad_accum=4, micro_batch=1)
+    nd = run_config(engine=dict(name="nd"), zero_stage=0, pp=2, dp_shard=1, grad_accum=4, micro_batch=1)
+    assert host_mechanisms(ds.engine, ds.layout) == ["deepspeed_pipe"]
+    assert host_mechanisms(nd.engine, nd.layout) == ["pipelining"]
