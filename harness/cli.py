@@ -19,6 +19,7 @@ USAGE = """usage: harness COMMAND [hydra overrides...]
   recommend  rank every layout of a model on a cluster by predicted tokens/s: --global-batch SEQS
           [--top K] [--name NAME] [--no-write] overrides; writes a sweep preset of the top K
   calibrate  measure this host (or a cluster) into a hardware profile: [--ranks N] [--out PATH]
+             [--slurm --nodes N --tasks-per-node K: one Slurm job across nodes]
   doctor  environment facts, PASS / WARN per line (versions, CUDA / NCCL, GPUs, DeepSpeed ops, Slurm, W&B)
   sync    upload the offline W&B runs below sweep / run dirs (`wandb sync`; --dry-run lists them)
 
@@ -277,6 +278,10 @@ def recommend_command(args: List[str]) -> int:
 
 
 def calibrate_command(args: List[str]) -> int:
+    if "--slurm" in args:  # submitted from a login node: no torch here
+        from harness.launch.calibrate_slurm import main as calibrate_slurm_main
+
+        return calibrate_slurm_main(args)
     from harness.runtime.calibrate import main as calibrate_main
 
     return calibrate_main(args)

@@ -102,9 +102,6 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
         raise RunRejected(str(error)) from error
     write_json(run_dir / CONFIG_FILE, run_config_to_dict(cfg))
     plan = make_plan(cfg)
-    if not plan.errors and plan.step_time_s is None and measure_host_profile(cfg):
-        plan = make_plan(cfg)
-    write_json(run_dir / PLAN_FILE, plan_record(plan, cfg.model.init))
     engine = engine_module(cfg.engine.name)
     engine_errors = engine.check(cfg)[0] if not plan.errors else []
     errors = [*plan.errors, *engine_errors, *launch_problems(cfg)]
@@ -112,6 +109,10 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
         need, have = plan.memory.total_bytes / 2**30, plan.device_memory_bytes / 2**30
         errors = [f"predicted {need:.2f} GiB per rank > {have:.2f} GiB of device memory "
                   f"({plan.device_memory_source}): would run out of memory"]
+    # a run that will launch and asks for this host's profile gets it measured first, once
+    if not errors and plan.step_time_s is None and measure_host_profile(cfg):
+        plan = make_plan(cfg)
+    write_json(run_dir / PLAN_FILE, plan_record(plan, cfg.model.init))
     if errors:
         write_status(run_dir, PRUNED, "; ".join(errors))
         if prune:

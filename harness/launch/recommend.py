@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
@@ -43,15 +44,25 @@ def sweep_preset(plans: Sequence[Plan], name: str, model: str, engine: str, clus
     names = []
     for i, plan in enumerate(plans, 1):
         layout_name = f"{name}_{i}"
-        fields = {k: getattr(plan.layout, k) for k in LAYOUT_FIELDS}
+        fields = {k: _plain(getattr(plan.layout, k)) for k in LAYOUT_FIELDS}
         files[f"layout/{layout_name}.yaml"] = {"name": layout_name, **fields}
         names.append(layout_name)
     files[f"sweep/{name}.yaml"] = {
-        "defaults": [{"override /model": model}, {"override /engine": engine}, {"override /cluster": cluster}],
+        "defaults": [{"override /model": _plain(model)}, {"override /engine": _plain(engine)},
+                     {"override /cluster": _plain(cluster)}],
         "sweep_name": name,
         "hydra": {"sweeper": {"params": {"layout": ",".join(names)}}},
     }
     return files
+
+
+def _plain(value: Any) -> Any:
+    """A layout value as YAML writes it: enums by their value, sequences as lists."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def write_preset(files: Dict[str, Any], root: Path) -> List[Path]:

@@ -186,7 +186,7 @@ def python_executable(cfg: RunConfig) -> str:
     return "python" if cfg.launcher.env_setup else sys.executable
 
 
-def _template(name: str):
+def template(name: str):
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,
@@ -209,7 +209,7 @@ def render_job_script(cfg: RunConfig, rendered: RenderedRun, extra_env: Optional
     check_run_dir(run_dir)
     argv = list(rendered.argv)
     argv[0] = launcher_executable(cfg, argv[0])
-    return _template("job.sbatch.j2").render(
+    return template("job.sbatch.j2").render(
         run_dir=str(run_dir),
         job_name=job_name(cfg.sweep_name, run_dir.name),
         directives=resource_directives(cfg, rendered.nnodes, rendered.nproc_per_node),
@@ -256,7 +256,7 @@ def render_array_script(group: ArrayGroup, sweep_name: str, name: str, manifest:
         check_run_dir(run_dir)
     check_run_dir(manifest)
     check_run_dir(log_dir)
-    return _template("array.sbatch.j2").render(
+    return template("array.sbatch.j2").render(
         count=len(group.run_dirs),
         sweep_name=sweep_name,
         job_name=job_name(sweep_name, name),

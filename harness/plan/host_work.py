@@ -8,16 +8,17 @@ from typing import Any, Dict, List, Tuple
 
 # Per engine mechanism: (eager-op equivalents per parameter tensor per micro-batch, per optimizer step).
 # Measured on the reference CPU host (2 cores, torch 2.13, DeepSpeed 0.19.8, Accelerate 1.15, gloo): median
-# step times of 1-, 2- and 4-layer tiny Llama runs, 20 timed steps each, less the time model without this
-# term, fitted as per step + per tensor x tensors and divided by the host's calibrated op latency (so the
-# figures move with the host's speed). One row per mechanism, never per layout; read as +-30 %.
+# step times of 1-, 2- and 4-layer tiny Llama runs (2, 4 and 8 layers for the pipelines), 20 timed steps
+# each, less the time model without this term, fitted as per step + per tensor x tensors and divided by
+# the host's calibrated op latency (so the figures move with the host's speed). One row per mechanism,
+# never per layout; read as +-30 %.
 HOST_OPS: Dict[str, Tuple[float, float]] = {
     "deepspeed_zero0": (13, 340),  # gradient all-reduce hooks, bf16 optimizer wrapper
     "deepspeed_zero12": (50, 300),  # per-parameter gradient hooks copying into reduce buckets; flat step
     "deepspeed_zero3": (225, 1670),  # per-module fetch / release hooks and the parameter coordinator
-    "deepspeed_autotp": (0, 1000),
+    "deepspeed_autotp": (0, 1000),  # AutoTP layers' all-reduce wrappers, model-parallel norm and overflow
     "deepspeed_pipe": (0, 1200),  # PipelineEngine: its schedule interpreter; gradients reduced once per step
-    "pipelining": (18, 820),  # torch.distributed.pipelining: per-stage action bookkeeping, p2p setup  # AutoTP layers' all-reduce wrappers, model-parallel norm and overflow
+    "pipelining": (18, 820),  # torch.distributed.pipelining: per-stage action bookkeeping, p2p setup
     "fsdp2": (60, 0),  # fully_shard pre / post hooks, all-gather copy-in / copy-out per unit
     "fsdp2_reshard": (60, 1500),  # plus the backward prefetch and re-gathers of reshard_after_forward
     "fsdp1": (60, 400),  # flat-parameter hooks

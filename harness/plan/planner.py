@@ -288,15 +288,18 @@ _PROFILES: Dict[tuple, Any] = {}
 def with_time(plan: Plan, cfg: Any) -> Plan:
     """A valid plan made with predict_time=False, completed with its predicted time, throughput and MFU."""
     warnings: List[str] = list(plan.warnings)
-    step, source, _ = _predict_time(plan.model, cfg, warnings)
+    step, source, measured_peak = _predict_time(plan.model, cfg, warnings)
     if step is None:
         return replace(plan, warnings=tuple(warnings))
     tokens_per_s = plan.tokens_per_step / step.step_time_s
     model, hardware = plan.flops_per_token, plan.hfu_flops_per_token
-    return replace(plan, time=step, time_source=source, tokens_per_s=tokens_per_s,
-                   predicted_mfu=mfu(tokens_per_s, model, plan.peak_flops_per_device, plan.world_size),
-                   predicted_hfu=hfu(tokens_per_s, model, hardware - model, plan.peak_flops_per_device,
-                                     plan.world_size))
+    # as make_plan: a CPU's peak is its profile's measured one
+    peak, peak_source = plan.peak_flops_per_device, plan.peak_flops_source
+    if peak is None and measured_peak:
+        peak, peak_source = measured_peak, f"measured:{source}"
+    return replace(plan, time=step, time_source=source, tokens_per_s=tokens_per_s, peak_flops_per_device=peak,
+                   peak_flops_source=peak_source, predicted_mfu=mfu(tokens_per_s, model, peak, plan.world_size),
+                   predicted_hfu=hfu(tokens_per_s, model, hardware - model, peak, plan.world_size))
 
 
 def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optional[StepTime], str, Optional[float]]:

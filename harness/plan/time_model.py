@@ -356,7 +356,8 @@ def clip_time(hw: HardwareProfile, groups: Groups, tensors: int, scalars: int) -
     a scalar over every rank that holds a piece of the model (its data and model-parallel ranks)."""
     ranks = groups.tp.size * groups.dp_shard.size * groups.dp_replicate.size
     everyone = axis_group(ranks, 1, hw.gpus_per_node)
-    return streaming_time(0.0, tensors * CLIP_OPS_PER_TENSOR, hw) + scalars * collective_time("all_reduce", 8, everyone, hw)
+    squares = streaming_time(0.0, tensors * CLIP_OPS_PER_TENSOR, hw)
+    return squares + scalars * collective_time("all_reduce", 8, everyone, hw)
 
 
 def param_offload_time(layout: Any, hw: HardwareProfile, opt_params: float, work_bytes: int) -> float:
@@ -379,7 +380,8 @@ def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first,
     local = params.dense_total + params.expert_total
     conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version)
     opt_params = local / groups.dp_shard.size if layout.zero_stage >= conv.optimizer_shard_stage else local
-    dp = data_parallel_comm(layout, engine, hw, groups, call_counts(params), conv.working, conv.grad, conv.param_shard_stage)
+    dp = data_parallel_comm(layout, engine, hw, groups, call_counts(params), conv.working, conv.grad,
+                            conv.param_shard_stage)
     offload_mb = param_offload_time(layout, hw, opt_params, conv.working)
     m, unit = layout.grad_accum, max(1, layers)
     # TP, EP and pipeline transfers sit on the critical path (each layer waits for them); the ring of

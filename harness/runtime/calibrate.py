@@ -184,7 +184,8 @@ def attention_rates(dtype: torch.dtype, heads: int = 4, head_dim: int = 16) -> D
                 return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 
             forward_s = best_time(forward)
-            seconds = forward_s if name == "forward" else max(best_time(lambda: forward().backward(grad)) - forward_s, 0.0)
+            both_s = best_time(lambda: forward().backward(grad)) if name == "backward" else forward_s
+            seconds = forward_s if name == "forward" else max(both_s - forward_s, 0.0)
             points.append((4.0 * head_dim * seq * seq / 2, seconds / heads))
         (f0, t0), (f1, t1) = points
         per_flop = max((t1 - t0) / (f1 - f0), 1e-15)
@@ -213,8 +214,10 @@ def measure_rank(dtype: torch.dtype) -> Dict[str, object]:
             "collectives": collective_times(COLLECTIVE_BYTES)}
 
 
-def profile_from(records: List[Dict[str, object]], world: int, name: str, disk: float) -> Tuple[HardwareProfile, Dict]:
-    """One profile from every rank's measurements (medians across ranks)."""
+def profile_from(records: List[Dict[str, object]], world: int, name: str, disk: float, ranks_per_node: int = 0,
+                 cores: int = 0) -> Tuple[HardwareProfile, Dict]:
+    """One profile from every rank's measurements (medians across ranks); `ranks_per_node` and `cores` of
+    the node the ranks ran on (default: all ranks on this host)."""
     def med(key):
         return statistics.median(float(r[key]) for r in records)
 
@@ -228,14 +231,16 @@ def profile_from(records: List[Dict[str, object]], world: int, name: str, disk: 
     attention = {key: statistics.median(r["attention"][key] for r in records) for key in records[0]["attention"]}
     profile = HardwareProfile(
         name=name, matmul_efficiency=med("linear_flops") / peak, attention_efficiency_sdpa=attention["flops"] / peak,
-        attention_efficiency_flash=attention["flops"] / peak, memory_bandwidth=med("streaming_bandwidth"), memory_efficiency=1.0,
+        attention_efficiency_flash=attention["flops"] / peak, memory_bandwidth=med("streaming_bandwidth"),
+        memory_efficiency=1.0,
         op_latency_s=med("op_latency_s"),
-        gpus_per_node=world, intra_node_bandwidth=bandwidth, inter_node_bandwidth=bandwidth,
+        gpus_per_node=ranks_per_node or world, intra_node_bandwidth=bandwidth, inter_node_bandwidth=bandwidth,
         collective_base_latency_s=0.0, intra_step_latency_s=alpha, inter_step_latency_s=alpha,
         low_latency_protocol=False, overlaps_comm=False, host_link_bandwidth=med("memory_bandwidth") / 2,
         cpu_adam_params_per_s=med("adam_params_per_s"), nvme_bandwidth=disk,
         attention_backward_ratio=attention["backward_ratio"], attention_head_latency_s=attention["head_latency_s"],
-        attention_backward_head_latency_s=attention["backward_head_latency_s"], collective_links=links, cores_per_node=len(os.sched_getaffinity(0)),
+        attention_backward_head_latency_s=attention["backward_head_latency_s"], collective_links=links,
+        cores_per_node=cores or len(os.sched_getaffinity(0)),
         measured_peak_flops=peak, version=PROFILE_VERSION,
         source=f"measured:{name}:{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
     raw = {"matmul_by_shape": {k: statistics.median(r["matmul"][k] for r in records) for k in records[0]["matmul"]},
@@ -243,16 +248,22 @@ def profile_from(records: List[Dict[str, object]], world: int, name: str, disk: 
     return profile, raw
 
 
-def _worker(rank: int, world: int, port: int, precision: str, out: str) -> None:
+def _measure_in_group(rank: int, world: int, init_method: str, precision: str) -> List[Dict[str, object]]:
+    """Every rank's measurements, taken at once in one gloo group (each rank gets them all)."""
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several ranks per node
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     record = measure_rank(dtype)
     records: List[Dict[str, object]] = [None] * world  # type: ignore[list-item]
     dist.all_gather_object(records, record)
+    dist.destroy_process_group()
+    return records
+
+
+def _worker(rank: int, world: int, port: int, precision: str, out: str) -> None:
+    records = _measure_in_group(rank, world, f"tcp://127.0.0.1:{port}", precision)
     if rank == 0:
         Path(out).write_text(json.dumps(records))
-    dist.destroy_process_group()
 
 
 def measure_local(ranks: int, precision: str = "bf16") -> List[Dict[str, object]]:
@@ -270,16 +281,36 @@ def measure_local(ranks: int, precision: str = "bf16") -> List[Dict[str, object]
         return json.loads(Path(out).read_text())
 
 
-def calibrate(ranks: int = 2, precision: str = "bf16", name: str = "", out: str = "") -> Path:
-    """Measure this host on `ranks` processes and write the profile (default: the host's cache file)."""
-    name = name or cpu_profile_name()
-    records = measure_local(ranks, precision)
-    profile, raw = profile_from(records, ranks, name, disk_bandwidth(tempfile.gettempdir()))
+def write_profile(records: List[Dict[str, object]], world: int, name: str, out: str, ranks_per_node: int = 0,
+                  cores: int = 0) -> Path:
+    """The profile of these measurements, with them kept under `raw`, at `out` (default: the cache file)."""
+    profile, raw = profile_from(records, world, name, disk_bandwidth(tempfile.gettempdir()), ranks_per_node, cores)
     path = save_profile(profile, Path(out) if out else profile_path(name))
     data = json.loads(path.read_text())
     data["raw"] = raw
     path.write_text(json.dumps(data, indent=2))
     return path
+
+
+def calibrate(ranks: int = 2, precision: str = "bf16", name: str = "", out: str = "") -> Path:
+    """Measure this host on `ranks` processes and write the profile (default: the host's cache file)."""
+    name = name or cpu_profile_name()
+    return write_profile(measure_local(ranks, precision), ranks, name, out)
+
+
+def slurm_task(precision: str, name: str, out: str) -> int:
+    """One task of `harness calibrate --slurm`'s job: rank SLURM_PROCID of SLURM_NTASKS, meeting at the
+    MASTER_ADDR:MASTER_PORT its script exported; rank 0 writes the profile. The links it measures are those
+    of a group spanning every node of the job (across nodes when there are several)."""
+    env = os.environ
+    rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    records = _measure_in_group(rank, world, f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}", precision)
+    if rank == 0:
+        cores = int(env.get("SLURM_CPUS_ON_NODE") or 0)
+        path = write_profile(records, world, name, out, ranks_per_node=max(1, world // nodes), cores=cores)
+        print(f"profile written to {path}")
+    return 0
 
 
 def ensure_host_profile(ranks: int = 2) -> Path:
@@ -297,7 +328,10 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--name", default="")
     parser.add_argument("--out", default="")
+    parser.add_argument("--slurm-task", action="store_true", help=argparse.SUPPRESS)  # inside the --slurm job
     args = parser.parse_args(list(argv))
+    if args.slurm_task:
+        return slurm_task(args.precision, args.name or "cluster", args.out)
     if args.ranks < 1:
         parser.error(f"--ranks={args.ranks} must be >= 1")
     path = calibrate(args.ranks, args.precision, args.name, args.out)

@@ -43,12 +43,18 @@ def recipes() -> List[Tuple[str, List[str]]]:
     return [(p.stem, [f"recipes={p.stem}"]) for p in sorted((ROOT / "recipes").glob("cpu_*.yaml"))]
 
 
+# Timed steps per run: a median over the recipes' 3-8 steps moves by 20 % or more between runs on a shared
+# 2-core host; 20 steps hold it to a few per cent.
+STEPS = "bench.steps=20"
+
+
 def run(label: str, overrides: List[str], out: Path) -> None:
     """One `harness run` into out/<label>, the load average noted beside it."""
     run_dir = out / label.replace(" ", "_").replace("=", "-")
     load = os.getloadavg()
     started = time.time()
-    proc = subprocess.run([*HARNESS, "run", *overrides, f"hydra.run.dir={run_dir}", "tracking.backend=disabled"],
+    proc = subprocess.run([*HARNESS, "run", *overrides, STEPS, f"hydra.run.dir={run_dir}",
+                           "tracking.backend=disabled"],
                           cwd=ROOT, capture_output=True, text=True)
     (run_dir / "bench_load.json").parent.mkdir(parents=True, exist_ok=True)
     (run_dir / "bench_load.json").write_text(json.dumps({"label": label, "load_before": load,
@@ -61,9 +67,8 @@ def run(label: str, overrides: List[str], out: Path) -> None:
 def sweep(out: Path) -> None:
     """The cpu_grid sweep into out/cpu_grid."""
     load = os.getloadavg()
-    # the preset's 3 timed steps give a noisy median: 10 here, like the recipes' 8
     subprocess.run([*HARNESS, "sweep", "sweep=cpu_grid", f"hydra.sweep.dir={out / 'cpu_grid'}",
-                    "tracking.backend=disabled", "bench.steps=10"], cwd=ROOT, capture_output=True, text=True)
+                    "tracking.backend=disabled", STEPS], cwd=ROOT, capture_output=True, text=True)
     for run_dir in (out / "cpu_grid").iterdir():
         if run_dir.is_dir():
             (run_dir / "bench_load.json").write_text(json.dumps({"label": f"cpu_grid/{run_dir.name}",

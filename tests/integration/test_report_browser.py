@@ -135,13 +135,13 @@ def keep(shot: Path, name: str) -> Path:
 
 def test_titles_and_answer_are_in_the_rendered_dom(chromium, report, tmp_path):
     dom = dump_dom(chromium, report, tmp_path / "profile")
-    for title in ("throughput", "mfu", "memory", "step_times", "status", "results"):
+    for title in ("throughput", "mfu", "memory", "step_time_parts", "step_times", "status", "results"):
         assert f"<h2>{TITLES[title]}</h2>" in dom, title
     assert "Which layout should I use?" in dom
     assert "Use dp2 tp1 zero2 mb2: " in dom
-    # plotly.js loaded from the file beside the report (no network) and drew all four plots.
+    # plotly.js loaded from the file beside the report (no network) and drew all five plots.
     assert (report.parent / "plotly.min.js").exists()
-    assert len(re.findall(r'class="[^"]*js-plotly-plot', dom)) == 4
+    assert len(re.findall(r'class="[^"]*js-plotly-plot', dom)) == 5
 
 
 def test_every_plot_draws_and_hovers_with_the_runs_layout(chromium, report, tmp_path):
@@ -149,11 +149,13 @@ def test_every_plot_draws_and_hovers_with_the_runs_layout(chromium, report, tmp_
     page.write_text(report.read_text().replace("</body>", '<pre id="probe-result"></pre>' + PROBE + "</body>"))
     result = probe_result(dump_dom(chromium, page, tmp_path / "profile"))
     plots = result["plots"]
-    assert set(plots) == {"chart-throughput", "chart-mfu", "chart-memory", "chart-step-times"}
+    assert set(plots) == {"chart-throughput", "chart-mfu", "chart-memory", "chart-step-time-parts",
+                          "chart-step-times"}
     for name, found in plots.items():
         assert found["width"] > 300 and found["height"] > 150, (name, found)
         assert not found["hover"].startswith("error"), (name, found)
     assert plots["chart-throughput"]["bars"] >= 8 and plots["chart-memory"]["bars"] >= 8
+    assert plots["chart-step-time-parts"]["bars"] >= 8  # a measured bar per run, predicted parts where known
     assert plots["chart-step-times"]["boxes"] == 3  # one box per completed run
     hover = plots["chart-throughput"]["hover"]
     assert hover.startswith("dp2 tp1 zero2 mb2") and "ZeRO-2" in hover and "tokens/s/device: " in hover, hover

@@ -42,3 +42,36 @@ def test_sweep_preset_has_one_layout_per_recommendation():
     assert sorted(files) == ["layout/rec_1.yaml", "layout/rec_2.yaml", "layout/rec_3.yaml", "sweep/rec.yaml"]
     assert files["sweep/rec.yaml"]["hydra"]["sweeper"]["params"]["layout"] == "rec_1,rec_2,rec_3"
     assert files["layout/rec_1.yaml"]["tp"] == top[0].layout.tp
+
+
+def test_recommended_layouts_on_a_measured_cpu_profile_carry_mfu(tmp_path):
+    # a CPU's peak is its profile's measured one: the ranked plans take it as make_plan does
+    from dataclasses import replace
+
+    from harness.plan.hardware import HARDWARE, PROFILE_VERSION, save_profile
+    from harness.plan.planner import make_plan
+
+    measured = replace(HARDWARE["h100_sxm"], name="cpu-test", overlaps_comm=False, measured_peak_flops=2e11,
+                       source="measured:cpu-test", version=PROFILE_VERSION)
+    path = save_profile(measured, tmp_path / "cpu-test.json")
+    cfg = run_config(cluster=dict(profile=str(path)))
+    top, _ = rank(cfg, global_batch=8, top_k=2)
+    assert top and all(plan.predicted_mfu is not None and plan.peak_flops_per_device == 2e11 for plan in top)
+    direct = make_plan(replace(cfg, layout=top[0].layout, engine=top[0].engine))
+    assert top[0].predicted_mfu == direct.predicted_mfu and top[0].peak_flops_source == direct.peak_flops_source
+
+
+def test_written_presets_compose_back_to_the_recommended_layouts(tmp_path):
+    import yaml
+
+    from harness.launch.recommend import write_preset
+
+    cfg = run_config(model="llama3_1_8b", engine=dict(name="nd"),
+                     cluster=dict(name="h100", nodes=1, accelerators_per_node=8, accelerator="h100_sxm",
+                                  memory_per_accelerator_gib=80.0), seq_len=4096)
+    top, _ = rank(cfg, global_batch=64, top_k=3)
+    paths = write_preset(sweep_preset(top, "rec", "llama3_1_8b", cfg.engine.name, "gpu_h100_1x8"), tmp_path)
+    for plan, path in zip(top, sorted(p for p in paths if "layout" in p.parts)):
+        written = yaml.safe_load(path.read_text())
+        assert written["pp_schedule"] == str(getattr(plan.layout.pp_schedule, "value", plan.layout.pp_schedule))
+        assert written["tp"] == plan.layout.tp and written["grad_accum"] == plan.layout.grad_accum

@@ -1,0 +1,70 @@
+"""`harness calibrate --slurm`: the calibration micro-benchmarks as one small Slurm job across nodes
+(slurm/templates/calibrate.sbatch.j2), waited for; the profile it writes is what `cluster.profile` names."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import List, Sequence
+
+from harness.config.checks import sbatch_option_problems
+from harness.engines.rendered import PORT_BASE, PORT_SPAN
+from harness.launch.sbatch import template
+from harness.launch.slurm_commands import SlurmError, slurm_command
+from harness.plan.hardware import load_profile, profile_path
+from harness.rundir import write_text
+
+# the job's shape, written from --nodes / --tasks-per-node (long options by any unique prefix, as sbatch reads them)
+JOB_SHAPE = re.compile(r"^(--nod|--ntask|-N|-n)")
+WAIT_S = 3600  # the benchmarks take about a minute; the job may queue first
+
+
+def render_calibrate_script(script: Path, out: Path, name: str, nodes: int, tasks_per_node: int, precision: str,
+                            directives: Sequence[str], python: str = sys.executable) -> str:
+    return template("calibrate.sbatch.j2").render(
+        script=str(script), log=str(script.with_suffix(".out")), nodes=nodes, tasks_per_node=tasks_per_node,
+        directives=list(directives), python=python, precision=precision, name=name, out=str(out),
+        port_base=PORT_BASE, port_span=PORT_SPAN)
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="harness calibrate --slurm")
+    parser.add_argument("--slurm", action="store_true", required=True)
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--tasks-per-node", type=int, default=1)
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
+    parser.add_argument("--name", default="cluster", help="profile name (default file: the profile cache)")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                        help="an extra #SBATCH option, e.g. --sbatch=--partition=gpu (repeatable)")
+    args = parser.parse_args(list(argv))
+    problems: List[str] = [f"--{k.replace('_', '-')}={getattr(args, k)} must be >= 1"
+                           for k in ("nodes", "tasks_per_node") if getattr(args, k) < 1]
+    problems += [f"--sbatch={value!r} {rule}" for _, value, rule in sbatch_option_problems(args.sbatch)]
+    problems += [f"--sbatch={line!r} sets the job's shape, which --nodes and --tasks-per-node give"
+                 for line in args.sbatch if JOB_SHAPE.match(line)]
+    if problems:
+        parser.error("; ".join(problems))
+    return args
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse(argv)
+    out = Path(args.out) if args.out else profile_path(args.name)
+    script = out.with_name(f"{out.stem}.calibrate.sbatch")
+    write_text(script, render_calibrate_script(script, out, args.name, args.nodes, args.tasks_per_node,
+                                               args.precision, args.sbatch))
+    print(f"[harness] calibrating on {args.nodes} node(s) x {args.tasks_per_node} task(s): sbatch {script}")
+    try:
+        slurm_command(["sbatch", "--parsable", "--wait", str(script)], timeout=WAIT_S)
+    except SlurmError as error:
+        print(f"[harness] calibration job failed: {error} (log: {script.with_suffix('.out')})", file=sys.stderr)
+        return 1
+    if load_profile(out) is None:
+        print(f"[harness] the job ended but wrote no profile at {out} (log: {script.with_suffix('.out')})",
+              file=sys.stderr)
+        return 1
+    print(f"profile written to {out}; use it with cluster.profile={out}")
+    return 0
