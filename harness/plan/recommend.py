@@ -49,8 +49,19 @@ def structures(spec: Any, world: int, gpus_per_node: int, engine: str) -> Iterat
                     if stages > spec.num_layers:
                         continue
                     split = [] if spec.num_layers % stages == 0 else stage_split(spec.num_layers, stages)
-                    yield from _sharding(dict(tp=tp, cp=cp, pp=pp, pp_schedule=schedule, pp_virtual_stages=chunks,
-                                              pp_stage_layers=split), dp, support, pp)
+                    for fields in _sharding(dict(tp=tp, cp=cp, pp=pp, pp_schedule=schedule,
+                                                 pp_virtual_stages=chunks, pp_stage_layers=split), dp, support, pp):
+                        for ep in expert_degrees(spec, support, fields["dp_shard"] * cp):
+                            yield dict(fields, ep=ep)
+
+
+def expert_degrees(spec: Any, support: Any, shard_group: int) -> List[int]:
+    """Expert-parallel degrees to try: powers of two dividing the routed experts and the shard group
+    dp_shard x cp the experts borrow their ranks from (torchtitan, Megatron); 1 for a dense model or an
+    engine without expert parallelism."""
+    if not (support.ep and spec.num_experts):
+        return [1]
+    return [e for e in _powers_of_two(shard_group) if spec.num_experts % e == 0 and shard_group % e == 0]
 
 
 def _sharding(base: Dict[str, Any], dp: int, support: Any, pp: int) -> Iterator[Dict[str, Any]]:

@@ -297,6 +297,7 @@ TERMINAL_COLUMNS: Sequence[tuple] = (
     ("series", "sweep", "{}"), ("run", "run", "{}"), ("label", "layout", "{}"), ("status", "status", "{}"),
     ("world_size", "devs", "{:.0f}"), ("tokens_per_s", "tok/s", "{:,.0f}"),
     ("tokens_per_s_per_device", "tok/s/dev", "{:,.0f}"), ("step_time_s", "step s", "{:.4g}"),
+    ("step_time_predicted_s", "step pred", "{:.4g}"),
     ("tflop_per_s_per_device", "TFLOP/s/dev", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
     ("mfu_predicted", "MFU pred", "{:.1%}"),
     # Like with like: the measured state + activation bytes of the largest rank, the same four terms

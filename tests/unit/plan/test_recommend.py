@@ -75,3 +75,17 @@ def test_written_presets_compose_back_to_the_recommended_layouts(tmp_path):
         written = yaml.safe_load(path.read_text())
         assert written["pp_schedule"] == str(getattr(plan.layout.pp_schedule, "value", plan.layout.pp_schedule))
         assert written["tp"] == plan.layout.tp and written["grad_accum"] == plan.layout.grad_accum
+
+
+def test_expert_parallel_degrees_are_searched_for_moe_models_on_engines_that_have_them():
+    cfg = run_config(model="mixtral_8x7b", engine=dict(name="megatron_lm"),
+                     cluster=dict(name="h100", nodes=4, accelerators_per_node=8, accelerator="h100_sxm",
+                                  memory_per_accelerator_gib=80.0), seq_len=4096)
+    from harness.plan.recommend import candidates
+
+    seen = {plan.layout.ep for plan in candidates(cfg, global_batch=256)}
+    assert seen >= {1, 2, 4, 8} and max(seen) <= 8  # Mixtral has 8 experts
+    dense = run_config(model="llama3_1_8b", engine=dict(name="megatron_lm"),
+                       cluster=dict(name="h100", nodes=1, accelerators_per_node=8, accelerator="h100_sxm",
+                                    memory_per_accelerator_gib=80.0), seq_len=4096)
+    assert {plan.layout.ep for plan in candidates(dense, global_batch=64)} == {1}

@@ -160,7 +160,7 @@ def test_write_summary_keeps_its_contract(sweep_dir):
 def test_terminal_table(frame, capsys):
     print_table(frame.reset_index(drop=True), title="synthetic")
     out = capsys.readouterr().out
-    for text in ("synthetic", "COMPLETED", "PRUNED", "RUNNING", "tok/s/dev", "MFU pred"):
+    for text in ("synthetic", "COMPLETED", "PRUNED", "RUNNING", "tok/s/dev", "MFU pred", "step pred"):
         assert text in out
     print_rows([{"a": 1, "b": 0.5}], title="rows")
     assert "rows" in capsys.readouterr().out
