@@ -211,8 +211,7 @@ def tp_comm(spec, layout, engine, hw, group, activation, tokens, layers, first, 
     DTensor (nd, Accelerate) and DeepSpeed AutoTP all-reduce the input gradient of every column-parallel
     matrix on its own in backward (no fused f): q, k, v, gate and up each, five for a Llama layer. DTensor
     also all-reduces each replicated (norm) weight's gradient once per step, the final norm's, and under loss
-    parallelism
-    three scalars per token (max, sum of exponentials, target logit: torch loss_parallel). Full
+    parallelism three scalars per token (max, sum of exponentials, target logit: torch loss_parallel). Full
     checkpointing reruns the forward's collectives."""
     counts = tp_counts(spec)
     ag = lambda b: collective_time("all_gather", b, group, hw)  # noqa: E731
@@ -255,6 +254,7 @@ class CallCounts(NamedTuple):
     """How many separate collectives one rank's data-parallel traffic takes: each pays the latency once."""
 
     units: int  # FSDP wrap units: each decoder layer, plus the root (embedding, final norm, head) where held
+    layers: int  # decoder layers: the units FULL_SHARD gathers again for backward (the root stays gathered)
     modules: int  # parameter tensors DeepSpeed ZeRO-3 fetches one module at a time (a gather per module)
     params: float  # elements of this rank's (TP / PP / EP-local) parameters
 
@@ -263,7 +263,8 @@ def call_counts(params: Any) -> CallCounts:
     """Units and fetches of one pipeline rank: a unit per decoder layer plus the root unit where the rank
     holds the embedding or the head; a fetch per parameter tensor (biases counted as their own fetch)."""
     root = 1 if (params.first or params.last) else 0
-    return CallCounts(params.layers + root, _tensor_count(params), params.dense_total + params.expert_total)
+    return CallCounts(params.layers + root, params.layers, _tensor_count(params),
+                      params.dense_total + params.expert_total)
 
 
 def _calls(kind: str, nbytes: float, calls: float, group: Group, hw: HardwareProfile) -> float:
@@ -298,7 +299,7 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
             gather = _calls("all_gather", weights * fetches / counts.modules, fetches, shard, hw)
             reduce = _calls("reduce_scatter", grads, buckets, shard, hw)
         else:
-            regather = counts.units - 1 if zero >= 3 else 0
+            regather = counts.layers if zero >= 3 else 0
             gather = _calls("all_gather", weights * (counts.units + regather) / counts.units,
                             counts.units + regather, shard, hw)
             reduce = _calls("reduce_scatter", grads, counts.units, shard, hw)
