@@ -88,6 +88,7 @@ def prediction(plan: Plan) -> Predicted:
         nvme_bytes=memory.nvme_bytes, device_memory_bytes=plan.device_memory_bytes, fits=plan.fits,
         margin_bytes=plan.margin_bytes, mfu=plan.predicted_mfu, hfu=plan.predicted_hfu,
         step_time_s=step_time_s, tokens_per_s=plan.tokens_per_s,
+        tflop_per_s_per_device=plan.tflop_per_s_per_device,
         extra={"time": plan.time.to_dict()} if plan.time else {},
     )
 

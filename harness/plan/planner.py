@@ -53,6 +53,11 @@ class Plan:
         return self.time.step_time_s if self.time else None
 
     @property
+    def tflop_per_s_per_device(self) -> Optional[float]:
+        """Predicted model TFLOP/s per device, as the runtime measures it: tokens/s x FLOPs per token / world."""
+        return _tflops(self)
+
+    @property
     def valid(self) -> bool:
         return not self.errors
 
@@ -100,7 +105,7 @@ class Plan:
             "predicted_mfu": self.predicted_mfu,
             "predicted_hfu": self.predicted_hfu,
             "step_time_s": self.step_time_s,
-            "tflop_per_s_per_device": _tflops(self),
+            "tflop_per_s_per_device": self.tflop_per_s_per_device,
             "time": self.time.to_dict() if self.time else None,
             "time_source": self.time_source,
         }

@@ -171,6 +171,7 @@ def _prediction_columns(measured: Optional[Measured], predicted: Predicted) -> D
         "step_time_ratio": _ratio(measured.step_time_s if measured else None, predicted.step_time_s),
         **{f"pred_time_{part}_s": seconds for part, seconds in predicted.time_parts().items()},
         "tokens_per_s_predicted": predicted.tokens_per_s,
+        "tflop_per_s_per_device_predicted": predicted.tflop_per_s_per_device,
     }
 
 

@@ -142,6 +142,7 @@ class Predicted:
     hfu: Optional[float] = None
     step_time_s: Optional[float] = None
     tokens_per_s: Optional[float] = None
+    tflop_per_s_per_device: Optional[float] = None
     extra: Dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as written
 
     @property

@@ -249,6 +249,7 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
         predicted_hfu=payload["predicted"].get("hfu"),
         predicted_step_time_s=payload["predicted"].get("step_time_s"),
         predicted_tokens_per_s=payload["predicted"].get("tokens_per_s"),
+        predicted_tflop_per_s_per_device=payload["predicted"].get("tflop_per_s_per_device"),
     )
     # where the predicted step time goes, beside the measured step time (seconds)
     parts = Predicted.from_dict(payload["predicted"]).time_parts()

@@ -128,3 +128,15 @@ def test_unknown_hardware_says_why_and_predicts_nothing():
     plan = make_plan(cfg)
     assert plan.time is None and plan.predicted_mfu is None
     assert any("no hardware profile for accelerator='l40s'" in w for w in plan.warnings)
+
+
+def test_the_prediction_record_carries_tflops_and_the_breakdown_like_the_measurement():
+    from harness.launch.prepare import prediction
+
+    plan = make_plan(llama70b())
+    predicted = prediction(plan)
+    # the runtime's definition (harness/runtime/bench.py): model FLOPs per token x tokens/s / devices
+    assert predicted.tflop_per_s_per_device == pytest.approx(
+        plan.tokens_per_s * plan.flops_per_token / plan.world_size / 1e12)
+    assert predicted.tflop_per_s_per_device / (plan.peak_flops_per_device / 1e12) == pytest.approx(plan.predicted_mfu)
+    assert sum(predicted.time_parts().values()) == pytest.approx(plan.step_time_s)
