@@ -38,7 +38,7 @@ class ForwardFlops(NamedTuple):
     """Forward FLOPs of one token, split by what recomputation can repeat."""
 
     layers: float  # weights of the decoder layers a token touches (k experts + router for MoE)
-    attention_core: float  # QK^T and AV, no weights
+    attention_core: float  # the token mixers' own products, no weights: QK^T and AV, or a selective scan
     outside_layers: float  # final norm and, by convention, the lm_head
     forward_only: float = 0.0  # work with no backward: modules run under no_grad (a sparse-attention indexer)
 
@@ -81,15 +81,34 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     (2·H_I) (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)).
     """
     forward_only = 2.0 * spec.decoder_forward_only_params
-    layers = 2.0 * spec.decoder_active_params - forward_only
+    layers = 2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
     per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
     chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
+    mixers = spec.layer_mixers or ("attention",) * len(spec.attention_windows)
     attention = sum(per_key * keys_per_query(seq_len, window, convention.attention, chunk)
-                    for window, chunk in zip(spec.attention_windows, chunks, strict=True))
+                    for window, chunk, mixer in zip(spec.attention_windows, chunks, mixers, strict=True)
+                    if mixer == "attention")
+    attention += mixer_flops_per_token(spec, seq_len)
     indexer = 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
     forward_only += indexer * sum(spec.attention_indexed)
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
     return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only)
+
+
+def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs of one token in the non-attention mixers' own products (no weights).
+
+    Selective scan (Mamba-1, Gu & Dao 2023, alg. 2): h_t = exp(Δ_t·A) ⊙ h_{t-1} + Δ_t·B_t·x_t is elementwise
+    over the d_inner x N state (A is used elementwise, so its d_inner·N parameters are not a weight matmul
+    and leave the 2N count); y_t = C_t · h_t is one product per channel over the N states, 2·d_inner·N
+    FLOPs (transformers' torch fallback, mamba_selective_scan: a matmul of the state with C_t per step).
+    Causal depthwise convolution (C channels, K taps): its weights are counted as weights (2·C·K per token),
+    but transformers' causal_conv1d_fn pads K - 1 positions on the left and computes T + K - 1 outputs
+    before dropping the extra ones: 2·C·K·(K - 1) more per sequence, / T per token.
+    """
+    scans = 2.0 * sum(spec.layer_scan_states)
+    padding = 2.0 * sum(spec.layer_conv_padding) / seq_len
+    return scans + padding
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> float:

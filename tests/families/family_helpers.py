@@ -22,7 +22,7 @@ _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 REFUSED: Dict[str, str] = {
     # linear attention / state-space layers; Inkling's hybrid layers (per-layer head counts and head dims)
     **{name: _LAYER_KINDS for name in (
-        "bailing_hybrid", "granitemoehybrid", "inkling2_text", "inkling_text", "jamba", "kimi_linear", "minimax",
+        "bailing_hybrid", "granitemoehybrid", "inkling2_text", "inkling_text", "kimi_linear", "minimax",
         "nemotron_h", "olmo_hybrid", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
@@ -98,6 +98,17 @@ def family_meta_model(model_type: str):
     return meta_model(tiny_fields(model_type))
 
 
+def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """A convolution's backward: the input gradient and the weight gradient each multiply as many pairs as the
+    forward. torch's own formula (flop_counter.conv_backward_flop) counts the weight gradient of a grouped
+    convolution as if it were dense, C times too many for a depthwise one (C = channels, Mamba's conv1d)."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    return (int(output_mask[0]) + int(output_mask[1])) * conv_flop_count(x_shape, w_shape, grad_out_shape,
+                                                                         transposed)
+
+
 @lru_cache(maxsize=None)
 def measured_flops(model_type: str, seq_len: int) -> float:
     """FLOPs torch counts for one forward + backward of one sequence: eager attention and eager experts,
@@ -113,6 +124,7 @@ def measured_flops(model_type: str, seq_len: int) -> float:
     model = AutoModelForCausalLM.from_config(hf_config_object(fields), dtype=torch.float32,
                                              experts_implementation="eager")
     ids = torch.randint(3, model.config.vocab_size, (1, seq_len))
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False,
+                         custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops}) as counter:
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     return float(counter.get_total_flops())
