@@ -115,11 +115,12 @@ def attention_share(spec: ModelSpec) -> float:
 
 
 def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: float, backward: bool) -> float:
-    """The non-attention mixers' own products (flops.mixer_flops_per_token: a selective scan's readout, a
-    causal convolution's padded outputs), averaged over the layers and split like the heads by tp, timed
-    GEMM-equivalent at the achievable matmul rate; the backward twice the forward. A GEMM-equivalent rate
-    is optimistic for a sequential scan, whose elementwise state updates are memory-bound."""
-    if not spec.layer_scan_states and not spec.layer_conv_padding:
+    """The non-attention mixers' own products (flops.mixer_flops_per_token: a selective scan's readout, the
+    delta rule's chunked products, a causal convolution's padded outputs), averaged over the layers and split
+    like the heads by tp, timed GEMM-equivalent at the achievable matmul rate; the backward twice the forward.
+    A GEMM-equivalent rate is optimistic for a sequential scan, whose elementwise state updates are
+    memory-bound, and for the delta rule's small per-chunk products and triangular solves."""
+    if not spec.layer_mixers:
         return 0.0
     flops = mixer_flops_per_token(spec, seq_len) * tokens / (spec.num_layers * tp)
     return flops * (2.0 if backward else 1.0) / peak

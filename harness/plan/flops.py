@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 from harness.config.schema import Checkpointing, FlopAttention, allowed
 from harness.plan.model_spec import ModelSpec
@@ -41,6 +41,7 @@ class ForwardFlops(NamedTuple):
     attention_core: float  # the token mixers' own products, no weights: QK^T and AV, or a selective scan
     outside_layers: float  # final norm and, by convention, the lm_head
     forward_only: float = 0.0  # work with no backward: modules run under no_grad (a sparse-attention indexer)
+    backward_excess: float = 0.0  # what the mixers' backward spends beyond twice their forward (delta rule)
 
 
 def keys_per_query(seq_len: int, window: int, attention: str, chunk: int = 0) -> float:
@@ -92,7 +93,8 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     indexer = 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
     forward_only += indexer * sum(spec.attention_indexed)
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
-    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only)
+    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only,
+                        delta_rule_flops(spec, seq_len)[1])
 
 
 def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
@@ -108,7 +110,33 @@ def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     """
     scans = 2.0 * sum(spec.layer_scan_states)
     padding = 2.0 * sum(spec.layer_conv_padding) / seq_len
-    return scans + padding
+    return scans + padding + delta_rule_flops(spec, seq_len)[0]
+
+
+DELTA_RULE_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule: chunk_size's default, which its callers keep
+
+
+def delta_rule_flops(spec: ModelSpec, seq_len: int) -> Tuple[float, float]:
+    """(forward, backward beyond twice the forward) FLOPs per token of the Gated DeltaNet layers' own products,
+    as transformers' torch_chunk_gated_delta_rule runs them (Yang et al. 2024's chunkwise form, WY / UT
+    transform). Per value head (queries and keys repeated to it), head dims dk and dv, the sequence padded to
+    n = ceil(T / C) chunks of C = 64:
+      forward, per chunk: K_beta·K^T and Q·K^T (C x dk x C, 2·2C²dk); two unit-lower-triangular solves of the
+      C x C system for V_beta and the decayed K_beta (C(C-1) per column: C(C-1)(dv + dk)); the state read and
+      update, K_cumdecay·S, Q·S, K^T·V_new (3 x 2C·dk·dv) and the intra-chunk A·V_new (2C²dv).
+      backward, beyond twice that: each solve's gradient is one more solve (its forward) plus a C x C product
+      for the system's gradient (2C²·m), C(C+1)(dk + dv) per chunk in all; less the products the autograd graph
+      never runs: the zero initial state needs no gradient (2 x 2C·dk·dv) and the final state update feeds
+      nothing (2 x 2C·dk·dv), 8C·dk·dv per sequence."""
+    layers = sum(mixer == "gated_delta_rule" for mixer in spec.layer_mixers)
+    if not layers:
+        return 0.0, 0.0
+    c, dk, dv = DELTA_RULE_CHUNK, spec.delta_rule_key_dim, spec.delta_rule_value_dim
+    n = -(-seq_len // c)
+    forward = n * (4 * c * c * dk + 2 * c * c * dv + 6 * c * dk * dv + c * (c - 1) * (dk + dv))
+    excess = n * c * (c + 1) * (dk + dv) - 8 * c * dk * dv
+    per_token = layers * spec.delta_rule_heads / seq_len
+    return forward * per_token, excess * per_token
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> float:
@@ -117,7 +145,8 @@ def flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -
     with the full convention, 6N + 6LHQT with the causal one; forward-only work once. Recomputation is
     never counted here."""
     forward = forward_flops_per_token(spec, seq_len, convention)
-    return 3.0 * (forward.layers + forward.attention_core + forward.outside_layers) + forward.forward_only
+    return (3.0 * (forward.layers + forward.attention_core + forward.outside_layers) + forward.forward_only
+            + forward.backward_excess)
 
 
 def recompute_flops_per_token(

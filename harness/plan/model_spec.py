@@ -72,14 +72,18 @@ class ModelSpec:
     indexer_heads: int = 0
     indexer_head_dim: int = 0
     layer_forward_only_params: Tuple[int, ...] = ()  # per layer: parameters of FORWARD_ONLY modules
-    # Per layer, the token mixer: "attention" (softmax attention of the layer's window / chunk) or
-    # "selective_scan" (Mamba-1, Gu & Dao 2023: a state of d_inner x N per token, no keys); these three
-    # stay empty when every layer is softmax attention.
+    # Per layer, the token mixer: "attention" (softmax attention of the layer's window / chunk),
+    # "selective_scan" (Mamba-1, Gu & Dao 2023: a state of d_inner x N per token, no keys) or
+    # "gated_delta_rule" (Gated DeltaNet, Yang et al. 2024: a dk x dv state per value head, updated by the
+    # delta rule in chunks); these three stay empty when every layer is softmax attention.
     layer_mixers: Tuple[str, ...] = ()
     layer_scan_states: Tuple[int, ...] = ()  # per layer: d_inner·N of its selective scan (its A), else 0
     # Per layer: multiply-adds per sequence a causal depthwise convolution of C channels and K taps spends on
     # the K - 1 outputs its left padding adds and transformers then drops, C·K·(K - 1).
     layer_conv_padding: Tuple[int, ...] = ()
+    delta_rule_heads: int = 0  # Gated DeltaNet layers: value heads (queries and keys repeated to as many)
+    delta_rule_key_dim: int = 0
+    delta_rule_value_dim: int = 0
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
@@ -172,11 +176,22 @@ def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention")
 _SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 and delta rules keep one per head
 _DEPTHWISE_CONV = re.compile(r"(^|\.)conv1d\.weight$")
+_DELTA_RULE_DECAY = re.compile(r"(^|\.)linear_attn\.A_log$")  # Gated DeltaNet: one decay per value head
+
+
+def _mixer(rows: Sequence[Row]) -> str:
+    """A layer's token mixer, from its tensors."""
+    if any(_SCAN_STATE.search(r[0]) and len(r[1]) == 2 for r in rows):
+        return "selective_scan"
+    if any(_DELTA_RULE_DECAY.search(r[0]) and len(r[1]) == 1 for r in rows):
+        return "gated_delta_rule"
+    return "attention"
 
 
 def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int]) -> Dict[str, Any]:
     """Per layer: its token mixer, the d_inner·N of a selective scan and a causal convolution's padding work,
-    read from the layer's tensors (a 2-D A_log is Mamba-1's state matrix; conv1d.weight is (C, 1, K)); all
+    read from the layer's tensors (a 2-D A_log is Mamba-1's state matrix, a 1-D linear_attn.A_log Gated
+    DeltaNet's decays; conv1d.weight is (C, 1, K)); all
     empty when every layer is softmax attention."""
     def scan(rows: Sequence[Row]) -> int:
         return sum(_numel(r[1]) for r in rows if _SCAN_STATE.search(r[0]) and len(r[1]) == 2)
@@ -185,11 +200,11 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int]) -> Dic
         return sum(_numel(r[1]) * (int(r[1][-1]) - 1) for r in rows
                    if _DEPTHWISE_CONV.search(r[0]) and len(r[1]) == 3 and int(r[1][1]) == 1)
 
-    states = tuple(scan(kinds[i]) for i in pattern)
-    if not any(states):  # every layer is softmax attention: the per-layer mixer fields stay empty
+    mixers = tuple(_mixer(kinds[i]) for i in pattern)
+    if set(mixers) == {"attention"}:  # every layer is softmax attention: the per-layer mixer fields stay empty
         return {"layer_mixers": ()}
-    return {"layer_mixers": tuple("selective_scan" if s else "attention" for s in states),
-            "layer_scan_states": states, "layer_conv_padding": tuple(padding(kinds[i]) for i in pattern)}
+    return {"layer_mixers": mixers, "layer_scan_states": tuple(scan(kinds[i]) for i in pattern),
+            "layer_conv_padding": tuple(padding(kinds[i]) for i in pattern)}
 
 
 def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
@@ -198,21 +213,22 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     attention (Llama 4's local layers: a query sees the keys of its own C-token chunk); indexed layers
     (DeepSeek Sparse Attention) attend to the index_topk keys their indexer picks among the earlier ones,
     as many per query as a sliding window of index_topk. A selective-scan layer (whatever its layer_types
-    name, Jamba's "linear_attention") scores no keys: (0, 0, False), and flops counts its scan instead.
-    Layers of other kinds (delta-rule linear attention, Mamba-2, convolution) have FLOPs and saved tensors
-    the planner has no formula for: such families are refused by name."""
+    name, Jamba's "linear_attention") or Gated DeltaNet layer scores no keys: (0, 0, False), and flops
+    counts its own products instead. Layers of other kinds (Kimi delta attention, Mamba-2, convolution) have
+    FLOPs and saved tensors the planner has no formula for: such families are refused by name."""
     n = fields["num_layers"]
     window = int(fields.get("sliding_window") or 0)
     types = fields.get("layer_types") or [("sliding_attention" if window else "full_attention")] * n
-    types = [("selective_scan" if mixers and mixers[i] == "selective_scan" else kind) for i, kind in enumerate(types)]
+    types = [(mixers[i] if mixers and mixers[i] != "attention" else kind) for i, kind in enumerate(types)]
     spans = {**{kind: (0, 0, False) for kind in _FULL_ATTENTION}, "sliding_attention": (window, 0, False),
              "chunked_attention": (0, int(fields.get("attention_chunk_size") or 0), False),
-             "indexed_attention": (int(fields.get("index_topk") or 0), 0, True), "selective_scan": (0, 0, False)}
+             "indexed_attention": (int(fields.get("index_topk") or 0), 0, True),
+             **{kind: (0, 0, False) for kind in ("selective_scan", "gated_delta_rule")}}
     other = sorted({kind for kind in types if kind not in spans})
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
-                         "models softmax attention layers (full, sliding window, chunked or indexed) and Mamba-1 "
-                         "selective scans only")
+                         "models softmax attention layers (full, sliding window, chunked or indexed), Mamba-1 "
+                         "selective scans and Gated DeltaNet only")
     indexed = tuple(spans[kind][2] for kind in types)
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
@@ -224,6 +240,10 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
                   pattern: Sequence[int]) -> Dict[str, Any]:
     """Each layer's mixer (from its tensors) and its attention span (from layer_types)."""
     mixers = _mixer_fields(kinds, pattern)
+    if "gated_delta_rule" in mixers["layer_mixers"]:
+        mixers.update(delta_rule_heads=int(fields["linear_value_heads"]),
+                      delta_rule_key_dim=int(fields["linear_key_head_dim"]),
+                      delta_rule_value_dim=int(fields["linear_value_head_dim"]))
     return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"])}
 
 

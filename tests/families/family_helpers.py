@@ -13,7 +13,8 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_lay
             moe_num_experts=4, num_experts_per_tok=2, moe_k=2, top_k=2, n_shared_experts=1,
             first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
             v_head_dim=16, n_group=1, topk_group=1, sliding_window=32, pad_token_id=0, bos_token_id=1,
-            eos_token_id=2)
+            eos_token_id=2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=8)
 # Where one value does not fit a family's own rules.
 FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
 }
@@ -23,7 +24,7 @@ REFUSED: Dict[str, str] = {
     # linear attention / state-space layers; Inkling's hybrid layers (per-layer head counts and head dims)
     **{name: _LAYER_KINDS for name in (
         "bailing_hybrid", "granitemoehybrid", "inkling2_text", "inkling_text", "kimi_linear", "minimax",
-        "nemotron_h", "olmo_hybrid", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")},
+        "nemotron_h")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
@@ -109,6 +110,16 @@ def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _paddi
                                                                          transposed)
 
 
+def triangular_solve_flops(a_shape, b_shape, *args, unitriangular=False, out_shape=None, **kwargs) -> int:
+    """A triangular solve with m right-hand sides (torch's counter has no formula): n(n - 1)/2 multiply-adds
+    per column with a unit diagonal, n(n + 1)/2 with divisions by the diagonal counted as multiplies."""
+    n, m = a_shape[-1], b_shape[-1]
+    batch = 1
+    for size in b_shape[:-2]:
+        batch *= size
+    return batch * m * n * (n - 1 if unitriangular else n + 1)
+
+
 @lru_cache(maxsize=None)
 def measured_flops(model_type: str, seq_len: int) -> float:
     """FLOPs torch counts for one forward + backward of one sequence: eager attention and eager experts,
@@ -125,6 +136,7 @@ def measured_flops(model_type: str, seq_len: int) -> float:
                                              experts_implementation="eager")
     ids = torch.randint(3, model.config.vocab_size, (1, seq_len))
     with FlopCounterMode(display=False,
-                         custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops}) as counter:
+                         custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops,
+                                         torch.ops.aten.linalg_solve_triangular: triangular_solve_flops}) as counter:
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     return float(counter.get_total_flops())
