@@ -322,9 +322,9 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,
         non_embedding_params=total - embedding,
         active_params=embedding + sum(x.active for x in per_layer) + lm_head + final_norm,
-        layer_total_params=tuple(x.total for x in per_layer),
-        layer_active_params=tuple(x.active for x in per_layer),
-        **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"], v_head_dim=f["v_head_dim"],
+        layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
+        **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],
+        v_head_dim=f["v_head_dim"],
         layer_forward_only_params=tuple(sum(_numel(r[1]) for r in kinds[i] if FORWARD_ONLY.search(r[0]))
                                         for i in pattern),
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],
