@@ -110,7 +110,25 @@ def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     """
     scans = 2.0 * sum(spec.layer_scan_states)
     padding = 2.0 * sum(spec.layer_conv_padding) / seq_len
-    return scans + padding + delta_rule_flops(spec, seq_len)[0]
+    return scans + padding + delta_rule_flops(spec, seq_len)[0] + ssd_flops(spec, seq_len)
+
+
+def ssd_flops(spec: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of the Mamba-2 layers' own products, as transformers' torch fallback
+    (mamba2_chunk_scan, Dao & Gu 2024's chunked state space duality) runs them: per head (B and C repeated
+    from their groups), head dim p, state N, the sequence padded to n = ceil(T / L) chunks of L tokens:
+    C·B^T within each chunk (2L²N) and its masked scores times x (2L²p); each chunk's final state B^T·x
+    (2L·N·p); the state passing between chunks over n + 1 states (the zero initial one first), a (n+1) x
+    (n+1) product with p·N columns (2(n+1)²·p·N); and C times each chunk's start state (2L·N·p). Every
+    operand carries a gradient, so the backward is twice this, as the 3x convention has it."""
+    layers = sum(mixer == "state_space_duality" for mixer in spec.layer_mixers)
+    if not layers:
+        return 0.0
+    chunk, p, state = spec.ssd_chunk, spec.ssd_head_dim, spec.ssd_state_size
+    n = -(-seq_len // chunk)
+    per_head = (2 * n * chunk * chunk * (state + p) + 4 * n * chunk * state * p
+                + 2 * (n + 1) * (n + 1) * p * state)
+    return per_head * layers * spec.ssd_heads / seq_len
 
 
 DELTA_RULE_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule: chunk_size's default, which its callers keep

@@ -75,7 +75,9 @@ class ModelSpec:
     # Per layer, the token mixer: "attention" (softmax attention of the layer's window / chunk),
     # "selective_scan" (Mamba-1, Gu & Dao 2023: a state of d_inner x N per token, no keys) or
     # "gated_delta_rule" (Gated DeltaNet, Yang et al. 2024: a dk x dv state per value head, updated by the
-    # delta rule in chunks); these three stay empty when every layer is softmax attention.
+    # delta rule in chunks), "state_space_duality" (Mamba-2, Dao & Gu 2024: a p x N state per head, scanned in
+    # chunks) or "none" (an MLP-only layer, Nemotron-H's); these three stay empty when every layer is softmax
+    # attention.
     layer_mixers: Tuple[str, ...] = ()
     layer_scan_states: Tuple[int, ...] = ()  # per layer: d_inner·N of its selective scan (its A), else 0
     # Per layer: multiply-adds per sequence a causal depthwise convolution of C channels and K taps spends on
@@ -84,6 +86,10 @@ class ModelSpec:
     delta_rule_heads: int = 0  # Gated DeltaNet layers: value heads (queries and keys repeated to as many)
     delta_rule_key_dim: int = 0
     delta_rule_value_dim: int = 0
+    ssd_heads: int = 0  # Mamba-2 layers: heads, head dim, state size and the scan's chunk length
+    ssd_head_dim: int = 0
+    ssd_state_size: int = 0
+    ssd_chunk: int = 0
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
@@ -177,21 +183,26 @@ _FULL_ATTENTION = ("full_attention", "attention", "global_attention")
 _SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 and delta rules keep one per head
 _DEPTHWISE_CONV = re.compile(r"(^|\.)conv1d\.weight$")
 _DELTA_RULE_DECAY = re.compile(r"(^|\.)linear_attn\.A_log$")  # Gated DeltaNet: one decay per value head
+_SSD_DECAY = re.compile(r"^(mamba|mixer)\.A_log$")  # Mamba-2: one decay per head
+_MLP_ONLY = ("mlp", "moe")  # layer_types of layers without a token mixer (Nemotron-H)
 
 
-def _mixer(rows: Sequence[Row]) -> str:
-    """A layer's token mixer, from its tensors."""
+def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
+    """A layer's token mixer, from its tensors (and layer_types for a layer that has none)."""
     if any(_SCAN_STATE.search(r[0]) and len(r[1]) == 2 for r in rows):
         return "selective_scan"
     if any(_DELTA_RULE_DECAY.search(r[0]) and len(r[1]) == 1 for r in rows):
         return "gated_delta_rule"
-    return "attention"
+    if any(_SSD_DECAY.search(r[0]) and len(r[1]) == 1 for r in rows):
+        return "state_space_duality"
+    return "none" if layer_type in _MLP_ONLY else "attention"
 
 
-def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int]) -> Dict[str, Any]:
+def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
+                  layer_types: Optional[Sequence[str]]) -> Dict[str, Any]:
     """Per layer: its token mixer, the d_inner·N of a selective scan and a causal convolution's padding work,
     read from the layer's tensors (a 2-D A_log is Mamba-1's state matrix, a 1-D linear_attn.A_log Gated
-    DeltaNet's decays; conv1d.weight is (C, 1, K)); all
+    DeltaNet's decays, a 1-D mamba / mixer A_log Mamba-2's; conv1d.weight is (C, 1, K)); all
     empty when every layer is softmax attention."""
     def scan(rows: Sequence[Row]) -> int:
         return sum(_numel(r[1]) for r in rows if _SCAN_STATE.search(r[0]) and len(r[1]) == 2)
@@ -200,7 +211,7 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int]) -> Dic
         return sum(_numel(r[1]) * (int(r[1][-1]) - 1) for r in rows
                    if _DEPTHWISE_CONV.search(r[0]) and len(r[1]) == 3 and int(r[1][1]) == 1)
 
-    mixers = tuple(_mixer(kinds[i]) for i in pattern)
+    mixers = tuple(_mixer(kinds[i], layer_types[layer] if layer_types else None) for layer, i in enumerate(pattern))
     if set(mixers) == {"attention"}:  # every layer is softmax attention: the per-layer mixer fields stay empty
         return {"layer_mixers": ()}
     return {"layer_mixers": mixers, "layer_scan_states": tuple(scan(kinds[i]) for i in pattern),
@@ -213,8 +224,9 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     attention (Llama 4's local layers: a query sees the keys of its own C-token chunk); indexed layers
     (DeepSeek Sparse Attention) attend to the index_topk keys their indexer picks among the earlier ones,
     as many per query as a sliding window of index_topk. A selective-scan layer (whatever its layer_types
-    name, Jamba's "linear_attention") or Gated DeltaNet layer scores no keys: (0, 0, False), and flops
-    counts its own products instead. Layers of other kinds (Kimi delta attention, Mamba-2, convolution) have
+    name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2 or MLP-only layer scores no keys: (0, 0, False),
+    and flops counts its mixer's own products instead. Layers of other kinds (Kimi delta attention, lightning
+    attention, convolution) have
     FLOPs and saved tensors the planner has no formula for: such families are refused by name."""
     n = fields["num_layers"]
     window = int(fields.get("sliding_window") or 0)
@@ -223,12 +235,12 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     spans = {**{kind: (0, 0, False) for kind in _FULL_ATTENTION}, "sliding_attention": (window, 0, False),
              "chunked_attention": (0, int(fields.get("attention_chunk_size") or 0), False),
              "indexed_attention": (int(fields.get("index_topk") or 0), 0, True),
-             **{kind: (0, 0, False) for kind in ("selective_scan", "gated_delta_rule")}}
+             **{kind: (0, 0, False) for kind in ("selective_scan", "gated_delta_rule", "state_space_duality", "none")}}
     other = sorted({kind for kind in types if kind not in spans})
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
                          "models softmax attention layers (full, sliding window, chunked or indexed), Mamba-1 "
-                         "selective scans and Gated DeltaNet only")
+                         "selective scans, Mamba-2, Gated DeltaNet and MLP-only layers only")
     indexed = tuple(spans[kind][2] for kind in types)
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
@@ -239,11 +251,14 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
 def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: Sequence[Sequence[Row]],
                   pattern: Sequence[int]) -> Dict[str, Any]:
     """Each layer's mixer (from its tensors) and its attention span (from layer_types)."""
-    mixers = _mixer_fields(kinds, pattern)
+    mixers = _mixer_fields(kinds, pattern, fields.get("layer_types"))
     if "gated_delta_rule" in mixers["layer_mixers"]:
         mixers.update(delta_rule_heads=int(fields["linear_value_heads"]),
                       delta_rule_key_dim=int(fields["linear_key_head_dim"]),
                       delta_rule_value_dim=int(fields["linear_value_head_dim"]))
+    if "state_space_duality" in mixers["layer_mixers"]:
+        mixers.update(ssd_heads=int(fields["ssm_heads"]), ssd_head_dim=int(fields["ssm_head_dim"]),
+                      ssd_state_size=int(fields["ssm_state_size"]), ssd_chunk=int(fields["ssm_chunk_size"]))
     return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"])}
 
 

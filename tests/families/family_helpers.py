@@ -17,14 +17,17 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_lay
             linear_value_head_dim=8)
 # Where one value does not fit a family's own rules.
 FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
+    # Mamba-2 heads of 16 dims, a 16-dim state, 32-token scan chunks (the defaults are a full-size model's)
+    "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=32),
+    "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
+                       moe_shared_expert_intermediate_size=32),
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
     # linear attention / state-space layers; Inkling's hybrid layers (per-layer head counts and head dims)
     **{name: _LAYER_KINDS for name in (
-        "bailing_hybrid", "granitemoehybrid", "inkling2_text", "inkling_text", "kimi_linear", "minimax",
-        "nemotron_h")},
+        "bailing_hybrid", "inkling2_text", "inkling_text", "kimi_linear", "minimax")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
