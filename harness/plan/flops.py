@@ -41,7 +41,8 @@ class ForwardFlops(NamedTuple):
     attention_core: float  # the token mixers' own products, no weights: QK^T and AV, or a selective scan
     outside_layers: float  # final norm and, by convention, the lm_head
     forward_only: float = 0.0  # work with no backward: modules run under no_grad (a sparse-attention indexer)
-    backward_excess: float = 0.0  # what the mixers' backward spends beyond twice their forward (delta rule)
+    backward_excess: float = 0.0  # what the mixers' backward spends beyond twice their forward (delta rule,
+    # lightning attention): negative where the autograd graph skips products
 
 
 def keys_per_query(seq_len: int, window: int, attention: str, chunk: int = 0) -> float:
@@ -93,8 +94,8 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     indexer = 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
     forward_only += indexer * sum(spec.attention_indexed)
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
-    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only,
-                        delta_rule_flops(spec, seq_len)[1])
+    excess = delta_rule_flops(spec, seq_len)[1] + lightning_flops(spec, seq_len)[1]
+    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only, excess)
 
 
 def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
@@ -110,7 +111,27 @@ def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     """
     scans = 2.0 * sum(spec.layer_scan_states)
     padding = 2.0 * sum(spec.layer_conv_padding) / seq_len
-    return scans + padding + delta_rule_flops(spec, seq_len)[0] + ssd_flops(spec, seq_len)
+    return (scans + padding + delta_rule_flops(spec, seq_len)[0] + ssd_flops(spec, seq_len)
+            + lightning_flops(spec, seq_len)[0])
+
+
+def lightning_flops(spec: ModelSpec, seq_len: int) -> Tuple[float, float]:
+    """(forward, backward beyond twice the forward) FLOPs per token of the lightning attention layers' own
+    products, as transformers' MiniMaxLightningAttention runs them (Qin et al. 2024: blocks of B tokens, the
+    last one shorter, no padding). Per head of dim d and block of b tokens: Q·K^T and the decayed scores times
+    V within the block (2 x 2b²d), Q times the state of the earlier blocks and the block's K^T·V into the
+    next state (2 x 2b·d²). The backward skips what needs no gradient: the first block's state is zeros
+    (2b·d², Q·S's state side) and the last block's K^T·V feeds nothing (2 x 2b·d²)."""
+    layers = sum(mixer == "lightning_attention" for mixer in spec.layer_mixers)
+    if not layers:
+        return 0.0, 0.0
+    block, d = spec.lightning_block, spec.head_dim
+    full, rest = divmod(seq_len, block)
+    sizes = [block] * full + ([rest] if rest else [])
+    forward = sum(4 * b * b * d + 4 * b * d * d for b in sizes)
+    excess = -(2 * sizes[0] * d * d + 4 * sizes[-1] * d * d)
+    per_token = layers * spec.num_heads / seq_len
+    return forward * per_token, excess * per_token
 
 
 def ssd_flops(spec: ModelSpec, seq_len: int) -> float:

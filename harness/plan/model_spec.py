@@ -76,7 +76,8 @@ class ModelSpec:
     # "selective_scan" (Mamba-1, Gu & Dao 2023: a state of d_inner x N per token, no keys) or
     # "gated_delta_rule" (Gated DeltaNet, Yang et al. 2024: a dk x dv state per value head, updated by the
     # delta rule in chunks), "state_space_duality" (Mamba-2, Dao & Gu 2024: a p x N state per head, scanned in
-    # chunks) or "none" (an MLP-only layer, Nemotron-H's); these three stay empty when every layer is softmax
+    # chunks), "lightning_attention" (MiniMax-01, Qin et al. 2024: linear attention in blocks, a d x d state
+    # per head) or "none" (an MLP-only layer, Nemotron-H's); these three stay empty when every layer is softmax
     # attention.
     layer_mixers: Tuple[str, ...] = ()
     layer_scan_states: Tuple[int, ...] = ()  # per layer: d_inner·N of its selective scan (its A), else 0
@@ -90,6 +91,7 @@ class ModelSpec:
     ssd_head_dim: int = 0
     ssd_state_size: int = 0
     ssd_chunk: int = 0
+    lightning_block: int = 0  # lightning attention layers: block length (heads and head_dim as attention's)
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
@@ -180,11 +182,13 @@ def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
 
 
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention")
+_MIXERS = ("selective_scan", "gated_delta_rule", "state_space_duality", "lightning_attention", "none")
 _SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 and delta rules keep one per head
 _DEPTHWISE_CONV = re.compile(r"(^|\.)conv1d\.weight$")
 _DELTA_RULE_DECAY = re.compile(r"(^|\.)linear_attn\.A_log$")  # Gated DeltaNet: one decay per value head
 _SSD_DECAY = re.compile(r"^(mamba|mixer)\.A_log$")  # Mamba-2: one decay per head
 _MLP_ONLY = ("mlp", "moe")  # layer_types of layers without a token mixer (Nemotron-H)
+_LIGHTNING_GATE = re.compile(r"^self_attn\.output_gate\.weight$")  # MiniMax's lightning attention output gate
 
 
 def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
@@ -195,6 +199,8 @@ def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
         return "gated_delta_rule"
     if any(_SSD_DECAY.search(r[0]) and len(r[1]) == 1 for r in rows):
         return "state_space_duality"
+    if any(_LIGHTNING_GATE.search(r[0]) for r in rows):
+        return "lightning_attention"
     return "none" if layer_type in _MLP_ONLY else "attention"
 
 
@@ -202,7 +208,8 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
                   layer_types: Optional[Sequence[str]]) -> Dict[str, Any]:
     """Per layer: its token mixer, the d_inner·N of a selective scan and a causal convolution's padding work,
     read from the layer's tensors (a 2-D A_log is Mamba-1's state matrix, a 1-D linear_attn.A_log Gated
-    DeltaNet's decays, a 1-D mamba / mixer A_log Mamba-2's; conv1d.weight is (C, 1, K)); all
+    DeltaNet's decays, a 1-D mamba / mixer A_log Mamba-2's, an output gate lightning attention's; conv1d.weight
+    is (C, 1, K)); all
     empty when every layer is softmax attention."""
     def scan(rows: Sequence[Row]) -> int:
         return sum(_numel(r[1]) for r in rows if _SCAN_STATE.search(r[0]) and len(r[1]) == 2)
@@ -224,8 +231,8 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     attention (Llama 4's local layers: a query sees the keys of its own C-token chunk); indexed layers
     (DeepSeek Sparse Attention) attend to the index_topk keys their indexer picks among the earlier ones,
     as many per query as a sliding window of index_topk. A selective-scan layer (whatever its layer_types
-    name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2 or MLP-only layer scores no keys: (0, 0, False),
-    and flops counts its mixer's own products instead. Layers of other kinds (Kimi delta attention, lightning
+    name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention or MLP-only layer scores
+    no keys: (0, 0, False), and flops counts its mixer's own products instead. Layers of other kinds (Kimi delta
     attention, convolution) have
     FLOPs and saved tensors the planner has no formula for: such families are refused by name."""
     n = fields["num_layers"]
@@ -235,12 +242,12 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     spans = {**{kind: (0, 0, False) for kind in _FULL_ATTENTION}, "sliding_attention": (window, 0, False),
              "chunked_attention": (0, int(fields.get("attention_chunk_size") or 0), False),
              "indexed_attention": (int(fields.get("index_topk") or 0), 0, True),
-             **{kind: (0, 0, False) for kind in ("selective_scan", "gated_delta_rule", "state_space_duality", "none")}}
+             **{kind: (0, 0, False) for kind in _MIXERS}}
     other = sorted({kind for kind in types if kind not in spans})
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
                          "models softmax attention layers (full, sliding window, chunked or indexed), Mamba-1 "
-                         "selective scans, Mamba-2, Gated DeltaNet and MLP-only layers only")
+                         "selective scans, Mamba-2, Gated DeltaNet, lightning attention and MLP-only layers only")
     indexed = tuple(spans[kind][2] for kind in types)
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
@@ -259,6 +266,8 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
     if "state_space_duality" in mixers["layer_mixers"]:
         mixers.update(ssd_heads=int(fields["ssm_heads"]), ssd_head_dim=int(fields["ssm_head_dim"]),
                       ssd_state_size=int(fields["ssm_state_size"]), ssd_chunk=int(fields["ssm_chunk_size"]))
+    if "lightning_attention" in mixers["layer_mixers"]:
+        mixers.update(lightning_block=int(fields["lightning_block_size"]))
     return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"])}
 
 

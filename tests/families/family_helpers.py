@@ -21,13 +21,14 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=32),
     "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
                        moe_shared_expert_intermediate_size=32),
+    "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
     # linear attention / state-space layers; Inkling's hybrid layers (per-layer head counts and head dims)
     **{name: _LAYER_KINDS for name in (
-        "bailing_hybrid", "inkling2_text", "inkling_text", "kimi_linear", "minimax")},
+        "bailing_hybrid", "inkling2_text", "inkling_text", "kimi_linear")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
