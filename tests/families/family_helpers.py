@@ -26,7 +26,9 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
-    # linear attention / state-space layers; Inkling's hybrid layers (per-layer head counts and head dims)
+    # Kimi delta attention (kimi_linear, bailing_hybrid): transformers' torch path builds its per-channel-decayed
+    # scores elementwise, work torch's matmul count cannot check; Inkling's hybrid layers (per-layer head counts
+    # and head dims)
     **{name: _LAYER_KINDS for name in (
         "bailing_hybrid", "inkling2_text", "inkling_text", "kimi_linear")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
