@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 8  # bump when the JSON below changes meaning
+SHAPE_VERSION = 11  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -271,6 +271,16 @@ def _fields(config: Any) -> Dict[str, Any]:
         "index_n_heads": _first_attr(config, "index_n_heads"),
         "index_head_dim": _first_attr(config, "index_head_dim"),
         "layer_types": list(layer_types) if layer_types else None,
+        # Gated DeltaNet layers (qwen3_next, qwen3_5, olmo_hybrid): value heads, key and value head dims
+        "linear_value_heads": _first_attr(config, "linear_num_value_heads"),
+        "linear_key_head_dim": _first_attr(config, "linear_key_head_dim"),
+        "linear_value_head_dim": _first_attr(config, "linear_value_head_dim"),
+        # Mamba-2 layers (nemotron_h, granitemoehybrid): heads, head dim, state size, scan chunk
+        "ssm_heads": _first_attr(config, "mamba_num_heads", "mamba_n_heads"),
+        "ssm_head_dim": _first_attr(config, "mamba_head_dim", "mamba_d_head"),
+        "ssm_state_size": _first_attr(config, "ssm_state_size", "mamba_d_state"),
+        "ssm_chunk_size": _first_attr(config, "mamba_chunk_size", "chunk_size"),
+        "lightning_block_size": _first_attr(config, "block_size"),  # MiniMax's lightning attention blocks
         "attn_logit_softcapping": _first_attr(config, "attn_logit_softcapping"),
         "final_logit_softcapping": _first_attr(config, "final_logit_softcapping"),
         "attn_implementation": str(getattr(config, "_attn_implementation", None) or "sdpa"),

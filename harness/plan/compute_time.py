@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from harness.plan.flops import mixer_flops_per_token
 from harness.plan.hardware import HardwareProfile
 from harness.plan.model_spec import ModelSpec
 
@@ -107,6 +108,24 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
             + (full / 2) * (hw.attention_backward_ratio if backward else 1.0) / rate)
 
 
+def attention_share(spec: ModelSpec) -> float:
+    """The fraction of decoder layers whose mixer is softmax attention (1 without per-layer mixers)."""
+    mixers = spec.layer_mixers
+    return sum(mixer == "attention" for mixer in mixers) / len(mixers) if mixers else 1.0
+
+
+def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: float, backward: bool) -> float:
+    """The non-attention mixers' own products (flops.mixer_flops_per_token: a selective scan's readout, the
+    delta rule's chunked products, a causal convolution's padded outputs), averaged over the layers and split
+    like the heads by tp, timed GEMM-equivalent at the achievable matmul rate; the backward twice the forward.
+    A GEMM-equivalent rate is optimistic for a sequential scan, whose elementwise state updates are
+    memory-bound, and for the delta rule's small per-chunk products and triangular solves."""
+    if not spec.layer_mixers:
+        return 0.0
+    flops = mixer_flops_per_token(spec, seq_len) * tokens / (spec.num_layers * tp)
+    return flops * (2.0 if backward else 1.0) / peak
+
+
 @lru_cache(maxsize=1 << 16)
 def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
                peak: float, backward: bool) -> OpTime:
@@ -116,7 +135,8 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
     per_gemm = 2 if backward else 1
     gemm = sum(count * per_gemm * gemm_time(m, k, n, dtype_bytes, hw, peak)
                for m, k, n, count in layer_gemms(spec, tokens, tp))
-    attention = attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward)
+    attention = (attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward) * attention_share(spec)
+                 + mixer_time(spec, tokens, seq_len, tp, peak, backward))
     ops = LAYER_ELEMENTWISE_OPS["backward" if backward else "forward"]
     elementwise = streaming_time(layer_elementwise_bytes(spec, tokens, tp, dtype_bytes) * (2 if backward else 1),
                                  ops, hw)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 from harness.config.schema import Checkpointing, FlopAttention, allowed
 from harness.plan.model_spec import ModelSpec
@@ -38,9 +38,11 @@ class ForwardFlops(NamedTuple):
     """Forward FLOPs of one token, split by what recomputation can repeat."""
 
     layers: float  # weights of the decoder layers a token touches (k experts + router for MoE)
-    attention_core: float  # QK^T and AV, no weights
+    attention_core: float  # the token mixers' own products, no weights: QK^T and AV, or a selective scan
     outside_layers: float  # final norm and, by convention, the lm_head
     forward_only: float = 0.0  # work with no backward: modules run under no_grad (a sparse-attention indexer)
+    backward_excess: float = 0.0  # what the mixers' backward spends beyond twice their forward (delta rule,
+    # lightning attention): negative where the autograd graph skips products
 
 
 def keys_per_query(seq_len: int, window: int, attention: str, chunk: int = 0) -> float:
@@ -81,15 +83,99 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     (2·H_I) (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)).
     """
     forward_only = 2.0 * spec.decoder_forward_only_params
-    layers = 2.0 * spec.decoder_active_params - forward_only
+    layers = 2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
     per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
     chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
+    mixers = spec.layer_mixers or ("attention",) * len(spec.attention_windows)
     attention = sum(per_key * keys_per_query(seq_len, window, convention.attention, chunk)
-                    for window, chunk in zip(spec.attention_windows, chunks, strict=True))
+                    for window, chunk, mixer in zip(spec.attention_windows, chunks, mixers, strict=True)
+                    if mixer == "attention")
+    attention += mixer_flops_per_token(spec, seq_len)
     indexer = 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
     forward_only += indexer * sum(spec.attention_indexed)
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
-    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only)
+    excess = delta_rule_flops(spec, seq_len)[1] + lightning_flops(spec, seq_len)[1]
+    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only, excess)
+
+
+def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs of one token in the non-attention mixers' own products (no weights).
+
+    Selective scan (Mamba-1, Gu & Dao 2023, alg. 2): h_t = exp(Δ_t·A) ⊙ h_{t-1} + Δ_t·B_t·x_t is elementwise
+    over the d_inner x N state (A is used elementwise, so its d_inner·N parameters are not a weight matmul
+    and leave the 2N count); y_t = C_t · h_t is one product per channel over the N states, 2·d_inner·N
+    FLOPs (transformers' torch fallback, mamba_selective_scan: a matmul of the state with C_t per step).
+    Causal depthwise convolution (C channels, K taps): its weights are counted as weights (2·C·K per token),
+    but transformers' causal_conv1d_fn pads K - 1 positions on the left and computes T + K - 1 outputs
+    before dropping the extra ones: 2·C·K·(K - 1) more per sequence, / T per token.
+    """
+    scans = 2.0 * sum(spec.layer_scan_states)
+    padding = 2.0 * sum(spec.layer_conv_padding) / seq_len
+    return (scans + padding + delta_rule_flops(spec, seq_len)[0] + ssd_flops(spec, seq_len)
+            + lightning_flops(spec, seq_len)[0])
+
+
+def lightning_flops(spec: ModelSpec, seq_len: int) -> Tuple[float, float]:
+    """(forward, backward beyond twice the forward) FLOPs per token of the lightning attention layers' own
+    products, as transformers' MiniMaxLightningAttention runs them (Qin et al. 2024: blocks of B tokens, the
+    last one shorter, no padding). Per head of dim d and block of b tokens: Q·K^T and the decayed scores times
+    V within the block (2 x 2b²d), Q times the state of the earlier blocks and the block's K^T·V into the
+    next state (2 x 2b·d²). The backward skips what needs no gradient: the first block's state is zeros
+    (2b·d², Q·S's state side) and the last block's K^T·V feeds nothing (2 x 2b·d²)."""
+    layers = sum(mixer == "lightning_attention" for mixer in spec.layer_mixers)
+    if not layers:
+        return 0.0, 0.0
+    block, d = spec.lightning_block, spec.head_dim
+    full, rest = divmod(seq_len, block)
+    sizes = [block] * full + ([rest] if rest else [])
+    forward = sum(4 * b * b * d + 4 * b * d * d for b in sizes)
+    excess = -(2 * sizes[0] * d * d + 4 * sizes[-1] * d * d)
+    per_token = layers * spec.num_heads / seq_len
+    return forward * per_token, excess * per_token
+
+
+def ssd_flops(spec: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of the Mamba-2 layers' own products, as transformers' torch fallback
+    (mamba2_chunk_scan, Dao & Gu 2024's chunked state space duality) runs them: per head (B and C repeated
+    from their groups), head dim p, state N, the sequence padded to n = ceil(T / L) chunks of L tokens:
+    C·B^T within each chunk (2L²N) and its masked scores times x (2L²p); each chunk's final state B^T·x
+    (2L·N·p); the state passing between chunks over n + 1 states (the zero initial one first), a (n+1) x
+    (n+1) product with p·N columns (2(n+1)²·p·N); and C times each chunk's start state (2L·N·p). Every
+    operand carries a gradient, so the backward is twice this, as the 3x convention has it."""
+    layers = sum(mixer == "state_space_duality" for mixer in spec.layer_mixers)
+    if not layers:
+        return 0.0
+    chunk, p, state = spec.ssd_chunk, spec.ssd_head_dim, spec.ssd_state_size
+    n = -(-seq_len // chunk)
+    per_head = (2 * n * chunk * chunk * (state + p) + 4 * n * chunk * state * p
+                + 2 * (n + 1) * (n + 1) * p * state)
+    return per_head * layers * spec.ssd_heads / seq_len
+
+
+DELTA_RULE_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule: chunk_size's default, which its callers keep
+
+
+def delta_rule_flops(spec: ModelSpec, seq_len: int) -> Tuple[float, float]:
+    """(forward, backward beyond twice the forward) FLOPs per token of the Gated DeltaNet layers' own products,
+    as transformers' torch_chunk_gated_delta_rule runs them (Yang et al. 2024's chunkwise form, WY / UT
+    transform). Per value head (queries and keys repeated to it), head dims dk and dv, the sequence padded to
+    n = ceil(T / C) chunks of C = 64:
+      forward, per chunk: K_beta·K^T and Q·K^T (C x dk x C, 2·2C²dk); two unit-lower-triangular solves of the
+      C x C system for V_beta and the decayed K_beta (C(C-1) per column: C(C-1)(dv + dk)); the state read and
+      update, K_cumdecay·S, Q·S, K^T·V_new (3 x 2C·dk·dv) and the intra-chunk A·V_new (2C²dv).
+      backward, beyond twice that: each solve's gradient is one more solve (its forward) plus a C x C product
+      for the system's gradient (2C²·m), C(C+1)(dk + dv) per chunk in all; less the products the autograd graph
+      never runs: the zero initial state needs no gradient (2 x 2C·dk·dv) and the final state update feeds
+      nothing (2 x 2C·dk·dv), 8C·dk·dv per sequence."""
+    layers = sum(mixer == "gated_delta_rule" for mixer in spec.layer_mixers)
+    if not layers:
+        return 0.0, 0.0
+    c, dk, dv = DELTA_RULE_CHUNK, spec.delta_rule_key_dim, spec.delta_rule_value_dim
+    n = -(-seq_len // c)
+    forward = n * (4 * c * c * dk + 2 * c * c * dv + 6 * c * dk * dv + c * (c - 1) * (dk + dv))
+    excess = n * c * (c + 1) * (dk + dv) - 8 * c * dk * dv
+    per_token = layers * spec.delta_rule_heads / seq_len
+    return forward * per_token, excess * per_token
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> float:
@@ -98,7 +184,8 @@ def flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -
     with the full convention, 6N + 6LHQT with the causal one; forward-only work once. Recomputation is
     never counted here."""
     forward = forward_flops_per_token(spec, seq_len, convention)
-    return 3.0 * (forward.layers + forward.attention_core + forward.outside_layers) + forward.forward_only
+    return (3.0 * (forward.layers + forward.attention_core + forward.outside_layers) + forward.forward_only
+            + forward.backward_excess)
 
 
 def recompute_flops_per_token(

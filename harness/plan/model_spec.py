@@ -72,6 +72,26 @@ class ModelSpec:
     indexer_heads: int = 0
     indexer_head_dim: int = 0
     layer_forward_only_params: Tuple[int, ...] = ()  # per layer: parameters of FORWARD_ONLY modules
+    # Per layer, the token mixer: "attention" (softmax attention of the layer's window / chunk),
+    # "selective_scan" (Mamba-1, Gu & Dao 2023: a state of d_inner x N per token, no keys) or
+    # "gated_delta_rule" (Gated DeltaNet, Yang et al. 2024: a dk x dv state per value head, updated by the
+    # delta rule in chunks), "state_space_duality" (Mamba-2, Dao & Gu 2024: a p x N state per head, scanned in
+    # chunks), "lightning_attention" (MiniMax-01, Qin et al. 2024: linear attention in blocks, a d x d state
+    # per head) or "none" (an MLP-only layer, Nemotron-H's); these three stay empty when every layer is softmax
+    # attention.
+    layer_mixers: Tuple[str, ...] = ()
+    layer_scan_states: Tuple[int, ...] = ()  # per layer: d_inner·N of its selective scan (its A), else 0
+    # Per layer: multiply-adds per sequence a causal depthwise convolution of C channels and K taps spends on
+    # the K - 1 outputs its left padding adds and transformers then drops, C·K·(K - 1).
+    layer_conv_padding: Tuple[int, ...] = ()
+    delta_rule_heads: int = 0  # Gated DeltaNet layers: value heads (queries and keys repeated to as many)
+    delta_rule_key_dim: int = 0
+    delta_rule_value_dim: int = 0
+    ssd_heads: int = 0  # Mamba-2 layers: heads, head dim, state size and the scan's chunk length
+    ssd_head_dim: int = 0
+    ssd_state_size: int = 0
+    ssd_chunk: int = 0
+    lightning_block: int = 0  # lightning attention layers: block length (heads and head_dim as attention's)
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
@@ -124,7 +144,8 @@ def model_spec_from_hf(name: str, hf_config: Mapping[str, Any]) -> ModelSpec:
 
 
 Row = Sequence[Any]  # [name inside the layer, shape, tp_dim, routed expert]
-_ATTENTION = re.compile(r"^(?![^.]*norm)[^.]*(attn|attention)[^.]*\.")
+# The token mixer's tensors: attention, or a state-space mixer in its place (Jamba's "mamba")
+_ATTENTION = re.compile(r"^(?![^.]*norm)[^.]*(attn|attention|mamba)[^.]*\.")
 _QK_NORM = re.compile(r"(^|\.)(q|k)_(norm|layernorm)\.")
 _POSITIONS = re.compile(r"(wpe|pos)")
 # Modules transformers runs under torch.no_grad inside a training forward: DeepSeek Sparse Attention's
@@ -161,30 +182,93 @@ def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
 
 
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention")
+_MIXERS = ("selective_scan", "gated_delta_rule", "state_space_duality", "lightning_attention", "none")
+_SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 and delta rules keep one per head
+_DEPTHWISE_CONV = re.compile(r"(^|\.)conv1d\.weight$")
+_DELTA_RULE_DECAY = re.compile(r"(^|\.)linear_attn\.A_log$")  # Gated DeltaNet: one decay per value head
+_SSD_DECAY = re.compile(r"^(mamba|mixer)\.A_log$")  # Mamba-2: one decay per head
+_MLP_ONLY = ("mlp", "moe")  # layer_types of layers without a token mixer (Nemotron-H)
+_LIGHTNING_GATE = re.compile(r"^self_attn\.output_gate\.weight$")  # MiniMax's lightning attention output gate
 
 
-def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any]) -> Dict[str, Any]:
+def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
+    """A layer's token mixer, from its tensors (and layer_types for a layer that has none)."""
+    if any(_SCAN_STATE.search(r[0]) and len(r[1]) == 2 for r in rows):
+        return "selective_scan"
+    if any(_DELTA_RULE_DECAY.search(r[0]) and len(r[1]) == 1 for r in rows):
+        return "gated_delta_rule"
+    if any(_SSD_DECAY.search(r[0]) and len(r[1]) == 1 for r in rows):
+        return "state_space_duality"
+    if any(_LIGHTNING_GATE.search(r[0]) for r in rows):
+        return "lightning_attention"
+    return "none" if layer_type in _MLP_ONLY else "attention"
+
+
+def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
+                  layer_types: Optional[Sequence[str]]) -> Dict[str, Any]:
+    """Per layer: its token mixer, the d_inner·N of a selective scan and a causal convolution's padding work,
+    read from the layer's tensors (a 2-D A_log is Mamba-1's state matrix, a 1-D linear_attn.A_log Gated
+    DeltaNet's decays, a 1-D mamba / mixer A_log Mamba-2's, an output gate lightning attention's; conv1d.weight
+    is (C, 1, K)); all
+    empty when every layer is softmax attention."""
+    def scan(rows: Sequence[Row]) -> int:
+        return sum(_numel(r[1]) for r in rows if _SCAN_STATE.search(r[0]) and len(r[1]) == 2)
+
+    def padding(rows: Sequence[Row]) -> int:
+        return sum(_numel(r[1]) * (int(r[1][-1]) - 1) for r in rows
+                   if _DEPTHWISE_CONV.search(r[0]) and len(r[1]) == 3 and int(r[1][1]) == 1)
+
+    mixers = tuple(_mixer(kinds[i], layer_types[layer] if layer_types else None) for layer, i in enumerate(pattern))
+    if set(mixers) == {"attention"}:  # every layer is softmax attention: the per-layer mixer fields stay empty
+        return {"layer_mixers": ()}
+    return {"layer_mixers": mixers, "layer_scan_states": tuple(scan(kinds[i]) for i in pattern),
+            "layer_conv_padding": tuple(padding(kinds[i]) for i in pattern)}
+
+
+def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
+                      mixers: Sequence[str]) -> Dict[str, Any]:
     """Per layer: window 0 (every earlier key) or the sliding window w; chunk 0 or the chunk C of chunked
     attention (Llama 4's local layers: a query sees the keys of its own C-token chunk); indexed layers
     (DeepSeek Sparse Attention) attend to the index_topk keys their indexer picks among the earlier ones,
-    as many per query as a sliding window of index_topk. Layers of other kinds (linear attention,
-    state-space, convolution) have FLOPs and saved tensors the planner has no formula for: such families
-    are refused by name."""
+    as many per query as a sliding window of index_topk. A selective-scan layer (whatever its layer_types
+    name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention or MLP-only layer scores
+    no keys: (0, 0, False), and flops counts its mixer's own products instead. Layers of other kinds (Kimi delta
+    attention, convolution) have
+    FLOPs and saved tensors the planner has no formula for: such families are refused by name."""
     n = fields["num_layers"]
     window = int(fields.get("sliding_window") or 0)
     types = fields.get("layer_types") or [("sliding_attention" if window else "full_attention")] * n
+    types = [(mixers[i] if mixers and mixers[i] != "attention" else kind) for i, kind in enumerate(types)]
     spans = {**{kind: (0, 0, False) for kind in _FULL_ATTENTION}, "sliding_attention": (window, 0, False),
              "chunked_attention": (0, int(fields.get("attention_chunk_size") or 0), False),
-             "indexed_attention": (int(fields.get("index_topk") or 0), 0, True)}
+             "indexed_attention": (int(fields.get("index_topk") or 0), 0, True),
+             **{kind: (0, 0, False) for kind in _MIXERS}}
     other = sorted({kind for kind in types if kind not in spans})
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
-                         "models softmax attention layers (full, sliding window, chunked or indexed) only")
+                         "models softmax attention layers (full, sliding window, chunked or indexed), Mamba-1 "
+                         "selective scans, Mamba-2, Gated DeltaNet, lightning attention and MLP-only layers only")
     indexed = tuple(spans[kind][2] for kind in types)
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
             "indexer_heads": int(fields.get("index_n_heads") or 0) if any(indexed) else 0,
             "indexer_head_dim": int(fields.get("index_head_dim") or 0) if any(indexed) else 0}
+
+
+def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: Sequence[Sequence[Row]],
+                  pattern: Sequence[int]) -> Dict[str, Any]:
+    """Each layer's mixer (from its tensors) and its attention span (from layer_types)."""
+    mixers = _mixer_fields(kinds, pattern, fields.get("layer_types"))
+    if "gated_delta_rule" in mixers["layer_mixers"]:
+        mixers.update(delta_rule_heads=int(fields["linear_value_heads"]),
+                      delta_rule_key_dim=int(fields["linear_key_head_dim"]),
+                      delta_rule_value_dim=int(fields["linear_value_head_dim"]))
+    if "state_space_duality" in mixers["layer_mixers"]:
+        mixers.update(ssd_heads=int(fields["ssm_heads"]), ssd_head_dim=int(fields["ssm_head_dim"]),
+                      ssd_state_size=int(fields["ssm_state_size"]), ssd_chunk=int(fields["ssm_chunk_size"]))
+    if "lightning_attention" in mixers["layer_mixers"]:
+        mixers.update(lightning_block=int(fields["lightning_block_size"]))
+    return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"])}
 
 
 def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
@@ -262,9 +346,9 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,
         non_embedding_params=total - embedding,
         active_params=embedding + sum(x.active for x in per_layer) + lm_head + final_norm,
-        layer_total_params=tuple(x.total for x in per_layer),
-        layer_active_params=tuple(x.active for x in per_layer),
-        **_attention_fields(name, shape["model_type"], f), qk_head_dim=f["qk_head_dim"], v_head_dim=f["v_head_dim"],
+        layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
+        **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],
+        v_head_dim=f["v_head_dim"],
         layer_forward_only_params=tuple(sum(_numel(r[1]) for r in kinds[i] if FORWARD_ONLY.search(r[0]))
                                         for i in pattern),
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],

@@ -13,17 +13,24 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_lay
             moe_num_experts=4, num_experts_per_tok=2, moe_k=2, top_k=2, n_shared_experts=1,
             first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
             v_head_dim=16, n_group=1, topk_group=1, sliding_window=32, pad_token_id=0, bos_token_id=1,
-            eos_token_id=2)
+            eos_token_id=2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=8)
 # Where one value does not fit a family's own rules.
 FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
+    # Mamba-2 heads of 16 dims, a 16-dim state, 32-token scan chunks (the defaults are a full-size model's)
+    "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=32),
+    "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
+                       moe_shared_expert_intermediate_size=32),
+    "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
-    # linear attention / state-space layers; Inkling's hybrid layers (per-layer head counts and head dims)
+    # Kimi delta attention (kimi_linear, bailing_hybrid): transformers' torch path builds its per-channel-decayed
+    # scores elementwise, work torch's matmul count cannot check; Inkling's hybrid layers (per-layer head counts
+    # and head dims)
     **{name: _LAYER_KINDS for name in (
-        "bailing_hybrid", "granitemoehybrid", "inkling2_text", "inkling_text", "jamba", "kimi_linear", "minimax",
-        "nemotron_h", "olmo_hybrid", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next")},
+        "bailing_hybrid", "inkling2_text", "inkling_text", "kimi_linear")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
@@ -98,6 +105,27 @@ def family_meta_model(model_type: str):
     return meta_model(tiny_fields(model_type))
 
 
+def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """A convolution's backward: the input gradient and the weight gradient each multiply as many pairs as the
+    forward. torch's own formula (flop_counter.conv_backward_flop) counts the weight gradient of a grouped
+    convolution as if it were dense, C times too many for a depthwise one (C = channels, Mamba's conv1d)."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    return (int(output_mask[0]) + int(output_mask[1])) * conv_flop_count(x_shape, w_shape, grad_out_shape,
+                                                                         transposed)
+
+
+def triangular_solve_flops(a_shape, b_shape, *args, unitriangular=False, out_shape=None, **kwargs) -> int:
+    """A triangular solve with m right-hand sides (torch's counter has no formula): n(n - 1)/2 multiply-adds
+    per column with a unit diagonal, n(n + 1)/2 with divisions by the diagonal counted as multiplies."""
+    n, m = a_shape[-1], b_shape[-1]
+    batch = 1
+    for size in b_shape[:-2]:
+        batch *= size
+    return batch * m * n * (n - 1 if unitriangular else n + 1)
+
+
 @lru_cache(maxsize=None)
 def measured_flops(model_type: str, seq_len: int) -> float:
     """FLOPs torch counts for one forward + backward of one sequence: eager attention and eager experts,
@@ -113,6 +141,8 @@ def measured_flops(model_type: str, seq_len: int) -> float:
     model = AutoModelForCausalLM.from_config(hf_config_object(fields), dtype=torch.float32,
                                              experts_implementation="eager")
     ids = torch.randint(3, model.config.vocab_size, (1, seq_len))
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False,
+                         custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops,
+                                         torch.ops.aten.linalg_solve_triangular: triangular_solve_flops}) as counter:
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     return float(counter.get_total_flops())
