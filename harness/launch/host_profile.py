@@ -11,10 +11,15 @@ from harness.plan.hardware import cpu_profile_name, load_profile, profile_path
 
 
 def measure_host_profile(cfg: Any) -> bool:
-    """Measure the host profile the run asks for when it is missing or older than this calibration; True
-    when it was measured now. A failed measurement is reported and the run goes on without a time
-    prediction."""
-    if getattr(cfg.cluster, "profile", None) != "host" or load_profile(profile_path(cpu_profile_name())):
+    """Measure the host profile the run asks for (cluster.profile=host) when it is missing or older than
+    this calibration; True when it was measured now."""
+    return getattr(cfg.cluster, "profile", None) == "host" and measure_missing_host_profile()
+
+
+def measure_missing_host_profile() -> bool:
+    """Measure this host's cached profile when it is missing or older than this calibration; True when it was
+    measured now. A failed measurement is reported and the caller goes on without a time prediction."""
+    if load_profile(profile_path(cpu_profile_name())) is not None:
         return False
     print("[harness] measuring this host for the time model (once, about 20 s; `harness calibrate` redoes it)",
           file=sys.stderr, flush=True)

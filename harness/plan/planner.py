@@ -272,8 +272,7 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
                                         else (None, "none", None))
     if step is not None:
         tokens_per_s = tokens / step.step_time_s
-    if peak.flops is None and measured_peak:
-        peak = Peak(measured_peak, f"measured:{time_source}")
+    peak = measured_when_missing(peak, measured_peak, time_source)
     return build(
         Plan, model=spec, layout=layout, cluster=cluster, engine=engine, world_size=world, errors=(),
         warnings=tuple(warnings), memory=memory, device_memory_bytes=device_bytes,
@@ -298,13 +297,17 @@ def with_time(plan: Plan, cfg: Any) -> Plan:
         return replace(plan, warnings=tuple(warnings))
     tokens_per_s = plan.tokens_per_step / step.step_time_s
     model, hardware = plan.flops_per_token, plan.hfu_flops_per_token
-    # as make_plan: a CPU's peak is its profile's measured one
-    peak, peak_source = plan.peak_flops_per_device, plan.peak_flops_source
-    if peak is None and measured_peak:
-        peak, peak_source = measured_peak, f"measured:{source}"
-    return replace(plan, time=step, time_source=source, tokens_per_s=tokens_per_s, peak_flops_per_device=peak,
-                   peak_flops_source=peak_source, predicted_mfu=mfu(tokens_per_s, model, peak, plan.world_size),
-                   predicted_hfu=hfu(tokens_per_s, model, hardware - model, peak, plan.world_size))
+    peak = measured_when_missing(Peak(plan.peak_flops_per_device, plan.peak_flops_source), measured_peak, source)
+    return replace(plan, time=step, time_source=source, tokens_per_s=tokens_per_s, peak_flops_per_device=peak.flops,
+                   peak_flops_source=peak.source, predicted_mfu=mfu(tokens_per_s, model, peak.flops, plan.world_size),
+                   predicted_hfu=hfu(tokens_per_s, model, hardware - model, peak.flops, plan.world_size))
+
+
+def measured_when_missing(peak: Peak, measured: Optional[float], time_source: str) -> Peak:
+    """A CPU has no datasheet peak: the peak its hardware profile measured stands in, named by the profile."""
+    if peak.flops is None and measured:
+        return Peak(measured, f"measured:{time_source}")
+    return peak
 
 
 def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optional[StepTime], str, Optional[float]]:

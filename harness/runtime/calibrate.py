@@ -313,12 +313,6 @@ def slurm_task(precision: str, name: str, out: str) -> int:
     return 0
 
 
-def ensure_host_profile(ranks: int = 2) -> Path:
-    """The cached profile of this host, measured on first use or when an older calibration wrote it."""
-    path = profile_path(cpu_profile_name())
-    return path if load_profile(path) is not None else calibrate(ranks)
-
-
 def main(argv: Sequence[str] = ()) -> int:
     """`harness calibrate [--ranks N] [--precision P] [--name NAME] [--out PATH]`."""
     import argparse

@@ -131,9 +131,11 @@ def main() -> int:
         print_table(compare(args.reuse))
         return 0
     sys.path.insert(0, str(ROOT))
-    from harness.runtime.calibrate import ensure_host_profile
+    from harness.launch.host_profile import measure_missing_host_profile
+    from harness.plan.hardware import cpu_profile_name, profile_path
 
-    print(f"hardware profile: {ensure_host_profile()}")
+    measure_missing_host_profile()
+    print(f"hardware profile: {profile_path(cpu_profile_name())}")
     for label, overrides in recipes() + SPREAD:
         run(label, overrides, args.out)
     sweep(args.out)
