@@ -256,6 +256,7 @@ def _measure_in_group(rank: int, world: int, init_method: str, precision: str) -
     record = measure_rank(dtype)
     records: List[Dict[str, object]] = [None] * world  # type: ignore[list-item]
     dist.all_gather_object(records, record)
+    dist.barrier()  # no rank tears its gloo pairs down while a peer still reads the gather
     dist.destroy_process_group()
     return records
 

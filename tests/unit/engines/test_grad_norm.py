@@ -50,6 +50,7 @@ def _rank(rank: int, store_file: str, results: str) -> None:
             out[case] = (norm, {name: grad.full_tensor() for name, grad in grads.items()})
         if rank == 0:
             torch.save(out, results)
+        dist.barrier()  # no rank tears its gloo pairs down while a peer's last full_tensor still reads them
     finally:
         dist.destroy_process_group()
 
