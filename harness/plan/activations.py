@@ -25,6 +25,7 @@ class LayerActivations(NamedTuple):
     sharded: float  # inside attention and MLP (heads, ffn columns): divided by tp
     quadratic: float  # per token *and* per key (softmax and its dropout): x seq_len, divided by tp
     checkpoint: float  # what full recomputation keeps: the layer input
+    mask: float = 0.0  # per token and per key, one attention mask per masked layer: x seq_len, TP replicates
 
 
 def norm_bytes(spec: ModelSpec, profile: str, dtype_bytes: int) -> int:
@@ -37,49 +38,119 @@ def norm_bytes(spec: ModelSpec, profile: str, dtype_bytes: int) -> int:
     return dtype_bytes * h + 8  # torch.layer_norm: input, fp32 mean and rstd
 
 
-def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_bytes: int) -> LayerActivations:
+def masked_layer_share(spec: ModelSpec, seq_len: int) -> float:
+    """The share of layers transformers hands an explicit mask: a sliding window or a chunk shorter than the
+    sequence (full causal attention runs with is_causal and no mask)."""
+    windows = spec.attention_windows
+    if not windows:
+        return 0.0
+    chunks = spec.attention_chunks or (0,) * len(windows)
+    masked = sum(1 for w, c in zip(windows, chunks) if (w and seq_len > w) or (c and seq_len > c))
+    return masked / len(windows)
+
+
+def sdpa_kernel(spec: ModelSpec, on_cpu: bool) -> str:
+    """The kernel torch's scaled_dot_product_attention picks in training: "fused" (flash / memory-efficient:
+    no s^2 tensor) or "math". On CPU, torch 2.13's flash kernel refuses dropout and a value head size
+    differing from the query's (multi-latent attention), so it falls back to math (torch._fused_sdp_choice,
+    checked in the tests); CUDA's memory-efficient kernel takes both."""
+    qk, v = spec.qk_head_dim or spec.head_dim, spec.v_head_dim or spec.head_dim
+    return "math" if on_cpu and (qk != v or spec.attention_dropout) else "fused"
+
+
+def sdpa_repeats_kv(spec: ModelSpec, masked: bool) -> bool:
+    """transformers repeats K and V to every query head unless SDPA can group them itself: no mask and equal
+    key and value head sizes of at most 256 (integrations/sdpa_attention.py, use_gqa_in_sdpa)."""
+    qk, v = spec.qk_head_dim or spec.head_dim, spec.v_head_dim or spec.head_dim
+    return masked or qk != v or qk > 256
+
+
+def attention_activations(spec: ModelSpec, profile: str, e: int, m: int, on_cpu: bool,
+                          seq_len: int) -> Tuple[float, float, float]:
+    """(per token sharded by heads, per token and key sharded by heads, per token and key replicated: the
+    masks) that one attention saves, averaged over masked and unmasked layers.
+
+    With qd / vd the query-key / value head sizes (multi-latent attention: qd = nope + rope > vd):
+    - eager (transformers' own matmuls): Q, K and V repeated to all heads for the two matmuls, the
+      fp32 softmax and its cast copy or dropout's mask and output, the tanh output when logits are
+      soft-capped (Gemma 2), the projection input;
+    - fused SDPA: Q, K, V (repeated when transformers repeats them), the output (the projection's input)
+      and an fp32 log-sum-exp per head; a masked layer's mask is saved in the compute dtype;
+    - math SDPA (the CPU fallback): torch upcasts to fp32 and saves Q, K and V at every head, the
+      softmax and, with dropout, its mask and output; the projection input stays in the compute dtype.
+    """
+    hf = profile == "hf"
+    a, kvh = spec.num_heads, spec.num_kv_heads
+    qd, vd = (spec.qk_head_dim or spec.head_dim), (spec.v_head_dim or spec.head_dim)
+    q, out = a * qd, a * vd
+    attn_dropout = (m + e) * a if spec.attention_dropout else 0
+    if spec.attn_implementation == "eager":
+        kv_saved = q + out if hf else kvh * (qd + vd)  # transformers' eager path repeats k/v to all heads
+        if hf and spec.model_type != "gpt2":
+            # softmax in fp32; the matmul saves the cast copy, or dropout's mask and output
+            quadratic = 4 * a + (attn_dropout or (e * a if e < 4 else 0))
+        else:
+            quadratic = e * a + attn_dropout
+        quadratic += e * a if spec.attn_logit_softcapping else 0  # tanh saves its output
+        return e * (q + kv_saved) + e * out, quadratic, 0.0
+    if not hf:  # Megatron's fused kernels: Q, K, V, the output and the softmax statistics
+        return e * (q + kvh * (qd + vd)) + 4 * a + e * out, 0.0, 0.0
+    if sdpa_kernel(spec, on_cpu) == "math":
+        return 4 * (2 * q + out) + e * out, 4 * a * (3 if spec.attention_dropout else 1), 0.0
+    share = masked_layer_share(spec, seq_len)
+    kv = {masked: (q + out if sdpa_repeats_kv(spec, masked) else kvh * (qd + vd)) for masked in (False, True)}
+    kv_saved = share * kv[True] + (1 - share) * kv[False]
+    return e * (q + kv_saved) + 4 * a + e * out, 0.0, share * e
+
+
+def mlp_activations(spec: ModelSpec, hf: bool, e: int, ffn: int) -> float:
+    """Bytes one MLP of intermediate size ffn saves per token, after its input."""
+    if spec.mlp_kind == "swiglu":
+        return (4 if hf else 3) * e * ffn  # hf: gate out, silu out, up out, product; fused: [gate|up], product
+    if hf and spec.activation == "gelu_new":
+        return 5 * e * ffn  # the python tanh-GELU saves four f-sized tensors, then the fc2 input
+    return 2 * e * ffn  # GeLU input, fc2 input
+
+
+def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_bytes: int, on_cpu: bool = False,
+                      seq_len: int = 0) -> LayerActivations:
     """Saved bytes of one layer per token, term by term (Korthikanti et al. 2022, sec. 4.1).
 
     Korthikanti's GPT layer in 16-bit with dropout: attention 11·s·b·h + 5·a·s²·b (QKV input 2, Q and K
     4, V 2, softmax 2·a·s, its dropout mask a·s and output 2·a·s, projection input 2, dropout mask 1),
     MLP 19·s·b·h (input 2, GeLU input 8, fc2 input 8, mask 1), two LayerNorm inputs 4·s·b·h: in total
     s·b·h·(34 + 5·a·s/h). Written here per token with e = dtype bytes, m = dropout-mask bytes (1 on
-    CUDA, e on CPU), q = a·d, kv = kv_heads·d, f = ffn, so that GQA, SwiGLU and MoE follow.
+    CUDA, e on CPU), so that GQA, SwiGLU, MoE, multi-latent attention and sandwich norms follow: each of the
+    layer's hidden-size norms (spec.layer_norms) saves what a norm saves.
     """
-    e, m, h, a = dtype_bytes, mask_bytes, spec.hidden_size, spec.num_heads
-    q, kv, f = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.ffn_size
+    e, m, h = dtype_bytes, mask_bytes, spec.hidden_size
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     hf = profile == "hf"
-    boundary = 2 * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
-
-    attn_dropout = (m + e) * a if spec.attention_dropout else 0
-    if spec.attn_implementation == "eager":
-        kv_saved = 2 * q if hf else 2 * kv  # transformers' eager path repeats k/v to all heads
-        if hf and spec.model_type != "gpt2":
-            # softmax in fp32; the matmul saves the cast copy, or dropout's mask and output
-            quadratic = 4 * a + (attn_dropout or (e * a if e < 4 else 0))
-        else:
-            quadratic = e * a + attn_dropout
-        attention = e * (q + kv_saved) + e * q  # Q, K, V for the two matmuls; projection input
-    else:
-        # flash / SDPA kernels keep Q, K, V, the output and an fp32 log-sum-exp per head: no s^2 term
-        quadratic = 0
-        attention = e * (q + 2 * kv) + 4 * a + e * q
+    boundary = spec.layer_norms * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
+    attention, quadratic, mask = attention_activations(spec, profile, e, m, on_cpu, seq_len)
     if spec.qk_norm:  # per-head RMSNorm on q and k (qwen3): fp32 inputs, rsqrt per head, normalised copies
-        attention += (4 + e) * (q + kv) + 4 * (a + spec.num_kv_heads) if hf else e * (q + kv)
+        attention += (4 + e) * (q + kv) + 4 * (spec.num_heads + spec.num_kv_heads) if hf else e * (q + kv)
+    for latent in spec.attention_latent_norms:  # the latent's norm, then the next projection's input
+        attention += (4 + e) * latent + 4 + e * latent if hf else 2 * e * latent
+    routing, mlp = moe_and_mlp_activations(spec, hf, e)
+    return LayerActivations(boundary + routing, 2 * e * h, attention + mlp, quadratic, e * h, mask)
 
-    if spec.mlp_kind == "swiglu":
-        expert = (4 if hf else 3) * e * f  # hf: gate out, silu out, up out, product; fused: [gate|up], product
-    elif hf and spec.activation == "gelu_new":
-        expert = 5 * e * f  # the python tanh-GELU saves four f-sized tensors, then the fc2 input
-    else:
-        expert = 2 * e * f  # GeLU input, fc2 input
-    if spec.is_moe:
-        k = spec.experts_per_token
-        # transformers' grouped-mm MoE: fp32 router softmax (E), top-k values/indices and permutations
-        # (40 bytes per routed copy), each routed copy's gathered input and weighted output (2·e·h)
-        boundary += 4 * spec.num_experts + 4 + k * (40 + 2 * e * h) if hf else 4 * spec.num_experts + k * e * h
-        expert *= k
-    return LayerActivations(boundary, 2 * e * h, attention + expert, quadratic, e * h)
+
+def moe_and_mlp_activations(spec: ModelSpec, hf: bool, e: int) -> Tuple[float, float]:
+    """(routing, MLP) bytes per token, averaged over the layers (dense-first MoE layers run a dense MLP).
+    A MoE layer runs k routed experts and its shared ones for every token; transformers' grouped-mm MoE
+    also keeps the fp32 router softmax (E), top-k values / indices and permutations (40 bytes per routed
+    copy) and each routed copy's gathered input and weighted output (2·e·h)."""
+    h, k = spec.hidden_size, spec.experts_per_token
+    mlps = spec.layer_mlps or ((spec.num_experts, spec.ffn_size if spec.is_moe else 0,
+                                spec.shared_ffn_size if spec.is_moe else spec.ffn_size),)
+    routing = mlp = 0.0
+    for experts, expert_ffn, always_on in mlps:
+        if experts:
+            routing += 4 * experts + 4 + k * (40 + 2 * e * h) if hf else 4 * experts + k * e * h
+            mlp += k * mlp_activations(spec, hf, e, expert_ffn)
+        mlp += mlp_activations(spec, hf, e, always_on) if always_on else 0
+    return routing / len(mlps), mlp / len(mlps)
 
 
 def sp_saved_divisor(profile: str, tp: int, sequence_parallel: bool) -> int:
@@ -222,12 +293,12 @@ def token_activations(spec: ModelSpec, profile: str, precision: str, on_cpu: boo
     if hit is not None and hit[0] is spec:
         return hit[1]
     e = COMPUTE_BYTES[precision]
-    act = layer_activations(spec, profile, e, e if on_cpu else 1)  # CPU dropout keeps its mask in dtype
+    act = layer_activations(spec, profile, e, e if on_cpu else 1, on_cpu, seq_len)  # CPU dropout mask in dtype
     sp = tp if sequence_parallel else 1
     ends = act.boundary / sp + act.linear_inputs / sp_saved_divisor(profile, tp, sequence_parallel)
     # Keys per query: the whole sequence (ring attention visits every key block; with CP the s^2 term
     # only exists for non-flash kernels, which validation rejects with cp > 1).
-    full = ends + (act.sharded + act.quadratic * seq_len) / tp
+    full = ends + (act.sharded + act.quadratic * seq_len) / tp + act.mask * seq_len
     if checkpointing == "full":
         layer, recompute = act.checkpoint / sp, full
     elif checkpointing == "selective":

@@ -106,6 +106,17 @@ class ModelSpec:
     last_tensors: Tuple[ParamTensor, ...] = ()  # final norm, untied lm_head
     no_split_modules: Tuple[str, ...] = ()
     pp_plan: Tuple[str, ...] = ()  # top-level modules of transformers' pipeline plan
+    # What activations depend on beyond the shapes above, in the most common layer: its hidden-size norms
+    # (two in a pre-norm layer, four in Gemma 2's sandwich, one where attention and MLP run in parallel) and the
+    # intermediate size of its shared experts together (0 without).
+    layer_norms: int = 2
+    shared_ffn_size: int = 0
+    # Per layer: (routed experts, one routed expert's intermediate size, intermediate size of what every token
+    # runs: the dense MLP or the shared experts), so that dense-first MoE layers save what they run.
+    layer_mlps: Tuple[Tuple[int, int, int], ...] = ()
+    # Sizes of the norms inside attention over a latent rather than a head (multi-latent attention's q_a and
+    # kv_a norms); each is followed by a projection of its output.
+    attention_latent_norms: Tuple[int, ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -146,7 +157,7 @@ def model_spec_from_hf(name: str, hf_config: Mapping[str, Any]) -> ModelSpec:
 Row = Sequence[Any]  # [name inside the layer, shape, tp_dim, routed expert]
 # The token mixer's tensors: attention, or a state-space mixer in its place (Jamba's "mamba")
 _ATTENTION = re.compile(r"^(?![^.]*norm)[^.]*(attn|attention|mamba)[^.]*\.")
-_QK_NORM = re.compile(r"(^|\.)(q|k)_(norm|layernorm)\.")
+_QK_NORM = re.compile(r"(^|\.)(q|k|query|key)_(norm|layernorm)\.")
 _POSITIONS = re.compile(r"(wpe|pos)")
 # Modules transformers runs under torch.no_grad inside a training forward: DeepSeek Sparse Attention's
 # lightning indexer (deepseek_v32, glm_moe_dsa). Their parameters get no gradient from the loss.
@@ -287,6 +298,30 @@ def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
     }
 
 
+def _hidden_norms(norms: Sequence[Row], hidden: int) -> int:
+    """Norm modules over the hidden size outside attention (one weight each; a LayerNorm's bias is not a
+    second norm). A non-parametric norm (OLMo's) leaves no tensor: a layer without any is taken as pre-norm."""
+    return sum(1 for r in norms if r[0].endswith("weight") and list(r[1]) == [hidden]) or 2
+
+
+def _always_on_ffn(mlp: Sequence[Row], experts: int, hidden: int, gated: bool) -> int:
+    """Intermediate size of what every token runs: a dense MLP, or a MoE layer's shared experts. Their
+    matrices are the MLP's non-routed ones other than the router (E x h) and scalar gates (1 x h);
+    gated = 3·h·f, else 2·h·f."""
+    numel = sum(_numel(r[1]) for r in mlp if not r[3] and len(r[1]) == 2 and 1 not in r[1]
+                and not (experts and int(r[1][0]) == experts))
+    return numel // ((3 if gated else 2) * hidden)
+
+
+def _layer_mlp(rows: Sequence[Row], k: int, hidden: int, gated: bool) -> Tuple[int, int, int]:
+    """(routed experts, one routed expert's intermediate size, the always-on intermediate size) of a layer."""
+    experts = _layer_counts(rows, k).routed_experts
+    routed = sum(_numel(r[1]) for r in rows if r[3] and len(r[1]) >= 2)
+    mlp = _block_flags(rows, hidden)["mlp"]
+    return (experts, routed // (experts * (3 if gated else 2) * hidden) if experts else 0,
+            _always_on_ffn(mlp, experts, hidden, gated))
+
+
 def _tensors(rows: Sequence[Row]) -> Tuple[ParamTensor, ...]:
     return tuple(ParamTensor(tuple(int(size) for size in r[1]), r[2], bool(r[3]), not FORWARD_ONLY.search(r[0]))
                  for r in rows)
@@ -319,6 +354,8 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
                  and int(r[1][0]) == layer.routed_experts)
     matrices = (sum(_numel(r[1]) for r in routed if len(r[1]) >= 2) // layer.routed_experts if layer.routed_experts
                 else sum(_numel(r[1]) for r in flags["mlp"] if len(r[1]) >= 2))
+    gated = matrices == 3 * h * ffn
+    mlps = [_layer_mlp(kind, k, h, gated) for kind in kinds]
     first, last = shape["first"], shape["last"]
     embedding = sum(_numel(r[1]) for r in first)
     lm_head = sum(_numel(r[1]) for r in last if r[2] == 0)
@@ -332,7 +369,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         num_heads=f["num_heads"], num_kv_heads=f["num_kv_heads"], head_dim=f["head_dim"], ffn_size=ffn,
         vocab_size=f["vocab_size"], max_positions=f["max_positions"],
         tied_embeddings=bool(shape["tied_embeddings"]),
-        mlp_kind="swiglu" if matrices == 3 * h * ffn else "gelu",
+        mlp_kind="swiglu" if gated else "gelu",
         num_experts=experts, experts_per_token=k if experts else 0,
         qkv_bias=flags["qkv_bias"], out_bias=flags["out_bias"], mlp_bias=flags["mlp_bias"],
         norm_kind=flags["norm_kind"], qk_norm=flags["qk_norm"],
@@ -356,7 +393,11 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         layer_kinds=tuple(_tensors(kind) for kind in kinds), layer_pattern=tuple(int(i) for i in pattern),
         first_tensors=_tensors(first),
         last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
-        pp_plan=tuple(shape["pp_plan"]),
+        pp_plan=tuple(shape["pp_plan"]), layer_norms=_hidden_norms(flags["norms"], h),
+        shared_ffn_size=_always_on_ffn(flags["mlp"], layer.routed_experts, h, gated) if layer.routed_experts else 0,
+        layer_mlps=tuple(mlps[i] for i in pattern),
+        attention_latent_norms=tuple(int(r[1][0]) for r in flags["attention"] if _is_norm(r)
+                                     and r[0].endswith("weight") and not _QK_NORM.search(r[0])),
     )
 
 
