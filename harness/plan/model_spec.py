@@ -354,8 +354,6 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
                  and int(r[1][0]) == layer.routed_experts)
     matrices = (sum(_numel(r[1]) for r in routed if len(r[1]) >= 2) // layer.routed_experts if layer.routed_experts
                 else sum(_numel(r[1]) for r in flags["mlp"] if len(r[1]) >= 2))
-    gated = matrices == 3 * h * ffn
-    mlps = [_layer_mlp(kind, k, h, gated) for kind in kinds]
     first, last = shape["first"], shape["last"]
     embedding = sum(_numel(r[1]) for r in first)
     lm_head = sum(_numel(r[1]) for r in last if r[2] == 0)
@@ -369,7 +367,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         num_heads=f["num_heads"], num_kv_heads=f["num_kv_heads"], head_dim=f["head_dim"], ffn_size=ffn,
         vocab_size=f["vocab_size"], max_positions=f["max_positions"],
         tied_embeddings=bool(shape["tied_embeddings"]),
-        mlp_kind="swiglu" if gated else "gelu",
+        mlp_kind="swiglu" if matrices == 3 * h * ffn else "gelu",
         num_experts=experts, experts_per_token=k if experts else 0,
         qkv_bias=flags["qkv_bias"], out_bias=flags["out_bias"], mlp_bias=flags["mlp_bias"],
         norm_kind=flags["norm_kind"], qk_norm=flags["qk_norm"],
@@ -393,12 +391,21 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         layer_kinds=tuple(_tensors(kind) for kind in kinds), layer_pattern=tuple(int(i) for i in pattern),
         first_tensors=_tensors(first),
         last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
-        pp_plan=tuple(shape["pp_plan"]), layer_norms=_hidden_norms(flags["norms"], h),
-        shared_ffn_size=_always_on_ffn(flags["mlp"], layer.routed_experts, h, gated) if layer.routed_experts else 0,
-        layer_mlps=tuple(mlps[i] for i in pattern),
-        attention_latent_norms=tuple(int(r[1][0]) for r in flags["attention"] if _is_norm(r)
-                                     and r[0].endswith("weight") and not _QK_NORM.search(r[0])),
+        pp_plan=tuple(shape["pp_plan"]),
+        **_activation_fields(kinds, pattern, flags, layer.routed_experts, k, h, matrices == 3 * h * ffn),
     )
+
+
+def _activation_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int], flags: Mapping[str, Any],
+                       experts: int, k: int, hidden: int, gated: bool) -> Dict[str, Any]:
+    """What saved activations depend on beyond the shape: norms and shared experts of the most common layer,
+    each layer's MLP, multi-latent attention's latent norms."""
+    mlps = [_layer_mlp(kind, k, hidden, gated) for kind in kinds]
+    return {"layer_norms": _hidden_norms(flags["norms"], hidden),
+            "shared_ffn_size": _always_on_ffn(flags["mlp"], experts, hidden, gated) if experts else 0,
+            "layer_mlps": tuple(mlps[i] for i in pattern),
+            "attention_latent_norms": tuple(int(r[1][0]) for r in flags["attention"] if _is_norm(r)
+                                            and r[0].endswith("weight") and not _QK_NORM.search(r[0]))}
 
 
 def param_tensors(spec: ModelSpec) -> Tuple[Tuple[ParamTensor, ...], Tuple[ParamTensor, ...], Tuple[ParamTensor, ...]]:
