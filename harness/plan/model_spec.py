@@ -389,8 +389,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],
         tp_plan_source=shape["tp_plan_source"], layer_tensors=_tensors(rows),
         layer_kinds=tuple(_tensors(kind) for kind in kinds), layer_pattern=tuple(int(i) for i in pattern),
-        first_tensors=_tensors(first),
-        last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
+        first_tensors=_tensors(first), last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
         pp_plan=tuple(shape["pp_plan"]),
         **_activation_fields(kinds, pattern, flags, layer.routed_experts, k, h, matrices == 3 * h * ffn),
     )
