@@ -44,10 +44,11 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     4, V 2, softmax 2·a·s, its dropout mask a·s and output 2·a·s, projection input 2, dropout mask 1),
     MLP 19·s·b·h (input 2, GeLU input 8, fc2 input 8, mask 1), two LayerNorm inputs 4·s·b·h: in total
     s·b·h·(34 + 5·a·s/h). Written here per token with e = dtype bytes, m = dropout-mask bytes (1 on
-    CUDA, e on CPU), q = a·d, kv = kv_heads·d, f = ffn, so that GQA, SwiGLU and MoE follow.
+    CUDA, e on CPU), q = a·d, kv = kv_heads·d, f = ffn, so that GQA, SwiGLU and MoE follow; where layers' heads
+    differ, a, q and kv are their means over the layers (ModelSpec.mean_attention), so that the layers add up.
     """
-    e, m, h, a = dtype_bytes, mask_bytes, spec.hidden_size, spec.num_heads
-    q, kv, f = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.ffn_size
+    e, m, h, f = dtype_bytes, mask_bytes, spec.hidden_size, spec.ffn_size
+    a, kv_heads, q, kv = spec.mean_attention()  # the mean over layers whose heads differ (Gemma 4)
     hf = profile == "hf"
     boundary = 2 * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
 
@@ -65,7 +66,7 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
         quadratic = 0
         attention = e * (q + 2 * kv) + 4 * a + e * q
     if spec.qk_norm:  # per-head RMSNorm on q and k (qwen3): fp32 inputs, rsqrt per head, normalised copies
-        attention += (4 + e) * (q + kv) + 4 * (a + spec.num_kv_heads) if hf else e * (q + kv)
+        attention += (4 + e) * (q + kv) + 4 * (a + kv_heads) if hf else e * (q + kv)
 
     if spec.mlp_kind == "swiglu":
         expert = (4 if hf else 3) * e * f  # hf: gate out, silu out, up out, product; fused: [gate|up], product

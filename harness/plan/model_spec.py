@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -94,6 +95,14 @@ class ModelSpec:
     lightning_block: int = 0  # lightning attention layers: block length (heads and head_dim as attention's)
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
+    # Per layer, where layers' attention differs in shape (Gemma 4's wider global heads): query heads, kv heads
+    # and the head dim of both the QK^T and AV products; empty when every layer has num_heads, num_kv_heads and
+    # qk_head_dim / v_head_dim (attention_shapes reads either).
+    attention_heads: Tuple[int, ...] = ()
+    attention_kv_heads: Tuple[int, ...] = ()
+    attention_head_dims: Tuple[int, ...] = ()
+    input_params: int = 0  # run by the first stage on the embeddings besides the tables (an embedding's own norm,
+    # Gemma 4's per-layer-input projection and norm)
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
     final_logit_softcapping: Optional[float] = None
     tp_plan_source: str = "transformers"  # "transformers", "harness" (what transformers lacks) or "none"
@@ -102,7 +111,7 @@ class ModelSpec:
     # stage holds when layers differ (DeepSeek-V3's dense first layers before its MoE ones).
     layer_kinds: Tuple[Tuple[ParamTensor, ...], ...] = ()
     layer_pattern: Tuple[int, ...] = ()
-    first_tensors: Tuple[ParamTensor, ...] = ()  # embedding tables
+    first_tensors: Tuple[ParamTensor, ...] = ()  # embedding tables, then the input-side tensors (input_params)
     last_tensors: Tuple[ParamTensor, ...] = ()  # final norm, untied lm_head
     no_split_modules: Tuple[str, ...] = ()
     pp_plan: Tuple[str, ...] = ()  # top-level modules of transformers' pipeline plan
@@ -119,6 +128,33 @@ class ModelSpec:
     def decoder_active_params(self) -> int:
         """Parameters of all decoder layers one token touches."""
         return sum(self.layer_active_params)
+
+    def attention_shapes(self) -> Tuple[Tuple[int, int, int, int], ...]:
+        """Per layer: (query heads, kv heads, QK^T dim, AV dim), from the per-layer tuples where layers differ."""
+        if self.attention_heads:
+            return tuple((a, kv, d, d) for a, kv, d in zip(self.attention_heads, self.attention_kv_heads,
+                                                           self.attention_head_dims, strict=True))
+        return ((self.num_heads, self.num_kv_heads, self.qk_head_dim, self.v_head_dim),) * len(self.attention_windows)
+
+    def mean_attention(self) -> Tuple[float, float, float, float]:
+        """(heads, kv heads, heads x head dim, kv heads x head dim) of a softmax-attention layer: the spec's, or
+        their means over the attention layers where layers differ in shape (work and saved tensors add up layer by
+        layer)."""
+        if not self.attention_heads:
+            return (self.num_heads, self.num_kv_heads, self.num_heads * self.head_dim,
+                    self.num_kv_heads * self.head_dim)
+        mixers = self.layer_mixers or ("attention",) * len(self.attention_heads)
+        rows = [(a, kv, a * d, kv * d) for (a, kv, d, _), mixer in zip(self.attention_shapes(), mixers, strict=True)
+                if mixer == "attention"] or [(0, 0, 0, 0)]
+        return tuple(sum(column) / len(rows) for column in zip(*rows))  # type: ignore[return-value]
+
+    @property
+    def split_heads(self) -> Tuple[int, int]:
+        """(query heads, kv heads) a tensor-parallel degree must divide: the spec's, or their greatest common
+        divisor over the layers where layers differ (Gemma 4's global layers may have a single kv head)."""
+        if not self.attention_heads:
+            return self.num_heads, self.num_kv_heads
+        return math.gcd(*self.attention_heads), math.gcd(*self.attention_kv_heads)
 
     @property
     def decoder_forward_only_params(self) -> int:
@@ -271,6 +307,22 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
     return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"])}
 
 
+def _attention_shape_fields(name: str, model_type: str, fields: Mapping[str, Any],
+                            kinds: Sequence[Sequence[Row]], pattern: Sequence[int]) -> Dict[str, Any]:
+    """Per-layer heads, kv heads and head dims where layers' attention differs in shape (empty where every layer
+    has the spec's)."""
+    layers = [tuple(int(x) for x in row) for row in fields.get("layer_attention") or ()]
+    common = (fields["num_heads"], fields["num_kv_heads"], fields["head_dim"])
+    out: Dict[str, Any] = {}
+    if any(row != common for row in layers):
+        if not fields["qk_head_dim"] == fields["v_head_dim"] == fields["head_dim"]:
+            raise ValueError(f"model {name!r} ({model_type}): per-layer head shapes with q·k dims or value dims other "
+                             "than head_dim (multi-latent attention) are not supported")
+        out.update(attention_heads=tuple(r[0] for r in layers), attention_kv_heads=tuple(r[1] for r in layers),
+                   attention_head_dims=tuple(r[2] for r in layers))
+    return out
+
+
 def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
     """Biases, q/k norms and norm kind read from the tensor names of one layer."""
     attention = [r for r in rows if _ATTENTION.match(r[0])]
@@ -298,6 +350,19 @@ def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> i
     return max(counts, key=lambda i: (counts[i], _layer_counts(kinds[i], k).total))
 
 
+def _outside_counts(name: str, shape: Mapping[str, Any], per_layer: Sequence[_Layer]) -> Tuple[int, int, int, int]:
+    """(embedding tables, input-side parameters, untied lm_head, final norm and the rest), once they add up to
+    transformers' total."""
+    first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
+    counts = (sum(_numel(r[1]) for r in first), sum(_numel(r[1]) for r in inputs),
+              sum(_numel(r[1]) for r in last if r[2] == 0), sum(_numel(r[1]) for r in last if r[2] != 0))
+    total = sum(counts) + sum(x.total for x in per_layer)
+    if total != shape["total_params"]:
+        raise ValueError(f"model {name!r}: {total} parameters counted tensor by tensor, "
+                         f"{shape['total_params']} in transformers' model (shared tensors?)")
+    return counts
+
+
 def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
     """Counts and shape fields from the tensors transformers allocated (harness.config.model_shape)."""
     f, k = shape["fields"], int(shape["experts_per_token"])
@@ -319,14 +384,9 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
                  and int(r[1][0]) == layer.routed_experts)
     matrices = (sum(_numel(r[1]) for r in routed if len(r[1]) >= 2) // layer.routed_experts if layer.routed_experts
                 else sum(_numel(r[1]) for r in flags["mlp"] if len(r[1]) >= 2))
-    first, last = shape["first"], shape["last"]
-    embedding = sum(_numel(r[1]) for r in first)
-    lm_head = sum(_numel(r[1]) for r in last if r[2] == 0)
-    final_norm = sum(_numel(r[1]) for r in last if r[2] != 0)
-    total = embedding + sum(x.total for x in per_layer) + lm_head + final_norm
-    if total != shape["total_params"]:
-        raise ValueError(f"model {name!r}: {total} parameters counted tensor by tensor, "
-                         f"{shape['total_params']} in transformers' model (shared tensors?)")
+    first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
+    embedding, input_params, lm_head, final_norm = _outside_counts(name, shape, per_layer)
+    total = embedding + input_params + sum(x.total for x in per_layer) + lm_head + final_norm
     return ModelSpec(
         name=name, model_type=shape["model_type"], num_layers=f["num_layers"], hidden_size=h,
         num_heads=f["num_heads"], num_kv_heads=f["num_kv_heads"], head_dim=f["head_dim"], ffn_size=ffn,
@@ -345,7 +405,8 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         layer_params=layer.total, active_layer_params=layer.active, embedding_params=embedding,
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,
         non_embedding_params=total - embedding,
-        active_params=embedding + sum(x.active for x in per_layer) + lm_head + final_norm,
+        active_params=embedding + input_params + sum(x.active for x in per_layer) + lm_head + final_norm,
+        input_params=input_params, **_attention_shape_fields(name, shape["model_type"], f, kinds, pattern),
         layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
         **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],
         v_head_dim=f["v_head_dim"],
@@ -354,7 +415,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],
         tp_plan_source=shape["tp_plan_source"], layer_tensors=_tensors(rows),
         layer_kinds=tuple(_tensors(kind) for kind in kinds), layer_pattern=tuple(int(i) for i in pattern),
-        first_tensors=_tensors(first),
+        first_tensors=_tensors(first) + _tensors(inputs),
         last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
         pp_plan=tuple(shape["pp_plan"]),
     )

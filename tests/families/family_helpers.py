@@ -22,6 +22,15 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
                        moe_shared_expert_intermediate_size=32),
     "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
+    # Gemma 4: global layers with 32-dim heads and keys as values (one kv head), the last two layers reading the
+    # keys and values of the first two (with double-wide MLPs); gemma4_text also with its MoE block beside the
+    # MLP and small per-layer embeddings (the default table is 262144 x 256 per layer)
+    **{name: dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, global_head_dim=32,
+                  attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=2,
+                  use_double_wide_mlp=True, **extra)
+       for name, extra in (("gemma4_unified_text", {}),
+                           ("gemma4_text", dict(enable_moe_block=True, top_k_experts=2, vocab_size_per_layer_input=256,
+                                                hidden_size_per_layer_input=16)))},
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
@@ -36,8 +45,6 @@ REFUSED: Dict[str, str] = {
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
     "longcat_flash": "no list of 56 decoder layers",  # two sub-layers per declared layer
     "llama4": "is a composite \\(multimodal\\) config",
-    "gemma4_text": "per-layer shapes are not supported",
-    "gemma4_unified_text": "per-layer shapes are not supported",
     "phi4_multimodal": "is a matrix outside the decoder layers",  # vision and audio encoders
 }
 # The FLOP count's config where a family's transformers forward runs matmuls that are not the model's FLOPs.
