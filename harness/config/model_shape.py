@@ -253,15 +253,18 @@ def _first_attr(config: Any, *names: str, default: Any = None) -> Any:
 
 def _layer_attention(config: Any) -> List[List[int]]:
     """Per layer: [heads, kv heads, head dim]. A heterogeneous config's own per-layer values (transformers'
-    per_layer_config: Gemma 4's global layers have wider heads, and fewer kv heads with attention_k_eq_v); else
-    the config's."""
+    per_layer_config: Gemma 4's global layers have wider heads, and fewer kv heads with attention_k_eq_v); a
+    sliding layer's swa_* fields where the config has them (Inkling's hybrid_sliding layers); else the config's."""
     heterogeneous = bool(getattr(config, "is_heterogeneous", False))
+    types = list(getattr(config, "layer_types", None) or [])
     rows = []
     for i in range(int(config.num_hidden_layers)):
         layer = config.per_layer_config[i] if heterogeneous else config
         heads = int(layer.num_attention_heads)
         row = [heads, int(_first_attr(layer, "num_key_value_heads", default=heads)),
                int(_first_attr(layer, "head_dim", default=0) or int(layer.hidden_size) // heads)]
+        if i < len(types) and "sliding" in str(types[i]) and getattr(layer, "swa_head_dim", None) is not None:
+            row = [int(layer.swa_num_attention_heads), int(layer.swa_num_key_value_heads), int(layer.swa_head_dim)]
         rows.append(row)
     return rows
 

@@ -48,7 +48,7 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     differ, a, q and kv are their means over the layers (ModelSpec.mean_attention), so that the layers add up.
     """
     e, m, h, f = dtype_bytes, mask_bytes, spec.hidden_size, spec.ffn_size
-    a, kv_heads, q, kv = spec.mean_attention()  # the mean over layers whose heads differ (Gemma 4)
+    a, kv_heads, q, kv = spec.mean_attention()  # the mean over layers whose heads differ (Gemma 4, Inkling)
     hf = profile == "hf"
     boundary = 2 * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
 

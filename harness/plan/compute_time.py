@@ -121,7 +121,7 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
     like the heads by tp, timed GEMM-equivalent at the achievable matmul rate; the backward twice the forward.
     A GEMM-equivalent rate is optimistic for a sequential scan, whose elementwise state updates are
     memory-bound, and for the delta rule's small per-chunk products and triangular solves."""
-    if not spec.layer_mixers:
+    if not spec.layer_mixers and not spec.layer_conv_padding:
         return 0.0
     flops = mixer_flops_per_token(spec, seq_len) * tokens / (spec.num_layers * tp)
     return flops * (2.0 if backward else 1.0) / peak

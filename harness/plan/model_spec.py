@@ -95,12 +95,15 @@ class ModelSpec:
     lightning_block: int = 0  # lightning attention layers: block length (heads and head_dim as attention's)
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
-    # Per layer, where layers' attention differs in shape (Gemma 4's wider global heads): query heads, kv heads
-    # and the head dim of both the QK^T and AV products; empty when every layer has num_heads, num_kv_heads and
-    # qk_head_dim / v_head_dim (attention_shapes reads either).
+    # Per layer, where layers' attention differs in shape (Gemma 4's wider global heads, Inkling's sliding and
+    # full layers): query heads, kv heads and the head dim of both the QK^T and AV products; empty when every
+    # layer has num_heads, num_kv_heads and qk_head_dim / v_head_dim (attention_shapes reads either).
     attention_heads: Tuple[int, ...] = ()
     attention_kv_heads: Tuple[int, ...] = ()
     attention_head_dims: Tuple[int, ...] = ()
+    # Per layer: the size d_rel x E of a relative-position bank every head's d_rel states multiply (Inkling's
+    # rel_logits_proj: a bias per query and backward distance up to E), else 0; empty when no layer has one.
+    layer_relative_banks: Tuple[int, ...] = ()
     input_params: int = 0  # run by the first stage on the embeddings besides the tables (an embedding's own norm,
     # Gemma 4's per-layer-input projection and norm)
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
@@ -217,7 +220,9 @@ def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
     return _Layer(total, active, experts)
 
 
-_FULL_ATTENTION = ("full_attention", "attention", "global_attention")
+# Inkling's full attention layers are "hybrid" (its sliding window ones "hybrid_sliding"): softmax attention among
+# short convolutions (a layer whose tensors show another mixer is named by that mixer, _attention_fields)
+_FULL_ATTENTION = ("full_attention", "attention", "global_attention", "hybrid")
 _MIXERS = ("selective_scan", "gated_delta_rule", "state_space_duality", "lightning_attention", "none")
 _SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 and delta rules keep one per head
 _DEPTHWISE_CONV = re.compile(r"(^|\.)conv1d\.weight$")
@@ -255,8 +260,9 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
                    if _DEPTHWISE_CONV.search(r[0]) and len(r[1]) == 3 and int(r[1][1]) == 1)
 
     mixers = tuple(_mixer(kinds[i], layer_types[layer] if layer_types else None) for layer, i in enumerate(pattern))
-    if set(mixers) == {"attention"}:  # every layer is softmax attention: the per-layer mixer fields stay empty
-        return {"layer_mixers": ()}
+    if set(mixers) == {"attention"}:  # every layer is softmax attention: the per-layer mixer fields stay empty,
+        paddings = tuple(padding(kinds[i]) for i in pattern)  # but for short convolutions beside it (Inkling)
+        return {"layer_mixers": (), **({"layer_conv_padding": paddings} if any(paddings) else {})}
     return {"layer_mixers": mixers, "layer_scan_states": tuple(scan(kinds[i]) for i in pattern),
             "layer_conv_padding": tuple(padding(kinds[i]) for i in pattern)}
 
@@ -276,6 +282,7 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     types = fields.get("layer_types") or [("sliding_attention" if window else "full_attention")] * n
     types = [(mixers[i] if mixers and mixers[i] != "attention" else kind) for i, kind in enumerate(types)]
     spans = {**{kind: (0, 0, False) for kind in _FULL_ATTENTION}, "sliding_attention": (window, 0, False),
+             "hybrid_sliding": (window, 0, False),
              "chunked_attention": (0, int(fields.get("attention_chunk_size") or 0), False),
              "indexed_attention": (int(fields.get("index_topk") or 0), 0, True),
              **{kind: (0, 0, False) for kind in _MIXERS}}
@@ -307,10 +314,17 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
     return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"])}
 
 
+_RELATIVE_BANK = re.compile(r"(^|\.)rel_logits_proj\.proj$")  # Inkling: (d_rel, E), one bias profile per state
+# Inkling 2's layers: short convolutions whose taps are projected per token and applied elementwise, and block
+# attention residuals (learned queries attending over the outputs of earlier blocks of layers)
+_DYNAMIC_CONV = re.compile(r"(^|\.)static_weight$")
+_DEPTH_ATTENTION = re.compile(r"(^|\.)(attention_input|mlp_input|final_input)\.query$")
+
+
 def _attention_shape_fields(name: str, model_type: str, fields: Mapping[str, Any],
                             kinds: Sequence[Sequence[Row]], pattern: Sequence[int]) -> Dict[str, Any]:
     """Per-layer heads, kv heads and head dims where layers' attention differs in shape (empty where every layer
-    has the spec's)."""
+    has the spec's), and each layer's relative-position bank (empty where no layer has one)."""
     layers = [tuple(int(x) for x in row) for row in fields.get("layer_attention") or ()]
     common = (fields["num_heads"], fields["num_kv_heads"], fields["head_dim"])
     out: Dict[str, Any] = {}
@@ -320,7 +334,19 @@ def _attention_shape_fields(name: str, model_type: str, fields: Mapping[str, Any
                              "than head_dim (multi-latent attention) are not supported")
         out.update(attention_heads=tuple(r[0] for r in layers), attention_kv_heads=tuple(r[1] for r in layers),
                    attention_head_dims=tuple(r[2] for r in layers))
+    banks = tuple(sum(_numel(r[1]) for r in kinds[i] if _RELATIVE_BANK.search(r[0]) and len(r[1]) == 2)
+                  for i in pattern)
+    if any(banks):
+        out.update(layer_relative_banks=banks)
     return out
+
+
+def _refuse_unmodelled(name: str, model_type: str, rows: Sequence[Row]) -> None:
+    """Tensors of work the planner has no checked formula for (rows: every tensor, in and outside the layers)."""
+    if any(_DYNAMIC_CONV.search(r[0]) for r in rows) or any(_DEPTH_ATTENTION.search(r[0]) for r in rows):
+        raise ValueError(f"model {name!r} ({model_type}): dynamic short convolutions and block attention residuals "
+                         "are not supported (per-token convolution taps applied elementwise, work torch's matmul "
+                         "count cannot check; learned queries attending over earlier blocks' outputs)")
 
 
 def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
@@ -351,9 +377,11 @@ def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> i
 
 
 def _outside_counts(name: str, shape: Mapping[str, Any], per_layer: Sequence[_Layer]) -> Tuple[int, int, int, int]:
-    """(embedding tables, input-side parameters, untied lm_head, final norm and the rest), once they add up to
-    transformers' total."""
+    """(embedding tables, input-side parameters, untied lm_head, final norm and the rest), once the tensors show
+    nothing the planner refuses and add up to transformers' total."""
     first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
+    _refuse_unmodelled(name, shape["model_type"], [r for kind in shape["layer_kinds"] for r in kind] + first + inputs
+                       + last)
     counts = (sum(_numel(r[1]) for r in first), sum(_numel(r[1]) for r in inputs),
               sum(_numel(r[1]) for r in last if r[2] == 0), sum(_numel(r[1]) for r in last if r[2] != 0))
     total = sum(counts) + sum(x.total for x in per_layer)

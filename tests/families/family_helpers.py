@@ -31,15 +31,20 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
        for name, extra in (("gemma4_unified_text", {}),
                            ("gemma4_text", dict(enable_moe_block=True, top_k_experts=2, vocab_size_per_layer_input=256,
                                                 hidden_size_per_layer_input=16)))},
+    # Inkling: a sliding-window layer of 8 heads of 8 dims (4 kv heads) and a full one of TINY's heads, a dense MLP
+    # then a MoE one, relative-position banks of 32 (the window) and 48 distances
+    "inkling_text": dict(swa_num_attention_heads=8, swa_num_key_value_heads=4, swa_head_dim=8, local_layer_ids=[0],
+                         sliding_window_size=32, rel_extent=48, mlp_layer_types=["dense", "sparse"]),
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
     # Kimi delta attention (kimi_linear, bailing_hybrid): transformers' torch path builds its per-channel-decayed
-    # scores elementwise, work torch's matmul count cannot check; Inkling's hybrid layers (per-layer head counts
-    # and head dims)
-    **{name: _LAYER_KINDS for name in (
-        "bailing_hybrid", "inkling2_text", "inkling_text", "kimi_linear")},
+    # scores elementwise, work torch's matmul count cannot check
+    **{name: _LAYER_KINDS for name in ("bailing_hybrid", "kimi_linear")},
+    # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (the same check
+    # stands in the way), and its block attention residuals are not modelled
+    "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
