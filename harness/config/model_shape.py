@@ -9,13 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 11  # bump when the JSON below changes meaning
+SHAPE_VERSION = 13  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -25,7 +26,10 @@ HARNESS_TP_PLANS: Dict[str, Dict[str, str]] = {
 }
 # Config keys that hold the number of routed experts a token visits, across families.
 _EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k",
-                           "experts_per_token", "num_selected_experts")
+                           "experts_per_token", "num_selected_experts", "top_k_experts")
+# Parameters outside the decoder layers that the first stage runs on the token embeddings, besides the tables:
+# Gemma 4's per-layer-input projection (hidden -> layers x per-layer dim) and its norm.
+_INPUT_SIDE = re.compile(r"(^|\.)per_layer_(model_projection|projection_norm)\.")
 
 
 def cache_dir() -> Path:
@@ -121,7 +125,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         if rows not in kinds:
             kinds.append(rows)
         pattern.append(kinds.index(rows))
-    first, last, tied = _outside_tensors(model, layers_name)
+    first, inputs, last, tied = _outside_tensors(model, layers_name)
     return {
         "version": SHAPE_VERSION,
         "model_type": model_type,
@@ -132,6 +136,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         "layer_kinds": kinds,
         "layer_pattern": pattern,
         "first": first,
+        "inputs": inputs,
         "last": last,
         "tied_embeddings": tied,
         "total_params": sum(p.numel() for p in model.parameters()),
@@ -210,27 +215,32 @@ def _layer_tensors(layer: Any, plan: Dict[str, str]) -> List[List[Any]]:
     return rows
 
 
-def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], List[List[Any]], bool]:
-    """Parameters outside the decoder layers: embedding tables first (vocab-split token table), the
-    rest (final norm, an untied lm_head) last."""
+def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], List[List[Any]], List[List[Any]], bool]:
+    """Parameters outside the decoder layers: embedding tables first (vocab-split token table), then what the
+    first stage runs on the embeddings (an embedding module's own norm, _INPUT_SIDE), the rest (final norm, an
+    untied lm_head) last."""
     import torch
 
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    modules = dict(model.named_modules())
+    embeddings = {id(m.weight) for m in modules.values() if isinstance(m, torch.nn.Embedding)}
+    inside_embedding = tuple(name + "." for name, m in modules.items() if name and isinstance(m, torch.nn.Embedding))
     token_table = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is token_table
     first: List[List[Any]] = []
+    inputs: List[List[Any]] = []
     last: List[List[Any]] = []
     for name, param in model.named_parameters():  # tied tables are listed once
         if name.startswith(layers_name + "."):
             continue
         vocab_split = param is token_table or (head is not None and param is head.weight)
-        if id(param) not in embeddings and not vocab_split and param.dim() > 1:
+        input_side = id(param) not in embeddings and (name.startswith(inside_embedding) or _INPUT_SIDE.search(name))
+        if id(param) not in embeddings and not vocab_split and not input_side and param.dim() > 1:
             raise ValueError(f"{type(model).__name__}: {name} is a matrix outside the decoder layers (an encoder "
                              "of another modality?); the planner models embeddings, decoder layers, norm and head")
         row = [name, list(param.shape), 0 if vocab_split else None, False]
-        (first if id(param) in embeddings else last).append(row)
-    return first, last, tied
+        (first if id(param) in embeddings else inputs if input_side else last).append(row)
+    return first, inputs, last, tied
 
 
 def _first_attr(config: Any, *names: str, default: Any = None) -> Any:
@@ -241,18 +251,41 @@ def _first_attr(config: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
+def _layer_attention(config: Any) -> List[List[int]]:
+    """Per layer: [heads, kv heads, head dim]. A heterogeneous config's own per-layer values (transformers'
+    per_layer_config: Gemma 4's global layers have wider heads, and fewer kv heads with attention_k_eq_v); a
+    sliding layer's swa_* fields where the config has them (Inkling's hybrid_sliding layers); else the config's."""
+    heterogeneous = bool(getattr(config, "is_heterogeneous", False))
+    types = list(getattr(config, "layer_types", None) or [])
+    rows = []
+    for i in range(int(config.num_hidden_layers)):
+        layer = config.per_layer_config[i] if heterogeneous else config
+        heads = int(layer.num_attention_heads)
+        row = [heads, int(_first_attr(layer, "num_key_value_heads", default=heads)),
+               int(_first_attr(layer, "head_dim", default=0) or int(layer.hidden_size) // heads)]
+        if i < len(types) and "sliding" in str(types[i]) and getattr(layer, "swa_head_dim", None) is not None:
+            row = [int(layer.swa_num_attention_heads), int(layer.swa_num_key_value_heads), int(layer.swa_head_dim)]
+        rows.append(row)
+    return rows
+
+
 def _fields(config: Any) -> Dict[str, Any]:
-    """The config fields the planner reads, under one name each (transformers' resolved defaults)."""
+    """The config fields the planner reads, under one name each (transformers' resolved defaults); the
+    scalars of a heterogeneous config from its most common layer, the attention shape also per layer."""
+    per_layer = _layer_attention(config)
+    common = max(per_layer, key=lambda row: (per_layer.count(row), -per_layer.index(row)))
+    if getattr(config, "is_heterogeneous", False):
+        config = config.per_layer_config[per_layer.index(common)]
     hidden = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    head_dim = int(_first_attr(config, "head_dim", default=0) or hidden // heads)
+    heads, kv_heads, head_dim = common
     layer_types = getattr(config, "layer_types", None)
     return {
         "num_layers": int(config.num_hidden_layers),
         "hidden_size": hidden,
         "num_heads": heads,
-        "num_kv_heads": int(_first_attr(config, "num_key_value_heads", default=heads)),
+        "num_kv_heads": kv_heads,
         "head_dim": head_dim,
+        "layer_attention": per_layer,
         "qk_head_dim": _qk_head_dim(config, head_dim),
         "v_head_dim": int(_first_attr(config, "v_head_dim", default=head_dim)),
         "ffn_size": _first_attr(config, "moe_intermediate_size", "intermediate_size", "n_inner",

@@ -80,12 +80,16 @@ def attention_activations(spec: ModelSpec, profile: str, e: int, m: int, on_cpu:
       softmax and, with dropout, its mask and output; the projection input stays in the compute dtype.
     """
     hf = profile == "hf"
-    a, kvh = spec.num_heads, spec.num_kv_heads
+    a, kvh, q_width, kv_width = spec.mean_attention()
     qd, vd = (spec.qk_head_dim or spec.head_dim), (spec.v_head_dim or spec.head_dim)
-    q, out = a * qd, a * vd
+    if spec.attention_heads:  # layers differ in shape (Gemma 4, Inkling): their mean widths, keys as wide as values
+        q = out = q_width
+        k_width = v_width = kv_width
+    else:
+        q, out, k_width, v_width = a * qd, a * vd, kvh * qd, kvh * vd
     attn_dropout = (m + e) * a if spec.attention_dropout else 0
     if spec.attn_implementation == "eager":
-        kv_saved = q + out if hf else kvh * (qd + vd)  # transformers' eager path repeats k/v to all heads
+        kv_saved = q + out if hf else k_width + v_width  # transformers' eager path repeats k/v to all heads
         if hf and spec.model_type != "gpt2":
             # softmax in fp32; the matmul saves the cast copy, or dropout's mask and output
             quadratic = 4 * a + (attn_dropout or (e * a if e < 4 else 0))
@@ -94,11 +98,11 @@ def attention_activations(spec: ModelSpec, profile: str, e: int, m: int, on_cpu:
         quadratic += e * a if spec.attn_logit_softcapping else 0  # tanh saves its output
         return e * (q + kv_saved) + e * out, quadratic, 0.0
     if not hf:  # Megatron's fused kernels: Q, K, V, the output and the softmax statistics
-        return e * (q + kvh * (qd + vd)) + 4 * a + e * out, 0.0, 0.0
+        return e * (q + k_width + v_width) + 4 * a + e * out, 0.0, 0.0
     if sdpa_kernel(spec, on_cpu) == "math":
         return 4 * (2 * q + out) + e * out, 4 * a * (3 if spec.attention_dropout else 1), 0.0
     share = masked_layer_share(spec, seq_len)
-    kv = {masked: (q + out if sdpa_repeats_kv(spec, masked) else kvh * (qd + vd)) for masked in (False, True)}
+    kv = {masked: (q + out if sdpa_repeats_kv(spec, masked) else k_width + v_width) for masked in (False, True)}
     kv_saved = share * kv[True] + (1 - share) * kv[False]
     return e * (q + kv_saved) + 4 * a + e * out, 0.0, share * e
 
@@ -124,12 +128,12 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     layer's hidden-size norms (spec.layer_norms) saves what a norm saves.
     """
     e, m, h = dtype_bytes, mask_bytes, spec.hidden_size
-    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    a, kv_heads, q, kv = spec.mean_attention()  # the mean over layers whose heads differ (Gemma 4, Inkling)
     hf = profile == "hf"
     boundary = spec.layer_norms * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
     attention, quadratic, mask = attention_activations(spec, profile, e, m, on_cpu, seq_len)
     if spec.qk_norm:  # per-head RMSNorm on q and k (qwen3): fp32 inputs, rsqrt per head, normalised copies
-        attention += (4 + e) * (q + kv) + 4 * (spec.num_heads + spec.num_kv_heads) if hf else e * (q + kv)
+        attention += (4 + e) * (q + kv) + 4 * (a + kv_heads) if hf else e * (q + kv)
     for latent in spec.attention_latent_norms:  # the latent's norm, then the next projection's input
         attention += (4 + e) * latent + 4 + e * latent if hf else 2 * e * latent
     routing, mlp = moe_and_mlp_activations(spec, hf, e)

@@ -74,7 +74,8 @@ def layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dtype_bytes
     silu(gate)·up reads 3f and writes 2f; a two-matrix MLP's activation reads and writes f.
     """
     e, h = dtype_bytes, spec.hidden_size
-    q, kv, f = spec.num_heads * spec.head_dim / tp, spec.num_kv_heads * spec.head_dim / tp, spec.ffn_size / tp
+    _, _, q, kv = spec.mean_attention()
+    q, kv, f = q / tp, kv / tp, spec.ffn_size / tp
     norms = 2 * (3 * e + 32) * h
     residual = 2 * 3 * e * h
     rotary = 8 * e * (q + kv) if not spec.learned_positions else 0
@@ -92,8 +93,8 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
     the kernel works through (measured on CPUs, whose kernels set up buffers per head; 0 on GPUs). Eager
     attention materialises the scores: both matmuls over the full T, plus the fp32 softmax traffic (write
     scores, upcast, softmax, cast: ~14 bytes per score)."""
-    heads = spec.num_heads / tp
-    full = 4.0 * heads * spec.head_dim * tokens * seq_len
+    heads, _, width, _ = spec.mean_attention()  # the layers' own heads where they differ
+    heads, full = heads / tp, 4.0 * width / tp * tokens * seq_len
     if spec.attn_implementation == "eager":
         scores = heads * tokens * seq_len
         ops = EAGER_ATTENTION_OPS["backward" if backward else "forward"]
@@ -120,7 +121,7 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
     like the heads by tp, timed GEMM-equivalent at the achievable matmul rate; the backward twice the forward.
     A GEMM-equivalent rate is optimistic for a sequential scan, whose elementwise state updates are
     memory-bound, and for the delta rule's small per-chunk products and triangular solves."""
-    if not spec.layer_mixers:
+    if not spec.layer_mixers and not spec.layer_conv_padding:
         return 0.0
     flops = mixer_flops_per_token(spec, seq_len) * tokens / (spec.num_layers * tp)
     return flops * (2.0 if backward else 1.0) / peak

@@ -77,25 +77,40 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     Attention core: per softmax-attention layer and query token, QK^T dots a query of a heads of
     dim d_qk with each key (2·a·d_qk per key) and AV sums the values (2·a·d_v per key): with
     d_qk = d_v = d and T keys that is 4·H·Q·T in PaLM's letters (appendix B). Keys per query follow
-    the layer's window (keys_per_query).
+    the layer's window (keys_per_query); heads and dims the layer's own (ModelSpec.attention_shapes: Gemma 4's
+    global layers, Inkling's sliding and full ones differ). Parameters run on the embeddings before the first
+    layer (ModelSpec.input_params: Gemma 4's per-layer-input projection) count 2 per token like weights.
     Forward-only work (DeepSeek Sparse Attention's lightning indexer, run under no_grad): 2 FLOPs per
     indexer parameter, and per earlier key q·k over its heads (2·H_I·d_I) then the head-weighted sum
     (2·H_I) (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)).
     """
     forward_only = 2.0 * spec.decoder_forward_only_params
     layers = 2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
-    per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
+    layers += relative_bias_flops(spec)
     chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
     mixers = spec.layer_mixers or ("attention",) * len(spec.attention_windows)
-    attention = sum(per_key * keys_per_query(seq_len, window, convention.attention, chunk)
-                    for window, chunk, mixer in zip(spec.attention_windows, chunks, mixers, strict=True)
+    attention = sum(2.0 * heads * (qk + v) * keys_per_query(seq_len, window, convention.attention, chunk)
+                    for window, chunk, mixer, (heads, _, qk, v) in zip(
+                        spec.attention_windows, chunks, mixers, spec.attention_shapes(), strict=True)
                     if mixer == "attention")
     attention += mixer_flops_per_token(spec, seq_len)
     indexer = 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
     forward_only += indexer * sum(spec.attention_indexed)
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
     excess = delta_rule_flops(spec, seq_len)[1] + lightning_flops(spec, seq_len)[1]
-    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only, excess)
+    return ForwardFlops(layers, attention, 2.0 * (spec.input_params + spec.final_norm_params + head), forward_only,
+                        excess)
+
+
+def relative_bias_flops(spec: ModelSpec) -> float:
+    """Forward FLOPs per token a relative-position bank spends beyond the 2 per parameter of the weight count.
+
+    Inkling's rel_logits_proj multiplies each head's d_rel relative states by the d_rel x E bank (E backward
+    distances: one bias per query and distance, gathered into the scores), 2·a·d_rel·E per token and layer of
+    a heads, where the weight count has 2·d_rel·E; its backward (the states' and the bank's gradients) is twice
+    the forward, as the 3x convention has it."""
+    heads = [shape[0] for shape in spec.attention_shapes()] if spec.layer_relative_banks else []
+    return 2.0 * sum((a - 1) * bank for a, bank in zip(heads, spec.layer_relative_banks, strict=True))
 
 
 def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -94,6 +95,17 @@ class ModelSpec:
     lightning_block: int = 0  # lightning attention layers: block length (heads and head_dim as attention's)
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
+    # Per layer, where layers' attention differs in shape (Gemma 4's wider global heads, Inkling's sliding and
+    # full layers): query heads, kv heads and the head dim of both the QK^T and AV products; empty when every
+    # layer has num_heads, num_kv_heads and qk_head_dim / v_head_dim (attention_shapes reads either).
+    attention_heads: Tuple[int, ...] = ()
+    attention_kv_heads: Tuple[int, ...] = ()
+    attention_head_dims: Tuple[int, ...] = ()
+    # Per layer: the size d_rel x E of a relative-position bank every head's d_rel states multiply (Inkling's
+    # rel_logits_proj: a bias per query and backward distance up to E), else 0; empty when no layer has one.
+    layer_relative_banks: Tuple[int, ...] = ()
+    input_params: int = 0  # run by the first stage on the embeddings besides the tables (an embedding's own norm,
+    # Gemma 4's per-layer-input projection and norm)
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
     final_logit_softcapping: Optional[float] = None
     tp_plan_source: str = "transformers"  # "transformers", "harness" (what transformers lacks) or "none"
@@ -102,7 +114,7 @@ class ModelSpec:
     # stage holds when layers differ (DeepSeek-V3's dense first layers before its MoE ones).
     layer_kinds: Tuple[Tuple[ParamTensor, ...], ...] = ()
     layer_pattern: Tuple[int, ...] = ()
-    first_tensors: Tuple[ParamTensor, ...] = ()  # embedding tables
+    first_tensors: Tuple[ParamTensor, ...] = ()  # embedding tables, then the input-side tensors (input_params)
     last_tensors: Tuple[ParamTensor, ...] = ()  # final norm, untied lm_head
     no_split_modules: Tuple[str, ...] = ()
     pp_plan: Tuple[str, ...] = ()  # top-level modules of transformers' pipeline plan
@@ -130,6 +142,33 @@ class ModelSpec:
     def decoder_active_params(self) -> int:
         """Parameters of all decoder layers one token touches."""
         return sum(self.layer_active_params)
+
+    def attention_shapes(self) -> Tuple[Tuple[int, int, int, int], ...]:
+        """Per layer: (query heads, kv heads, QK^T dim, AV dim), from the per-layer tuples where layers differ."""
+        if self.attention_heads:
+            return tuple((a, kv, d, d) for a, kv, d in zip(self.attention_heads, self.attention_kv_heads,
+                                                           self.attention_head_dims, strict=True))
+        return ((self.num_heads, self.num_kv_heads, self.qk_head_dim, self.v_head_dim),) * len(self.attention_windows)
+
+    def mean_attention(self) -> Tuple[float, float, float, float]:
+        """(heads, kv heads, heads x head dim, kv heads x head dim) of a softmax-attention layer: the spec's, or
+        their means over the attention layers where layers differ in shape (work and saved tensors add up layer by
+        layer)."""
+        if not self.attention_heads:
+            return (self.num_heads, self.num_kv_heads, self.num_heads * self.head_dim,
+                    self.num_kv_heads * self.head_dim)
+        mixers = self.layer_mixers or ("attention",) * len(self.attention_heads)
+        rows = [(a, kv, a * d, kv * d) for (a, kv, d, _), mixer in zip(self.attention_shapes(), mixers, strict=True)
+                if mixer == "attention"] or [(0, 0, 0, 0)]
+        return tuple(sum(column) / len(rows) for column in zip(*rows))  # type: ignore[return-value]
+
+    @property
+    def split_heads(self) -> Tuple[int, int]:
+        """(query heads, kv heads) a tensor-parallel degree must divide: the spec's, or their greatest common
+        divisor over the layers where layers differ (Gemma 4's global layers may have a single kv head)."""
+        if not self.attention_heads:
+            return self.num_heads, self.num_kv_heads
+        return math.gcd(*self.attention_heads), math.gcd(*self.attention_kv_heads)
 
     @property
     def decoder_forward_only_params(self) -> int:
@@ -192,7 +231,9 @@ def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
     return _Layer(total, active, experts)
 
 
-_FULL_ATTENTION = ("full_attention", "attention", "global_attention")
+# Inkling's full attention layers are "hybrid" (its sliding window ones "hybrid_sliding"): softmax attention among
+# short convolutions (a layer whose tensors show another mixer is named by that mixer, _attention_fields)
+_FULL_ATTENTION = ("full_attention", "attention", "global_attention", "hybrid")
 _MIXERS = ("selective_scan", "gated_delta_rule", "state_space_duality", "lightning_attention", "none")
 _SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 and delta rules keep one per head
 _DEPTHWISE_CONV = re.compile(r"(^|\.)conv1d\.weight$")
@@ -230,8 +271,9 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
                    if _DEPTHWISE_CONV.search(r[0]) and len(r[1]) == 3 and int(r[1][1]) == 1)
 
     mixers = tuple(_mixer(kinds[i], layer_types[layer] if layer_types else None) for layer, i in enumerate(pattern))
-    if set(mixers) == {"attention"}:  # every layer is softmax attention: the per-layer mixer fields stay empty
-        return {"layer_mixers": ()}
+    if set(mixers) == {"attention"}:  # every layer is softmax attention: the per-layer mixer fields stay empty,
+        paddings = tuple(padding(kinds[i]) for i in pattern)  # but for short convolutions beside it (Inkling)
+        return {"layer_mixers": (), **({"layer_conv_padding": paddings} if any(paddings) else {})}
     return {"layer_mixers": mixers, "layer_scan_states": tuple(scan(kinds[i]) for i in pattern),
             "layer_conv_padding": tuple(padding(kinds[i]) for i in pattern)}
 
@@ -251,6 +293,7 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     types = fields.get("layer_types") or [("sliding_attention" if window else "full_attention")] * n
     types = [(mixers[i] if mixers and mixers[i] != "attention" else kind) for i, kind in enumerate(types)]
     spans = {**{kind: (0, 0, False) for kind in _FULL_ATTENTION}, "sliding_attention": (window, 0, False),
+             "hybrid_sliding": (window, 0, False),
              "chunked_attention": (0, int(fields.get("attention_chunk_size") or 0), False),
              "indexed_attention": (int(fields.get("index_topk") or 0), 0, True),
              **{kind: (0, 0, False) for kind in _MIXERS}}
@@ -280,6 +323,41 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
     if "lightning_attention" in mixers["layer_mixers"]:
         mixers.update(lightning_block=int(fields["lightning_block_size"]))
     return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"])}
+
+
+_RELATIVE_BANK = re.compile(r"(^|\.)rel_logits_proj\.proj$")  # Inkling: (d_rel, E), one bias profile per state
+# Inkling 2's layers: short convolutions whose taps are projected per token and applied elementwise, and block
+# attention residuals (learned queries attending over the outputs of earlier blocks of layers)
+_DYNAMIC_CONV = re.compile(r"(^|\.)static_weight$")
+_DEPTH_ATTENTION = re.compile(r"(^|\.)(attention_input|mlp_input|final_input)\.query$")
+
+
+def _attention_shape_fields(name: str, model_type: str, fields: Mapping[str, Any],
+                            kinds: Sequence[Sequence[Row]], pattern: Sequence[int]) -> Dict[str, Any]:
+    """Per-layer heads, kv heads and head dims where layers' attention differs in shape (empty where every layer
+    has the spec's), and each layer's relative-position bank (empty where no layer has one)."""
+    layers = [tuple(int(x) for x in row) for row in fields.get("layer_attention") or ()]
+    common = (fields["num_heads"], fields["num_kv_heads"], fields["head_dim"])
+    out: Dict[str, Any] = {}
+    if any(row != common for row in layers):
+        if not fields["qk_head_dim"] == fields["v_head_dim"] == fields["head_dim"]:
+            raise ValueError(f"model {name!r} ({model_type}): per-layer head shapes with q·k dims or value dims other "
+                             "than head_dim (multi-latent attention) are not supported")
+        out.update(attention_heads=tuple(r[0] for r in layers), attention_kv_heads=tuple(r[1] for r in layers),
+                   attention_head_dims=tuple(r[2] for r in layers))
+    banks = tuple(sum(_numel(r[1]) for r in kinds[i] if _RELATIVE_BANK.search(r[0]) and len(r[1]) == 2)
+                  for i in pattern)
+    if any(banks):
+        out.update(layer_relative_banks=banks)
+    return out
+
+
+def _refuse_unmodelled(name: str, model_type: str, rows: Sequence[Row]) -> None:
+    """Tensors of work the planner has no checked formula for (rows: every tensor, in and outside the layers)."""
+    if any(_DYNAMIC_CONV.search(r[0]) for r in rows) or any(_DEPTH_ATTENTION.search(r[0]) for r in rows):
+        raise ValueError(f"model {name!r} ({model_type}): dynamic short convolutions and block attention residuals "
+                         "are not supported (per-token convolution taps applied elementwise, work torch's matmul "
+                         "count cannot check; learned queries attending over earlier blocks' outputs)")
 
 
 def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
@@ -333,6 +411,21 @@ def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> i
     return max(counts, key=lambda i: (counts[i], _layer_counts(kinds[i], k).total))
 
 
+def _outside_counts(name: str, shape: Mapping[str, Any], per_layer: Sequence[_Layer]) -> Tuple[int, int, int, int]:
+    """(embedding tables, input-side parameters, untied lm_head, final norm and the rest), once the tensors show
+    nothing the planner refuses and add up to transformers' total."""
+    first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
+    _refuse_unmodelled(name, shape["model_type"], [r for kind in shape["layer_kinds"] for r in kind] + first + inputs
+                       + last)
+    counts = (sum(_numel(r[1]) for r in first), sum(_numel(r[1]) for r in inputs),
+              sum(_numel(r[1]) for r in last if r[2] == 0), sum(_numel(r[1]) for r in last if r[2] != 0))
+    total = sum(counts) + sum(x.total for x in per_layer)
+    if total != shape["total_params"]:
+        raise ValueError(f"model {name!r}: {total} parameters counted tensor by tensor, "
+                         f"{shape['total_params']} in transformers' model (shared tensors?)")
+    return counts
+
+
 def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
     """Counts and shape fields from the tensors transformers allocated (harness.config.model_shape)."""
     f, k = shape["fields"], int(shape["experts_per_token"])
@@ -354,14 +447,9 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
                  and int(r[1][0]) == layer.routed_experts)
     matrices = (sum(_numel(r[1]) for r in routed if len(r[1]) >= 2) // layer.routed_experts if layer.routed_experts
                 else sum(_numel(r[1]) for r in flags["mlp"] if len(r[1]) >= 2))
-    first, last = shape["first"], shape["last"]
-    embedding = sum(_numel(r[1]) for r in first)
-    lm_head = sum(_numel(r[1]) for r in last if r[2] == 0)
-    final_norm = sum(_numel(r[1]) for r in last if r[2] != 0)
-    total = embedding + sum(x.total for x in per_layer) + lm_head + final_norm
-    if total != shape["total_params"]:
-        raise ValueError(f"model {name!r}: {total} parameters counted tensor by tensor, "
-                         f"{shape['total_params']} in transformers' model (shared tensors?)")
+    first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
+    embedding, input_params, lm_head, final_norm = _outside_counts(name, shape, per_layer)
+    total = embedding + input_params + sum(x.total for x in per_layer) + lm_head + final_norm
     return ModelSpec(
         name=name, model_type=shape["model_type"], num_layers=f["num_layers"], hidden_size=h,
         num_heads=f["num_heads"], num_kv_heads=f["num_kv_heads"], head_dim=f["head_dim"], ffn_size=ffn,
@@ -380,7 +468,8 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         layer_params=layer.total, active_layer_params=layer.active, embedding_params=embedding,
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,
         non_embedding_params=total - embedding,
-        active_params=embedding + sum(x.active for x in per_layer) + lm_head + final_norm,
+        active_params=embedding + input_params + sum(x.active for x in per_layer) + lm_head + final_norm,
+        input_params=input_params, **_attention_shape_fields(name, shape["model_type"], f, kinds, pattern),
         layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
         **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],
         v_head_dim=f["v_head_dim"],
@@ -389,7 +478,8 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],
         tp_plan_source=shape["tp_plan_source"], layer_tensors=_tensors(rows),
         layer_kinds=tuple(_tensors(kind) for kind in kinds), layer_pattern=tuple(int(i) for i in pattern),
-        first_tensors=_tensors(first), last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
+        first_tensors=_tensors(first) + _tensors(inputs),
+        last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
         pp_plan=tuple(shape["pp_plan"]),
         **_activation_fields(kinds, pattern, flags, layer.routed_experts, k, h, matrices == 3 * h * ffn),
     )

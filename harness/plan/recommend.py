@@ -34,7 +34,7 @@ def stage_split(num_layers: int, stages: int) -> List[int]:
 def structures(spec: Any, world: int, gpus_per_node: int, engine: str) -> Iterator[Dict[str, Any]]:
     """Degrees, schedule and sharding of every candidate (batch shape and checkpointing left open)."""
     support = ENGINE_SUPPORT[engine]
-    tps = [t for t in _powers_of_two(gpus_per_node) if spec.num_heads % t == 0 and spec.num_kv_heads % t == 0
+    tps = [t for t in _powers_of_two(gpus_per_node) if not any(heads % t for heads in spec.split_heads)
            and world % t == 0] if support.tp else [1]
     for tp in tps:
         for cp in (_powers_of_two(min(8, world // tp)) if support.cp else [1]):

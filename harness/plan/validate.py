@@ -38,8 +38,8 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
     found += [
         check_world(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.cp, cluster.nodes,
                     cluster.accelerators_per_node),
-        check_tensor_parallel(layout.tp, engine.sequence_parallel, engine.loss_parallel, spec.num_heads,
-                              spec.num_kv_heads, spec.ffn_size, spec.vocab_size),
+        check_tensor_parallel(layout.tp, engine.sequence_parallel, engine.loss_parallel, *spec.split_heads,
+                              spec.ffn_size, spec.vocab_size),
         check_pipeline(layout.pp, layout.pp_virtual_stages, layout.grad_accum, layout.pp_schedule,
                        stage_layers, spec.num_layers),
         check_sequence(layout.seq_len, layout.cp, layout.tp, engine.sequence_parallel, spec.attn_implementation,

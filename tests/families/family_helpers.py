@@ -22,22 +22,34 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
                        moe_shared_expert_intermediate_size=32),
     "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
+    # Gemma 4: global layers with 32-dim heads and keys as values (one kv head), the last two layers reading the
+    # keys and values of the first two (with double-wide MLPs); gemma4_text also with its MoE block beside the
+    # MLP and small per-layer embeddings (the default table is 262144 x 256 per layer)
+    **{name: dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, global_head_dim=32,
+                  attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=2,
+                  use_double_wide_mlp=True, **extra)
+       for name, extra in (("gemma4_unified_text", {}),
+                           ("gemma4_text", dict(enable_moe_block=True, top_k_experts=2, vocab_size_per_layer_input=256,
+                                                hidden_size_per_layer_input=16)))},
+    # Inkling: a sliding-window layer of 8 heads of 8 dims (4 kv heads) and a full one of TINY's heads, a dense MLP
+    # then a MoE one, relative-position banks of 32 (the window) and 48 distances
+    "inkling_text": dict(swa_num_attention_heads=8, swa_num_key_value_heads=4, swa_head_dim=8, local_layer_ids=[0],
+                         sliding_window_size=32, rel_extent=48, mlp_layer_types=["dense", "sparse"]),
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
     # Kimi delta attention (kimi_linear, bailing_hybrid): transformers' torch path builds its per-channel-decayed
-    # scores elementwise, work torch's matmul count cannot check; Inkling's hybrid layers (per-layer head counts
-    # and head dims)
-    **{name: _LAYER_KINDS for name in (
-        "bailing_hybrid", "inkling2_text", "inkling_text", "kimi_linear")},
+    # scores elementwise, work torch's matmul count cannot check
+    **{name: _LAYER_KINDS for name in ("bailing_hybrid", "kimi_linear")},
+    # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (the same check
+    # stands in the way), and its block attention residuals are not modelled
+    "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
     "longcat_flash": "no list of 56 decoder layers",  # two sub-layers per declared layer
     "llama4": "is a composite \\(multimodal\\) config",
-    "gemma4_text": "per-layer shapes are not supported",
-    "gemma4_unified_text": "per-layer shapes are not supported",
     "phi4_multimodal": "is a matrix outside the decoder layers",  # vision and audio encoders
 }
 # The FLOP count's config where a family's transformers forward runs matmuls that are not the model's FLOPs.

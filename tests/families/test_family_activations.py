@@ -44,6 +44,8 @@ KNOWN_GAPS = {
     "ernie4_5_moe": (0.99, 1.03, UNATTRIBUTED),
     "flint": (0.97, 1.01, UNATTRIBUTED),
     "gemma2": (1.04, 1.08, UNATTRIBUTED),
+    "gemma4_text": (1.03, 1.07, "per-layer inputs, KV-sharing layers, the MoE beside the MLP; not attributed"),
+    "gemma4_unified_text": (1.03, 1.07, "per-layer inputs, KV-sharing layers; not attributed"),
     "glm": (1.03, 1.07, PARTIAL_ROTARY),
     "glm4": (1.02, 1.06, PARTIAL_ROTARY),
     "glm4_moe": (1.02, 1.06, UNATTRIBUTED),
@@ -55,6 +57,7 @@ KNOWN_GAPS = {
     "granitemoehybrid": (1.42, 1.46, HYBRID),
     "helium": (0.99, 1.03, UNATTRIBUTED),
     "jamba": (5.33, 5.37, HYBRID),
+    "inkling_text": (1.77, 1.81, "the relative-position bias per head and the short convolutions"),
     "laguna": (1.06, 1.10, "per-head attention gates"),
     "llama4_text": (1.47, 1.51, "transformers' Llama 4 MoE runs every expert for every token (scores 0 off the "
                                 "top k)"),
