@@ -35,11 +35,16 @@ def cache_dir() -> Path:
 
 
 def shape_key(hf_config: Mapping[str, Any]) -> str:
+    """The cache key: config fields, transformers' version, and this module's version and source (two checkouts
+    sharing the cache directory with the same SHAPE_VERSION and different code never read each other's JSON)."""
     import transformers
 
     payload = json.dumps({"fields": dict(hf_config), "transformers": transformers.__version__,
-                          "version": SHAPE_VERSION}, sort_keys=True, default=str)
+                          "version": SHAPE_VERSION, "source": _SOURCE_HASH}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+_SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def model_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
