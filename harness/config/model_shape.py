@@ -9,13 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 11  # bump when the JSON below changes meaning
+SHAPE_VERSION = 12  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -23,6 +24,9 @@ HARNESS_TP_PLANS: Dict[str, Dict[str, str]] = {
     "gpt2": {"h.*.attn.c_attn": "colwise", "h.*.attn.c_proj": "rowwise",
              "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise"},
 }
+# Hyper-connection modules outside the decoder layers: the collapse of the residual streams into one before the
+# final norm (DeepSeek-V4 / HY-V4 `hc_head`, Qwen4's `hyper_connection_mixer`).
+HYPER_CONNECTION_OUTSIDE = re.compile(r"(^|\.)(hc_head|hyper_connection[^.]*)\.")
 # Config keys that hold the number of routed experts a token visits, across families.
 _EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k",
                            "experts_per_token", "num_selected_experts")
@@ -126,7 +130,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         if rows not in kinds:
             kinds.append(rows)
         pattern.append(kinds.index(rows))
-    first, last, tied = _outside_tensors(model, layers_name)
+    first, last, tied = _outside_tensors(model, layers_name, _outside_tp_plan(config))
     return {
         "version": SHAPE_VERSION,
         "model_type": model_type,
@@ -161,6 +165,12 @@ def _tp_plan(config: Any) -> Tuple[Dict[str, str], str]:
     source = "transformers" if plan else ("harness" if config.model_type in HARNESS_TP_PLANS else "none")
     plan = plan or HARNESS_TP_PLANS.get(config.model_type, {})
     return {key.split("*.", 1)[1]: style for key, style in plan.items() if "*." in key}, source
+
+
+def _outside_tp_plan(config: Any) -> Dict[str, str]:
+    """The TP styles of modules outside the decoder layers (Qwen4's hyper_connection_mixer), keyed by path."""
+    plan = getattr(config, "base_model_tp_plan", None) or {}
+    return {key: style for key, style in plan.items() if "*" not in key}
 
 
 def _tp_dim(style: Optional[str], ndim: int, conv1d: bool) -> Optional[int]:
@@ -215,25 +225,34 @@ def _layer_tensors(layer: Any, plan: Dict[str, str]) -> List[List[Any]]:
     return rows
 
 
-def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], List[List[Any]], bool]:
+def _outside_tensors(model: Any, layers_name: str,
+                     plan: Dict[str, str]) -> Tuple[List[List[Any]], List[List[Any]], bool]:
     """Parameters outside the decoder layers: embedding tables first (vocab-split token table), the
-    rest (final norm, an untied lm_head) last."""
+    rest (final norm, an untied lm_head, the hyper-connection collapse of the residual streams) last. A
+    hyper-connection tensor is split as the family's TP plan names its module (else replicated)."""
     import torch
 
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     token_table = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is token_table
+    prefix = (layers_name.rsplit(".", 1)[0] + ".") if "." in layers_name else ""
     first: List[List[Any]] = []
     last: List[List[Any]] = []
     for name, param in model.named_parameters():  # tied tables are listed once
         if name.startswith(layers_name + "."):
             continue
         vocab_split = param is token_table or (head is not None and param is head.weight)
-        if id(param) not in embeddings and not vocab_split and param.dim() > 1:
+        hyper = bool(HYPER_CONNECTION_OUTSIDE.search(name))
+        if id(param) not in embeddings and not vocab_split and not hyper and param.dim() > 1:
             raise ValueError(f"{type(model).__name__}: {name} is a matrix outside the decoder layers (an encoder "
-                             "of another modality?); the planner models embeddings, decoder layers, norm and head")
-        row = [name, list(param.shape), 0 if vocab_split else None, False]
+                             "of another modality?); the planner models embeddings, decoder layers, norm, "
+                             "hyper-connections and head")
+        tp_dim = 0 if vocab_split else None
+        if hyper:
+            inner = name[len(prefix):] if name.startswith(prefix) else name
+            tp_dim = _tp_dim(_style_for(plan, inner), param.dim(), False)
+        row = [name, list(param.shape), tp_dim, False]
         (first if id(param) in embeddings else last).append(row)
     return first, last, tied
 
@@ -275,6 +294,7 @@ def _fields(config: Any) -> Dict[str, Any]:
         "index_topk": _first_attr(config, "index_topk"),
         "index_n_heads": _first_attr(config, "index_n_heads"),
         "index_head_dim": _first_attr(config, "index_head_dim"),
+        "hyper_streams": _first_attr(config, "hc_mult", "hc_count"),  # hyper-connections' residual streams
         "layer_types": list(layer_types) if layer_types else None,
         # Gated DeltaNet layers (qwen3_next, qwen3_5, olmo_hybrid): value heads, key and value head dims
         "linear_value_heads": _first_attr(config, "linear_num_value_heads"),

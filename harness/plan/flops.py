@@ -78,12 +78,16 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     dim d_qk with each key (2·a·d_qk per key) and AV sums the values (2·a·d_v per key): with
     d_qk = d_v = d and T keys that is 4·H·Q·T in PaLM's letters (appendix B). Keys per query follow
     the layer's window (keys_per_query).
-    Forward-only work (DeepSeek Sparse Attention's lightning indexer, run under no_grad): 2 FLOPs per
-    indexer parameter, and per earlier key q·k over its heads (2·H_I·d_I) then the head-weighted sum
-    (2·H_I) (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)).
+    Forward-only work (a sparse-attention indexer, whose pick reaches the loss only as a mask): 2 FLOPs per
+    indexer parameter and its scores (indexer_flops_per_token) in each layer with an indexer of its own.
+    Hyper-connections (DeepSeek-V4, HY-V4, Qwen4): their projections are weights like any other (the streams'
+    final collapse outside the layers with the final norm); DeepSeek-V4's comb^T times the N streams adds
+    2·N²·h per hyper-connection (layer_stream_mixing), and its backward is twice that (both factors carry a
+    gradient), as for weights.
     """
     forward_only = 2.0 * spec.decoder_forward_only_params
-    layers = 2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
+    layers = (2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
+              + 2.0 * sum(spec.layer_stream_mixing))
     per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
     chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
     mixers = spec.layer_mixers or ("attention",) * len(spec.attention_windows)
@@ -91,11 +95,20 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
                     for window, chunk, mixer in zip(spec.attention_windows, chunks, mixers, strict=True)
                     if mixer == "attention")
     attention += mixer_flops_per_token(spec, seq_len)
-    indexer = 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
-    forward_only += indexer * sum(spec.attention_indexed)
+    forward_only += indexer_flops_per_token(spec, seq_len, convention) * spec.indexer_layers
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
     excess = delta_rule_flops(spec, seq_len)[1] + lightning_flops(spec, seq_len)[1]
-    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only, excess)
+    outside = 2.0 * (spec.final_norm_params + spec.hyper_connection_params + head)
+    return ForwardFlops(layers, attention, outside, forward_only, excess)
+
+
+def indexer_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> float:
+    """Forward FLOPs of one token in one layer's sparse-attention indexer scores (no weights; run forward only).
+
+    DeepSeek Sparse Attention (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)): per earlier
+    key, q·k over the H_I heads of dim d_I (2·H_I·d_I) then the head-weighted sum (2·H_I).
+    """
+    return 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
 
 
 def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
