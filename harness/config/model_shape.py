@@ -117,6 +117,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         raise ValueError(f"model.hf_config ({model_type}): transformers cannot build the model: "
                          f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
     layers_name, layers = _decoder_layers(model, int(config.num_hidden_layers))
+    _refuse_tables_in_layers(model_type, layers)
     try:
         fields = _fields(config)
     except Exception as error:  # e.g. head_dim differing between layers (Gemma 4)
@@ -157,6 +158,18 @@ def _decoder_layers(model: Any, count: int) -> Tuple[str, List[Any]]:
             return name, list(module)
     raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers (num_hidden_layers): "
                      "the planner models a stack of repeated decoder layers")
+
+
+def _refuse_tables_in_layers(model_type: str, layers: List[Any]) -> None:
+    """An embedding table inside a decoder layer (Qwen4's per-layer n-gram embeddings, `ple_layer_ids`) is a
+    lookup, not a weight every token multiplies: the per-layer counts would price it as one."""
+    import torch
+
+    for index, layer in enumerate(layers):
+        for name, module in layer.named_modules():
+            if isinstance(module, torch.nn.Embedding):
+                raise ValueError(f"model.hf_config ({model_type}): layer {index} holds an embedding table "
+                                 f"({name}); the planner models embedding tables outside the decoder layers only")
 
 
 def _tp_plan(config: Any) -> Tuple[Dict[str, str], str]:
@@ -291,9 +304,11 @@ def _fields(config: Any) -> Dict[str, Any]:
         "embedding_dropout": float(_first_attr(config, "embd_pdrop", "embedding_dropout", default=0.0)),
         "sliding_window": _first_attr(config, "sliding_window"),
         "attention_chunk_size": _first_attr(config, "attention_chunk_size"),
-        "index_topk": _first_attr(config, "index_topk"),
-        "index_n_heads": _first_attr(config, "index_n_heads"),
-        "index_head_dim": _first_attr(config, "index_head_dim"),
+        # Sparse attention's indexer: DeepSeek Sparse Attention's top-k keys, or Qwen4's QSA token budget
+        "index_topk": _first_attr(config, "index_topk", "indexer_budget"),
+        "index_n_heads": _first_attr(config, "index_n_heads", "indexer_n_heads"),
+        "index_head_dim": _first_attr(config, "index_head_dim", "indexer_head_dim"),
+        "index_block": _first_attr(config, "indexer_compress_ratio"),  # QSA: keys pooled in blocks of c
         "hyper_streams": _first_attr(config, "hc_mult", "hc_count"),  # hyper-connections' residual streams
         "layer_types": list(layer_types) if layer_types else None,
         # Gated DeltaNet layers (qwen3_next, qwen3_5, olmo_hybrid): value heads, key and value head dims

@@ -107,7 +107,15 @@ def indexer_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
 
     DeepSeek Sparse Attention (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)): per earlier
     key, q·k over the H_I heads of dim d_I (2·H_I·d_I) then the head-weighted sum (2·H_I).
+    Qwen4's QSA (Qwen4ExpTextQSAIndexer): query t scores only the complete blocks of c keys among its t + 1
+    visible ones, each block's keys mean-pooled first (elementwise), floor((t + 1) / c) pooled keys, 2·H_I·d_I
+    each (the ReLU'd head sum is elementwise): sum_{t=1..T} floor(t / c) = c·q(q - 1)/2 + q(r + 1) for
+    T = qc + r, / T per token, whatever the convention (the blocks scored are the causal ones).
     """
+    if spec.indexer_block:
+        q, r = divmod(seq_len, spec.indexer_block)
+        blocks = spec.indexer_block * q * (q - 1) // 2 + q * (r + 1)
+        return 2.0 * spec.indexer_heads * spec.indexer_head_dim * blocks / seq_len
     return 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
 
 

@@ -72,6 +72,7 @@ class ModelSpec:
     indexer_heads: int = 0
     indexer_head_dim: int = 0
     indexer_layers: int = 0  # indexed layers that run their own indexer (HY-V4's "shared" layers reuse one)
+    indexer_block: int = 0  # Qwen4's QSA indexer: it scores keys mean-pooled in blocks of this many tokens
     # Hyper-connections (DeepSeek-V4, HY-V4, Qwen4): the residual is hyper_streams streams of hidden_size; each
     # sub-layer collapses them into its input and spreads its output back through small learned mixing weights.
     hyper_streams: int = 0
@@ -245,7 +246,7 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any], mix
     """Per layer: window 0 (every earlier key) or the sliding window w; chunk 0 or the chunk C of chunked
     attention (Llama 4's local layers: a query sees the keys of its own C-token chunk); indexed layers
     (DeepSeek Sparse Attention) attend to the index_topk keys their indexer picks among the earlier ones,
-    as many per query as a sliding window of index_topk; `own_indexer` says
+    as many per query as a sliding window of index_topk (Qwen4's QSA: its token budget); `own_indexer` says
     which layers run an indexer of their own (HY-V4's "shared" layers reuse the previous one's pick). A
     selective-scan layer (whatever its layer_types
     name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention or MLP-only layer scores
@@ -276,7 +277,8 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any], mix
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
             "indexer_heads": int(fields.get("index_n_heads") or 0) if any(indexed) else 0,
             "indexer_head_dim": int(fields.get("index_head_dim") or 0) if any(indexed) else 0,
-            "indexer_layers": sum(i and own for i, own in zip(indexed, own_indexer, strict=True))}
+            "indexer_layers": sum(i and own for i, own in zip(indexed, own_indexer, strict=True)),
+            "indexer_block": int(fields.get("index_block") or 0) if any(indexed) else 0}
 
 
 def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: Sequence[Sequence[Row]],

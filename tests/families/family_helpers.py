@@ -22,6 +22,10 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
                        moe_shared_expert_intermediate_size=32),
     "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
+    # A Gated DeltaNet layer, then a QSA-indexed attention layer: 4-token key blocks (four complete blocks in
+    # the 16-token FLOP count), a 32-token budget (the defaults leave the indexer unset)
+    "qwen4_exp_text": dict(layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=2,
+                           indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=32, indexer_compress_ratio=4),
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.

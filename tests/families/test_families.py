@@ -57,7 +57,7 @@ def test_refused_families_name_the_reason(model_type):
         model_spec_from_hf(model_type, tiny_fields(model_type))
 
 
-@pytest.mark.parametrize("model_type", ["hy_v4", "deepseek_v4_sliding"])
+@pytest.mark.parametrize("model_type", ["hy_v4", "qwen4_exp_text", "deepseek_v4_sliding"])
 def test_hyper_connection_collapse_is_on_the_last_stage(model_type):
     """The streams' final collapse (hc_head, hyper_connection_mixer) sits on the last pipeline stage beside the
     final norm and head; tensor parallelism replicates it unless the family's plan splits it (Qwen4's
@@ -82,3 +82,10 @@ def test_hyper_connection_collapse_is_on_the_last_stage(model_type):
     split_tail = [n for n, _, _ in split.dense[-len(spec.last_tensors):]]
     head = spec.lm_head_params
     assert sum(whole_tail) - sum(split_tail) == head - head // 2 + halved
+
+
+def test_per_layer_embedding_tables_are_refused():
+    """Qwen4's per-layer n-gram embeddings (ple_layer_ids) are lookups inside the decoder layers, not weights."""
+    with pytest.raises(ValueError, match=r"layer 0 holds an embedding table \(ple\.ple_embedding\.ngram_embedding\)"):
+        model_spec_from_hf("qwen4_exp_text", {**case_fields("qwen4_exp_text"), "ple_layer_ids": [1],
+                                              "ple_embed_dim": 32, "ngram_vocab_size_base": 512})
