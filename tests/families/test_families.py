@@ -77,7 +77,8 @@ def test_hyper_connection_collapse_is_on_the_last_stage(model_type):
                                                                 + spec.lm_head_params + spec.hyper_connection_params)
     whole = rank_params(spec, 1, 1, tuple(range(spec.num_layers)), True, True, 1, (True, True))
     split = rank_params(spec, 2, 1, tuple(range(spec.num_layers)), True, True, 1, (True, True))
-    halved = sum(p.numel() // 2 for name, p in collapse.items() if "hyper_connection_mixer.input_mix_weight_down" in name)
+    halved = sum(p.numel() // 2 for name, p in collapse.items()
+                 if "hyper_connection_mixer.input_mix_weight_down" in name)  # Qwen4's plan: rowwise
     whole_tail = [n for n, _, _ in whole.dense[-len(spec.last_tensors):]]
     split_tail = [n for n, _, _ in split.dense[-len(spec.last_tensors):]]
     head = spec.lm_head_params
