@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 13  # bump when the JSON below changes meaning
+SHAPE_VERSION = 15  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -24,6 +24,9 @@ HARNESS_TP_PLANS: Dict[str, Dict[str, str]] = {
     "gpt2": {"h.*.attn.c_attn": "colwise", "h.*.attn.c_proj": "rowwise",
              "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise"},
 }
+# Hyper-connection modules outside the decoder layers: the collapse of the residual streams into one before the
+# final norm (DeepSeek-V4 / HY-V4 `hc_head`, Qwen4's `hyper_connection_mixer`).
+HYPER_CONNECTION_OUTSIDE = re.compile(r"(^|\.)(hc_head|hyper_connection[^.]*)\.")
 # Config keys that hold the number of routed experts a token visits, across families.
 _EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k",
                            "experts_per_token", "num_selected_experts", "top_k_experts")
@@ -39,11 +42,16 @@ def cache_dir() -> Path:
 
 
 def shape_key(hf_config: Mapping[str, Any]) -> str:
+    """The cache key: config fields, transformers' version, and this module's version and source (two checkouts
+    sharing the cache directory with the same SHAPE_VERSION and different code never read each other's JSON)."""
     import transformers
 
     payload = json.dumps({"fields": dict(hf_config), "transformers": transformers.__version__,
-                          "version": SHAPE_VERSION}, sort_keys=True, default=str)
+                          "version": SHAPE_VERSION, "source": _SOURCE_HASH}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+_SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def model_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
@@ -112,6 +120,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         raise ValueError(f"model.hf_config ({model_type}): transformers cannot build the model: "
                          f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
     layers_name, layers = _decoder_layers(model, int(config.num_hidden_layers))
+    _refuse_tables_in_layers(model_type, layers)
     try:
         fields = _fields(config)
     except Exception as error:  # e.g. head_dim differing between layers (Gemma 4)
@@ -125,7 +134,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         if rows not in kinds:
             kinds.append(rows)
         pattern.append(kinds.index(rows))
-    first, inputs, last, tied = _outside_tensors(model, layers_name)
+    first, inputs, last, tied = _outside_tensors(model, layers_name, _outside_tp_plan(config))
     return {
         "version": SHAPE_VERSION,
         "model_type": model_type,
@@ -155,12 +164,30 @@ def _decoder_layers(model: Any, count: int) -> Tuple[str, List[Any]]:
                      "the planner models a stack of repeated decoder layers")
 
 
+def _refuse_tables_in_layers(model_type: str, layers: List[Any]) -> None:
+    """An embedding table inside a decoder layer (Qwen4's per-layer n-gram embeddings, `ple_layer_ids`) is a
+    lookup, not a weight every token multiplies: the per-layer counts would price it as one."""
+    import torch
+
+    for index, layer in enumerate(layers):
+        for name, module in layer.named_modules():
+            if isinstance(module, torch.nn.Embedding):
+                raise ValueError(f"model.hf_config ({model_type}): layer {index} holds an embedding table "
+                                 f"({name}); the planner models embedding tables outside the decoder layers only")
+
+
 def _tp_plan(config: Any) -> Tuple[Dict[str, str], str]:
     """The per-layer TP styles, keyed by the path inside one layer ("self_attn.q_proj")."""
     plan = getattr(config, "base_model_tp_plan", None) or {}
     source = "transformers" if plan else ("harness" if config.model_type in HARNESS_TP_PLANS else "none")
     plan = plan or HARNESS_TP_PLANS.get(config.model_type, {})
     return {key.split("*.", 1)[1]: style for key, style in plan.items() if "*." in key}, source
+
+
+def _outside_tp_plan(config: Any) -> Dict[str, str]:
+    """The TP styles of modules outside the decoder layers (Qwen4's hyper_connection_mixer), keyed by path."""
+    plan = getattr(config, "base_model_tp_plan", None) or {}
+    return {key: style for key, style in plan.items() if "*" not in key}
 
 
 def _tp_dim(style: Optional[str], ndim: int, conv1d: bool) -> Optional[int]:
@@ -215,10 +242,12 @@ def _layer_tensors(layer: Any, plan: Dict[str, str]) -> List[List[Any]]:
     return rows
 
 
-def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], List[List[Any]], List[List[Any]], bool]:
+def _outside_tensors(model: Any, layers_name: str, plan: Dict[str, str]
+                     ) -> Tuple[List[List[Any]], List[List[Any]], List[List[Any]], bool]:
     """Parameters outside the decoder layers: embedding tables first (vocab-split token table), then what the
     first stage runs on the embeddings (an embedding module's own norm, _INPUT_SIDE), the rest (final norm, an
-    untied lm_head) last."""
+    untied lm_head, the hyper-connection collapse of the residual streams) last. A hyper-connection tensor is
+    split as the family's TP plan names its module (else replicated)."""
     import torch
 
     modules = dict(model.named_modules())
@@ -227,6 +256,7 @@ def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], Lis
     token_table = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is token_table
+    prefix = (layers_name.rsplit(".", 1)[0] + ".") if "." in layers_name else ""
     first: List[List[Any]] = []
     inputs: List[List[Any]] = []
     last: List[List[Any]] = []
@@ -235,10 +265,16 @@ def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], Lis
             continue
         vocab_split = param is token_table or (head is not None and param is head.weight)
         input_side = id(param) not in embeddings and (name.startswith(inside_embedding) or _INPUT_SIDE.search(name))
-        if id(param) not in embeddings and not vocab_split and not input_side and param.dim() > 1:
+        hyper = bool(HYPER_CONNECTION_OUTSIDE.search(name))
+        if id(param) not in embeddings and not vocab_split and not input_side and not hyper and param.dim() > 1:
             raise ValueError(f"{type(model).__name__}: {name} is a matrix outside the decoder layers (an encoder "
-                             "of another modality?); the planner models embeddings, decoder layers, norm and head")
-        row = [name, list(param.shape), 0 if vocab_split else None, False]
+                             "of another modality?); the planner models embeddings, decoder layers, norm, "
+                             "hyper-connections and head")
+        tp_dim = 0 if vocab_split else None
+        if hyper:
+            inner = name[len(prefix):] if name.startswith(prefix) else name
+            tp_dim = _tp_dim(_style_for(plan, inner), param.dim(), False)
+        row = [name, list(param.shape), tp_dim, False]
         (first if id(param) in embeddings else inputs if input_side else last).append(row)
     return first, inputs, last, tied
 
@@ -300,9 +336,12 @@ def _fields(config: Any) -> Dict[str, Any]:
         "embedding_dropout": float(_first_attr(config, "embd_pdrop", "embedding_dropout", default=0.0)),
         "sliding_window": _first_attr(config, "sliding_window"),
         "attention_chunk_size": _first_attr(config, "attention_chunk_size"),
-        "index_topk": _first_attr(config, "index_topk"),
-        "index_n_heads": _first_attr(config, "index_n_heads"),
-        "index_head_dim": _first_attr(config, "index_head_dim"),
+        # Sparse attention's indexer: DeepSeek Sparse Attention's top-k keys, or Qwen4's QSA token budget
+        "index_topk": _first_attr(config, "index_topk", "indexer_budget"),
+        "index_n_heads": _first_attr(config, "index_n_heads", "indexer_n_heads"),
+        "index_head_dim": _first_attr(config, "index_head_dim", "indexer_head_dim"),
+        "index_block": _first_attr(config, "indexer_compress_ratio"),  # QSA: keys pooled in blocks of c
+        "hyper_streams": _first_attr(config, "hc_mult", "hc_count"),  # hyper-connections' residual streams
         "layer_types": list(layer_types) if layer_types else None,
         # Gated DeltaNet layers (qwen3_next, qwen3_5, olmo_hybrid): value heads, key and value head dims
         "linear_value_heads": _first_attr(config, "linear_num_value_heads"),

@@ -80,12 +80,16 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     the layer's window (keys_per_query); heads and dims the layer's own (ModelSpec.attention_shapes: Gemma 4's
     global layers, Inkling's sliding and full ones differ). Parameters run on the embeddings before the first
     layer (ModelSpec.input_params: Gemma 4's per-layer-input projection) count 2 per token like weights.
-    Forward-only work (DeepSeek Sparse Attention's lightning indexer, run under no_grad): 2 FLOPs per
-    indexer parameter, and per earlier key q·k over its heads (2·H_I·d_I) then the head-weighted sum
-    (2·H_I) (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)).
+    Forward-only work (a sparse-attention indexer, whose pick reaches the loss only as a mask): 2 FLOPs per
+    indexer parameter and its scores (indexer_flops_per_token) in each layer with an indexer of its own.
+    Hyper-connections (DeepSeek-V4, HY-V4, Qwen4): their projections are weights like any other (the streams'
+    final collapse outside the layers with the final norm); DeepSeek-V4's comb^T times the N streams adds
+    2·N²·h per hyper-connection (layer_stream_mixing), and its backward is twice that (both factors carry a
+    gradient), as for weights.
     """
     forward_only = 2.0 * spec.decoder_forward_only_params
-    layers = 2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
+    layers = (2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
+              + 2.0 * sum(spec.layer_stream_mixing))
     layers += relative_bias_flops(spec)
     chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
     mixers = spec.layer_mixers or ("attention",) * len(spec.attention_windows)
@@ -94,12 +98,11 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
                         spec.attention_windows, chunks, mixers, spec.attention_shapes(), strict=True)
                     if mixer == "attention")
     attention += mixer_flops_per_token(spec, seq_len)
-    indexer = 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
-    forward_only += indexer * sum(spec.attention_indexed)
+    forward_only += indexer_flops_per_token(spec, seq_len, convention) * spec.indexer_layers
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
     excess = delta_rule_flops(spec, seq_len)[1] + lightning_flops(spec, seq_len)[1]
-    return ForwardFlops(layers, attention, 2.0 * (spec.input_params + spec.final_norm_params + head), forward_only,
-                        excess)
+    outside = 2.0 * (spec.input_params + spec.final_norm_params + spec.hyper_connection_params + head)
+    return ForwardFlops(layers, attention, outside, forward_only, excess)
 
 
 def relative_bias_flops(spec: ModelSpec) -> float:
@@ -111,6 +114,23 @@ def relative_bias_flops(spec: ModelSpec) -> float:
     the forward, as the 3x convention has it."""
     heads = [shape[0] for shape in spec.attention_shapes()] if spec.layer_relative_banks else []
     return 2.0 * sum((a - 1) * bank for a, bank in zip(heads, spec.layer_relative_banks, strict=True))
+
+
+def indexer_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> float:
+    """Forward FLOPs of one token in one layer's sparse-attention indexer scores (no weights; run forward only).
+
+    DeepSeek Sparse Attention (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)): per earlier
+    key, q·k over the H_I heads of dim d_I (2·H_I·d_I) then the head-weighted sum (2·H_I).
+    Qwen4's QSA (Qwen4ExpTextQSAIndexer): query t scores only the complete blocks of c keys among its t + 1
+    visible ones, each block's keys mean-pooled first (elementwise), floor((t + 1) / c) pooled keys, 2·H_I·d_I
+    each (the ReLU'd head sum is elementwise): sum_{t=1..T} floor(t / c) = c·q(q - 1)/2 + q(r + 1) for
+    T = qc + r, / T per token, whatever the convention (the blocks scored are the causal ones).
+    """
+    if spec.indexer_block:
+        q, r = divmod(seq_len, spec.indexer_block)
+        blocks = spec.indexer_block * q * (q - 1) // 2 + q * (r + 1)
+        return 2.0 * spec.indexer_heads * spec.indexer_head_dim * blocks / seq_len
+    return 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
 
 
 def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:

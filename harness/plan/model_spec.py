@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from harness.config.model_shape import model_shape
+from harness.config.model_shape import HYPER_CONNECTION_OUTSIDE, model_shape
 
 
 class ParamTensor(NamedTuple):
@@ -58,7 +58,7 @@ class ModelSpec:
     active_layer_params: int  # touched by one token: attention, norms, router, shared + k routed experts
     embedding_params: int  # token (+ position) tables; a tied lm_head is counted here
     lm_head_params: int  # 0 when tied
-    final_norm_params: int
+    final_norm_params: int  # the final norm alone (hyper_connection_params apart)
     total_params: int
     non_embedding_params: int  # total - embedding (an untied lm_head stays in)
     active_params: int  # parameters one token touches (total for a dense model)
@@ -72,6 +72,15 @@ class ModelSpec:
     attention_indexed: Tuple[bool, ...] = ()
     indexer_heads: int = 0
     indexer_head_dim: int = 0
+    indexer_layers: int = 0  # indexed layers that run their own indexer (HY-V4's "shared" layers reuse one)
+    indexer_block: int = 0  # Qwen4's QSA indexer: it scores keys mean-pooled in blocks of this many tokens
+    # Hyper-connections (DeepSeek-V4, HY-V4, Qwen4): the residual is hyper_streams streams of hidden_size; each
+    # sub-layer collapses them into its input and spreads its output back through small learned mixing weights.
+    hyper_streams: int = 0
+    hyper_connection_params: int = 0  # outside the layers, on the last stage: the streams' final collapse
+    # Per layer: multiply-adds per token of the stream-mixing products (DeepSeek-V4's N x N `comb` times the N
+    # streams, N²·h per hyper-connection), products of two activations, not weights.
+    layer_stream_mixing: Tuple[int, ...] = ()
     layer_forward_only_params: Tuple[int, ...] = ()  # per layer: parameters of FORWARD_ONLY modules
     # Per layer, the token mixer: "attention" (softmax attention of the layer's window / chunk),
     # "selective_scan" (Mamba-1, Gu & Dao 2023: a state of d_inner x N per token, no keys) or
@@ -201,6 +210,10 @@ _POSITIONS = re.compile(r"(wpe|pos)")
 # Modules transformers runs under torch.no_grad inside a training forward: DeepSeek Sparse Attention's
 # lightning indexer (deepseek_v32, glm_moe_dsa). Their parameters get no gradient from the loss.
 FORWARD_ONLY = re.compile(r"(^|\.)indexer\.")
+# A decoder layer's hyper-connection modules (DeepSeek-V4 / HY-V4 attn_hc, ffn_hc; Qwen4 *_hyper_connection)
+_HYPER = re.compile(r"^([^.]*_hc|[^.]*hyper_connection[^.]*)\.")
+_HYPER_FN = re.compile(r"^[^.]*_hc\.fn$")  # DeepSeek-V4 / HY-V4: the (pre, post[, comb]) weights' projection
+_INDEXER = re.compile(r"(^|\.)indexer\.")
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -278,12 +291,17 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
             "layer_conv_padding": tuple(padding(kinds[i]) for i in pattern)}
 
 
-def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
-                      mixers: Sequence[str]) -> Dict[str, Any]:
+_COMPRESSED = ("compressed_sparse_attention", "heavily_compressed_attention")  # DeepSeek-V4's CSA / HCA
+
+
+def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any], mixers: Sequence[str],
+                      own_indexer: Sequence[bool]) -> Dict[str, Any]:
     """Per layer: window 0 (every earlier key) or the sliding window w; chunk 0 or the chunk C of chunked
     attention (Llama 4's local layers: a query sees the keys of its own C-token chunk); indexed layers
     (DeepSeek Sparse Attention) attend to the index_topk keys their indexer picks among the earlier ones,
-    as many per query as a sliding window of index_topk. A selective-scan layer (whatever its layer_types
+    as many per query as a sliding window of index_topk (Qwen4's QSA: its token budget); `own_indexer` says
+    which layers run an indexer of their own (HY-V4's "shared" layers reuse the previous one's pick). A
+    selective-scan layer (whatever its layer_types
     name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention or MLP-only layer scores
     no keys: (0, 0, False), and flops counts its mixer's own products instead. Layers of other kinds (Kimi delta
     attention, convolution) have
@@ -297,6 +315,12 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
              "chunked_attention": (0, int(fields.get("attention_chunk_size") or 0), False),
              "indexed_attention": (int(fields.get("index_topk") or 0), 0, True),
              **{kind: (0, 0, False) for kind in _MIXERS}}
+    compressed = sorted({kind for kind in types if kind in _COMPRESSED})
+    if compressed:
+        raise ValueError(f"model {name!r} ({model_type}): layer_types {compressed} are compressed attention "
+                         "(keys pooled from windows of compress_rates tokens by a gated softmax, attended beside "
+                         "the sliding window, a lightning indexer picking among them): the planner has no "
+                         "formula for their FLOPs")
     other = sorted({kind for kind in types if kind not in spans})
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
@@ -306,7 +330,9 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
             "indexer_heads": int(fields.get("index_n_heads") or 0) if any(indexed) else 0,
-            "indexer_head_dim": int(fields.get("index_head_dim") or 0) if any(indexed) else 0}
+            "indexer_head_dim": int(fields.get("index_head_dim") or 0) if any(indexed) else 0,
+            "indexer_layers": sum(i and own for i, own in zip(indexed, own_indexer, strict=True)),
+            "indexer_block": int(fields.get("index_block") or 0) if any(indexed) else 0}
 
 
 def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: Sequence[Sequence[Row]],
@@ -322,7 +348,27 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
                       ssd_state_size=int(fields["ssm_state_size"]), ssd_chunk=int(fields["ssm_chunk_size"]))
     if "lightning_attention" in mixers["layer_mixers"]:
         mixers.update(lightning_block=int(fields["lightning_block_size"]))
-    return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"])}
+    own_indexer = tuple(any(_INDEXER.search(r[0]) for r in kinds[i]) for i in pattern)
+    return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"], own_indexer)}
+
+
+def _hyper_connection_fields(fields: Mapping[str, Any], kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
+                              outside: int) -> Dict[str, Any]:
+    """Residual streams N, the collapse's parameters outside the layers, and per layer the stream-mixing
+    products: a DeepSeek-V4 hyper-connection's fn projects the N·h streams to (2 + N)·N weights (pre, post and
+    the N x N comb); comb^T times the N x h streams is N²·h multiply-adds per token (HY-V4's fn has 2N rows, no
+    comb; Qwen4's gated residual mixes elementwise). Pre (collapse) and post (spread) are elementwise."""
+    streams = int(fields.get("hyper_streams") or 0)
+    if not streams:
+        return {}
+    hidden = int(fields["hidden_size"])
+
+    def mixing(rows: Sequence[Row]) -> int:
+        return sum(streams * streams * hidden for r in rows
+                   if _HYPER_FN.match(r[0]) and int(r[1][0]) == (2 + streams) * streams)
+
+    return {"hyper_streams": streams, "hyper_connection_params": outside,
+            "layer_stream_mixing": tuple(mixing(kinds[i]) for i in pattern)}
 
 
 _RELATIVE_BANK = re.compile(r"(^|\.)rel_logits_proj\.proj$")  # Inkling: (d_rel, E), one bias profile per state
@@ -362,12 +408,14 @@ def _refuse_unmodelled(name: str, model_type: str, rows: Sequence[Row]) -> None:
 
 def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
     """Biases, q/k norms and norm kind read from the tensor names of one layer."""
+    hyper = [r for r in rows if _HYPER.match(r[0])]
+    rows = [r for r in rows if not _HYPER.match(r[0])]
     attention = [r for r in rows if _ATTENTION.match(r[0])]
     norms = [r for r in rows if not _ATTENTION.match(r[0]) and _is_norm(r)]
     mlp = [r for r in rows if not _ATTENTION.match(r[0]) and not _is_norm(r)]
     biases = [r for r in attention if r[0].endswith(".bias") and "norm" not in r[0]]
     return {
-        "attention": attention, "norms": norms, "mlp": mlp,
+        "attention": attention, "norms": norms, "mlp": mlp, "hyper": hyper,
         "qkv_bias": any(r[2] == 0 for r in biases),
         "out_bias": any(r[2] is None and list(r[1]) == [hidden] for r in biases),
         "mlp_bias": any(len(r[1]) == 1 for r in mlp),
@@ -411,14 +459,18 @@ def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> i
     return max(counts, key=lambda i: (counts[i], _layer_counts(kinds[i], k).total))
 
 
-def _outside_counts(name: str, shape: Mapping[str, Any], per_layer: Sequence[_Layer]) -> Tuple[int, int, int, int]:
-    """(embedding tables, input-side parameters, untied lm_head, final norm and the rest), once the tensors show
-    nothing the planner refuses and add up to transformers' total."""
+def _outside_counts(name: str, shape: Mapping[str, Any],
+                    per_layer: Sequence[_Layer]) -> Tuple[int, int, int, int, int]:
+    """(embedding tables, input-side parameters, untied lm_head, final norm and the rest, the hyper-connection
+    collapse), once the tensors show nothing the planner refuses and add up to transformers' total."""
     first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
     _refuse_unmodelled(name, shape["model_type"], [r for kind in shape["layer_kinds"] for r in kind] + first + inputs
                        + last)
+    hyper = [bool(HYPER_CONNECTION_OUTSIDE.search(r[0])) for r in last]
     counts = (sum(_numel(r[1]) for r in first), sum(_numel(r[1]) for r in inputs),
-              sum(_numel(r[1]) for r in last if r[2] == 0), sum(_numel(r[1]) for r in last if r[2] != 0))
+              sum(_numel(r[1]) for r, h in zip(last, hyper) if r[2] == 0 and not h),
+              sum(_numel(r[1]) for r, h in zip(last, hyper) if r[2] != 0 and not h),
+              sum(_numel(r[1]) for r, h in zip(last, hyper) if h))
     total = sum(counts) + sum(x.total for x in per_layer)
     if total != shape["total_params"]:
         raise ValueError(f"model {name!r}: {total} parameters counted tensor by tensor, "
@@ -448,8 +500,9 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
     matrices = (sum(_numel(r[1]) for r in routed if len(r[1]) >= 2) // layer.routed_experts if layer.routed_experts
                 else sum(_numel(r[1]) for r in flags["mlp"] if len(r[1]) >= 2))
     first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
-    embedding, input_params, lm_head, final_norm = _outside_counts(name, shape, per_layer)
-    total = embedding + input_params + sum(x.total for x in per_layer) + lm_head + final_norm
+    embedding, input_params, lm_head, final_norm, hyper_outside = _outside_counts(name, shape, per_layer)
+    outside_last = lm_head + final_norm + hyper_outside
+    total = embedding + input_params + sum(x.total for x in per_layer) + outside_last
     return ModelSpec(
         name=name, model_type=shape["model_type"], num_layers=f["num_layers"], hidden_size=h,
         num_heads=f["num_heads"], num_kv_heads=f["num_kv_heads"], head_dim=f["head_dim"], ffn_size=ffn,
@@ -468,10 +521,11 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         layer_params=layer.total, active_layer_params=layer.active, embedding_params=embedding,
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,
         non_embedding_params=total - embedding,
-        active_params=embedding + input_params + sum(x.active for x in per_layer) + lm_head + final_norm,
+        active_params=embedding + input_params + sum(x.active for x in per_layer) + outside_last,
         input_params=input_params, **_attention_shape_fields(name, shape["model_type"], f, kinds, pattern),
         layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
         **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],
+        **_hyper_connection_fields(f, kinds, pattern, hyper_outside),
         v_head_dim=f["v_head_dim"],
         layer_forward_only_params=tuple(sum(_numel(r[1]) for r in kinds[i] if FORWARD_ONLY.search(r[0]))
                                         for i in pattern),

@@ -35,6 +35,10 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     # then a MoE one, relative-position banks of 32 (the window) and 48 distances
     "inkling_text": dict(swa_num_attention_heads=8, swa_num_key_value_heads=4, swa_head_dim=8, local_layer_ids=[0],
                          sliding_window_size=32, rel_extent=48, mlp_layer_types=["dense", "sparse"]),
+    # A Gated DeltaNet layer, then a QSA-indexed attention layer: 4-token key blocks (four complete blocks in
+    # the 16-token FLOP count), a 32-token budget (the defaults leave the indexer unset)
+    "qwen4_exp_text": dict(layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=2,
+                           indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=32, indexer_compress_ratio=4),
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
@@ -45,12 +49,20 @@ REFUSED: Dict[str, str] = {
     # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (the same check
     # stands in the way), and its block attention residuals are not modelled
     "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
-    # hyper-connection mixers: weight matrices between the layers that the planner does not model
-    **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
+    # DeepSeek-V4's compressed sparse / heavily compressed attention layers (its hyper-connections are modelled)
+    "deepseek_v4": r"layer_types \['heavily_compressed_attention'\] are compressed attention",
     "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
     "longcat_flash": "no list of 56 decoder layers",  # two sub-layers per declared layer
     "llama4": "is a composite \\(multimodal\\) config",
     "phi4_multimodal": "is a matrix outside the decoder layers",  # vision and audio encoders
+}
+# Configs beyond a family's tiny one, for what it does not reach: case name -> (family, fields over the tiny ones).
+# DeepSeek-V4 with sliding-window layers only: its hyper-connections (the N x N stream mixing included), shared-
+# key-value attention with sinks, grouped output projection, hash-routed and top-k MoE layers, without the
+# compressed attention layers the planner refuses.
+VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "deepseek_v4_sliding": ("deepseek_v4", dict(layer_types=["sliding_attention"] * 2,
+                                                mlp_layer_types=["hash_moe", "moe"], num_key_value_heads=1)),
 }
 # The FLOP count's config where a family's transformers forward runs matmuls that are not the model's FLOPs.
 # Llama 4's text MoE multiplies every routed expert for every token (the router's sigmoid scores are 0 for
@@ -104,17 +116,24 @@ def tiny_fields(model_type: str) -> Dict[str, Any]:
     return {"model_type": model_type, **fields}
 
 
-def flop_fields(model_type: str) -> Dict[str, Any]:
+def case_fields(case: str) -> Dict[str, Any]:
+    """The tiny config of a family, or of a VARIANTS case."""
+    family, extra = VARIANTS.get(case, (case, {}))
+    return {**tiny_fields(family), **extra}
+
+
+def flop_fields(case: str) -> Dict[str, Any]:
     """The tiny config whose forward + backward FLOPs are counted (FLOP_FIELDS applied)."""
-    return {**tiny_fields(model_type), **FLOP_FIELDS.get(model_type, {})}
+    family = VARIANTS.get(case, (case,))[0]
+    return {**case_fields(case), **FLOP_FIELDS.get(family, {})}
 
 
 @lru_cache(maxsize=None)
-def family_meta_model(model_type: str):
-    """The tiny model on the meta device, built once per family and session."""
+def family_meta_model(case: str):
+    """The tiny model (of a family or a VARIANTS case) on the meta device, built once per session."""
     from plan_helpers import meta_model
 
-    return meta_model(tiny_fields(model_type))
+    return meta_model(case_fields(case))
 
 
 def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
@@ -139,7 +158,7 @@ def triangular_solve_flops(a_shape, b_shape, *args, unitriangular=False, out_sha
 
 
 @lru_cache(maxsize=None)
-def measured_flops(model_type: str, seq_len: int) -> float:
+def measured_flops(case: str, seq_len: int) -> float:
     """FLOPs torch counts for one forward + backward of one sequence: eager attention and eager experts,
     so that every matmul is an aten op the counter knows."""
     import torch
@@ -148,7 +167,7 @@ def measured_flops(model_type: str, seq_len: int) -> float:
 
     from harness.config.model_shape import hf_config_object
 
-    fields = dict(flop_fields(model_type), attn_implementation="eager")
+    fields = dict(flop_fields(case), attn_implementation="eager")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(hf_config_object(fields), dtype=torch.float32,
                                              experts_implementation="eager")

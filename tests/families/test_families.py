@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from family_helpers import (REFUSED, TINY_CONFIG_REJECTED, family_meta_model, family_names, flop_fields,
-                            measured_flops, tiny_fields)
+from family_helpers import (REFUSED, TINY_CONFIG_REJECTED, VARIANTS, case_fields, family_meta_model, family_names,
+                            flop_fields, measured_flops, tiny_fields)
 from harness.plan.flops import FlopConvention, flops_per_token
 from harness.plan.model_spec import FORWARD_ONLY, model_spec_from_hf
 from harness.plan.planner import make_plan
@@ -14,6 +14,7 @@ from plan_helpers import hf_counts, run_config
 
 FAMILIES = family_names()
 SUPPORTED = [name for name in FAMILIES if name not in REFUSED and name not in TINY_CONFIG_REJECTED]
+CASES = SUPPORTED + sorted(VARIANTS)  # every accepted family's tiny config, and the VARIANTS configs
 SEQ_LEN = 16  # below every tiny sliding window: eager attention scores all T x T pairs, as "full" counts
 
 
@@ -21,16 +22,16 @@ def test_the_family_list_is_transformers_own():
     assert len(FAMILIES) > 60 and {"llama", "gemma2", "deepseek_v3", "phi3", "olmo2", "qwen3_moe"} <= set(FAMILIES)
 
 
-@pytest.mark.parametrize("model_type", SUPPORTED)
+@pytest.mark.parametrize("model_type", CASES)
 def test_counts_equal_the_meta_model(model_type):
-    fields = tiny_fields(model_type)
+    fields = case_fields(model_type)
     spec = model_spec_from_hf(model_type, fields)
     counts = hf_counts(family_meta_model(model_type), spec.experts_per_token, spec.num_experts)
     assert (spec.total_params, spec.embedding_params, spec.active_params) == (
         counts["total"], counts["embedding"], counts["active"])
 
 
-@pytest.mark.parametrize("model_type", SUPPORTED)
+@pytest.mark.parametrize("model_type", CASES)
 def test_flops_equal_the_model_matmuls(model_type):
     """Model FLOPs (full attention convention, lm_head included) against torch's count of one forward +
     backward. The spec counts norm weights and biases as 6N does (6 FLOPs per weight and token; 2 in a
@@ -42,9 +43,9 @@ def test_flops_equal_the_model_matmuls(model_type):
     assert measured_flops(model_type, SEQ_LEN) == pytest.approx(predicted, rel=0.002)
 
 
-@pytest.mark.parametrize("model_type", SUPPORTED)
+@pytest.mark.parametrize("model_type", CASES)
 def test_the_plan_composes(model_type):
-    plan = make_plan(run_config(model_type, hf_config=tiny_fields(model_type), zero_stage=3))
+    plan = make_plan(run_config(model_type, hf_config=case_fields(model_type), zero_stage=3))
     assert plan.valid, plan.errors
     assert plan.memory.total_bytes > 0 and plan.flops_per_token > 0
 
@@ -54,3 +55,38 @@ def test_refused_families_name_the_reason(model_type):
     reason = {**REFUSED, **TINY_CONFIG_REJECTED}[model_type]
     with pytest.raises(ValueError, match=reason):
         model_spec_from_hf(model_type, tiny_fields(model_type))
+
+
+@pytest.mark.parametrize("model_type", ["hy_v4", "qwen4_exp_text", "deepseek_v4_sliding"])
+def test_hyper_connection_collapse_is_on_the_last_stage(model_type):
+    """The streams' final collapse (hc_head, hyper_connection_mixer) sits on the last pipeline stage beside the
+    final norm and head; tensor parallelism replicates it unless the family's plan splits it (Qwen4's
+    hyper_connection_mixer.input_mix_weight_down: rowwise, its input features)."""
+    from harness.plan.states import rank_params
+
+    spec = model_spec_from_hf(model_type, case_fields(model_type))
+    collapse = {name: p for name, p in family_meta_model(model_type).named_parameters()
+                if ".hc_head." in name or ".hyper_connection_mixer." in name}
+    assert collapse and spec.hyper_connection_params == sum(p.numel() for p in collapse.values())
+    last = list(range(spec.num_layers))[1:]
+    first_stage = rank_params(spec, 1, 1, (0,), True, False, 2, (True, True))
+    last_stage = rank_params(spec, 1, 1, tuple(last), False, True, 2, (True, True))
+    layers = [sum(spec.layer_total_params[i] for i in ids) for ids in ((0,), last)]
+    assert first_stage.dense_total + first_stage.expert_total == layers[0] + spec.embedding_params
+    assert last_stage.dense_total + last_stage.expert_total == (layers[1] + spec.final_norm_params
+                                                                + spec.lm_head_params + spec.hyper_connection_params)
+    whole = rank_params(spec, 1, 1, tuple(range(spec.num_layers)), True, True, 1, (True, True))
+    split = rank_params(spec, 2, 1, tuple(range(spec.num_layers)), True, True, 1, (True, True))
+    halved = sum(p.numel() // 2 for name, p in collapse.items()
+                 if "hyper_connection_mixer.input_mix_weight_down" in name)  # Qwen4's plan: rowwise
+    whole_tail = [n for n, _, _ in whole.dense[-len(spec.last_tensors):]]
+    split_tail = [n for n, _, _ in split.dense[-len(spec.last_tensors):]]
+    head = spec.lm_head_params
+    assert sum(whole_tail) - sum(split_tail) == head - head // 2 + halved
+
+
+def test_per_layer_embedding_tables_are_refused():
+    """Qwen4's per-layer n-gram embeddings (ple_layer_ids) are lookups inside the decoder layers, not weights."""
+    with pytest.raises(ValueError, match=r"layer 0 holds an embedding table \(ple\.ple_embedding\.ngram_embedding\)"):
+        model_spec_from_hf("qwen4_exp_text", {**case_fields("qwen4_exp_text"), "ple_layer_ids": [1],
+                                              "ple_embed_dim": 32, "ngram_vocab_size_base": 512})
