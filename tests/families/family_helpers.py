@@ -22,6 +22,10 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
                        moe_shared_expert_intermediate_size=32),
     "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
+    # rotary parameters per layer type (a NoPE global layer), M-RoPE sections within the 8 frequencies of 16 dims
+    "cohere_compass_text": dict(layer_types=["sliding_attention", "full_attention"], rope_parameters={
+        "sliding_attention": dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
+        "full_attention": None}),
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
@@ -49,7 +53,6 @@ FLOP_FIELDS: Dict[str, Dict[str, Any]] = {
 # Families whose tiny config transformers itself rejects (not a planner verdict; their real configs
 # are untested here).
 TINY_CONFIG_REJECTED: Dict[str, str] = {
-    "cohere_compass_text": "transformers cannot build the model",
     "gemma3n_text": "transformers cannot build the model",
     "lfm2_moe": "transformers cannot build the model",
 }
