@@ -107,7 +107,9 @@ def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     FLOPs (transformers' torch fallback, mamba_selective_scan: a matmul of the state with C_t per step).
     Causal depthwise convolution (C channels, K taps): its weights are counted as weights (2·C·K per token),
     but transformers' causal_conv1d_fn pads K - 1 positions on the left and computes T + K - 1 outputs
-    before dropping the extra ones: 2·C·K·(K - 1) more per sequence, / T per token.
+    before dropping the extra ones: 2·C·K·(K - 1) more per sequence, / T per token. LFM2's short convolution
+    (Lfm2ShortConv: B, C, x = in_proj(h); out_proj(C ⊙ conv(B ⊙ x))) is such a convolution between elementwise
+    gates: its weights and this padding are all its products.
     """
     scans = 2.0 * sum(spec.layer_scan_states)
     padding = 2.0 * sum(spec.layer_conv_padding) / seq_len

@@ -77,8 +77,9 @@ class ModelSpec:
     # "gated_delta_rule" (Gated DeltaNet, Yang et al. 2024: a dk x dv state per value head, updated by the
     # delta rule in chunks), "state_space_duality" (Mamba-2, Dao & Gu 2024: a p x N state per head, scanned in
     # chunks), "lightning_attention" (MiniMax-01, Qin et al. 2024: linear attention in blocks, a d x d state
-    # per head) or "none" (an MLP-only layer, Nemotron-H's); these three stay empty when every layer is softmax
-    # attention.
+    # per head), "short_conv" (LFM2: x gated by B, a causal depthwise convolution of K taps, gated by C; its
+    # only products are its weights') or "none" (an MLP-only layer, Nemotron-H's); these three stay empty when
+    # every layer is softmax attention.
     layer_mixers: Tuple[str, ...] = ()
     layer_scan_states: Tuple[int, ...] = ()  # per layer: d_inner·N of its selective scan (its A), else 0
     # Per layer: multiply-adds per sequence a causal depthwise convolution of C channels and K taps spends on
@@ -144,8 +145,9 @@ def model_spec_from_hf(name: str, hf_config: Mapping[str, Any]) -> ModelSpec:
 
 
 Row = Sequence[Any]  # [name inside the layer, shape, tp_dim, routed expert]
-# The token mixer's tensors: attention, or a state-space mixer in its place (Jamba's "mamba")
-_ATTENTION = re.compile(r"^(?![^.]*norm)[^.]*(attn|attention|mamba)[^.]*\.")
+# The token mixer's tensors: attention, or a state-space mixer in its place (Jamba's "mamba"), or LFM2's short
+# convolution ("conv")
+_ATTENTION = re.compile(r"^(?![^.]*norm)([^.]*(attn|attention|mamba)[^.]*|conv)\.")
 _QK_NORM = re.compile(r"(^|\.)(q|k)_(norm|layernorm)\.")
 _POSITIONS = re.compile(r"(wpe|pos)")
 # Modules transformers runs under torch.no_grad inside a training forward: DeepSeek Sparse Attention's
@@ -182,13 +184,14 @@ def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
 
 
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention")
-_MIXERS = ("selective_scan", "gated_delta_rule", "state_space_duality", "lightning_attention", "none")
+_MIXERS = ("selective_scan", "gated_delta_rule", "state_space_duality", "lightning_attention", "short_conv", "none")
 _SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 and delta rules keep one per head
-_DEPTHWISE_CONV = re.compile(r"(^|\.)conv1d\.weight$")
+_DEPTHWISE_CONV = re.compile(r"(^|\.)(conv1d|conv\.conv)\.weight$")
 _DELTA_RULE_DECAY = re.compile(r"(^|\.)linear_attn\.A_log$")  # Gated DeltaNet: one decay per value head
 _SSD_DECAY = re.compile(r"^(mamba|mixer)\.A_log$")  # Mamba-2: one decay per head
 _MLP_ONLY = ("mlp", "moe")  # layer_types of layers without a token mixer (Nemotron-H)
 _LIGHTNING_GATE = re.compile(r"^self_attn\.output_gate\.weight$")  # MiniMax's lightning attention output gate
+_SHORT_CONV = re.compile(r"^conv\.conv\.weight$")  # LFM2's gated short convolution (Lfm2ShortConv)
 
 
 def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
@@ -201,6 +204,8 @@ def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
         return "state_space_duality"
     if any(_LIGHTNING_GATE.search(r[0]) for r in rows):
         return "lightning_attention"
+    if any(_SHORT_CONV.search(r[0]) and len(r[1]) == 3 for r in rows):
+        return "short_conv"
     return "none" if layer_type in _MLP_ONLY else "attention"
 
 
@@ -208,9 +213,9 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
                   layer_types: Optional[Sequence[str]]) -> Dict[str, Any]:
     """Per layer: its token mixer, the d_inner·N of a selective scan and a causal convolution's padding work,
     read from the layer's tensors (a 2-D A_log is Mamba-1's state matrix, a 1-D linear_attn.A_log Gated
-    DeltaNet's decays, a 1-D mamba / mixer A_log Mamba-2's, an output gate lightning attention's; conv1d.weight
-    is (C, 1, K)); all
-    empty when every layer is softmax attention."""
+    DeltaNet's decays, a 1-D mamba / mixer A_log Mamba-2's, an output gate lightning attention's, a layer-level
+    conv.conv.weight LFM2's short convolution; conv1d.weight and conv.conv.weight are (C, 1, K)); all empty when
+    every layer is softmax attention."""
     def scan(rows: Sequence[Row]) -> int:
         return sum(_numel(r[1]) for r in rows if _SCAN_STATE.search(r[0]) and len(r[1]) == 2)
 
@@ -231,7 +236,8 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     attention (Llama 4's local layers: a query sees the keys of its own C-token chunk); indexed layers
     (DeepSeek Sparse Attention) attend to the index_topk keys their indexer picks among the earlier ones,
     as many per query as a sliding window of index_topk. A selective-scan layer (whatever its layer_types
-    name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention or MLP-only layer scores
+    name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention, short convolution (LFM2's
+    "conv") or MLP-only layer scores
     no keys: (0, 0, False), and flops counts its mixer's own products instead. Layers of other kinds (Kimi delta
     attention, convolution) have
     FLOPs and saved tensors the planner has no formula for: such families are refused by name."""
@@ -247,7 +253,8 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
                          "models softmax attention layers (full, sliding window, chunked or indexed), Mamba-1 "
-                         "selective scans, Mamba-2, Gated DeltaNet, lightning attention and MLP-only layers only")
+                         "selective scans, Mamba-2, Gated DeltaNet, lightning attention, short convolutions and MLP-only "
+                         "layers only")
     indexed = tuple(spans[kind][2] for kind in types)
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,

@@ -22,6 +22,8 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
                        moe_shared_expert_intermediate_size=32),
     "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
+    # one short-convolution layer with a dense MLP, one attention layer with the MoE (no default layer_types)
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
     # rotary parameters per layer type (a NoPE global layer), M-RoPE sections within the 8 frequencies of 16 dims
     "cohere_compass_text": dict(layer_types=["sliding_attention", "full_attention"], rope_parameters={
         "sliding_attention": dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
@@ -54,7 +56,6 @@ FLOP_FIELDS: Dict[str, Dict[str, Any]] = {
 # are untested here).
 TINY_CONFIG_REJECTED: Dict[str, str] = {
     "gemma3n_text": "transformers cannot build the model",
-    "lfm2_moe": "transformers cannot build the model",
 }
 
 
