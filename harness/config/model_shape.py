@@ -9,13 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 11  # bump when the JSON below changes meaning
+SHAPE_VERSION = 13  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -24,6 +25,11 @@ HARNESS_TP_PLANS: Dict[str, Dict[str, str]] = {
              "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise"},
 }
 # Config keys that hold the number of routed experts a token visits, across families.
+# Matrices outside the decoder layers that multiply every token once: Gemma 3n's AltUp projections (the
+# embedding into the extra streams, and back before the final norm) and its per-layer-input projection. The
+# unembedding ones run after the layers (the last pipeline stage), the others before them (the first).
+_OUTSIDE_PROJECTIONS = re.compile(r"^model\.(altup_projections\.\d+|per_layer_model_projection|"
+                                  r"altup_unembed_projections\.\d+)\.weight$")
 _EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k",
                            "experts_per_token", "num_selected_experts")
 
@@ -121,7 +127,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         if rows not in kinds:
             kinds.append(rows)
         pattern.append(kinds.index(rows))
-    first, last, tied = _outside_tensors(model, layers_name)
+    first, last, tied, projections = _outside_tensors(model, layers_name)
     return {
         "version": SHAPE_VERSION,
         "model_type": model_type,
@@ -134,6 +140,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         "first": first,
         "last": last,
         "tied_embeddings": tied,
+        "projections": projections,  # names of the rows of first / last that are _OUTSIDE_PROJECTIONS
         "total_params": sum(p.numel() for p in model.parameters()),
         "no_split_modules": list(getattr(model, "_no_split_modules", None) or []),
         "pp_plan": sorted(getattr(config, "base_model_pp_plan", None) or {}),
@@ -210,9 +217,9 @@ def _layer_tensors(layer: Any, plan: Dict[str, str]) -> List[List[Any]]:
     return rows
 
 
-def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], List[List[Any]], bool]:
+def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], List[List[Any]], bool, List[str]]:
     """Parameters outside the decoder layers: embedding tables first (vocab-split token table), the
-    rest (final norm, an untied lm_head) last."""
+    rest (final norm, an untied lm_head) last; _OUTSIDE_PROJECTIONS where they run, and their names."""
     import torch
 
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
@@ -221,16 +228,21 @@ def _outside_tensors(model: Any, layers_name: str) -> Tuple[List[List[Any]], Lis
     tied = head is not None and head.weight is token_table
     first: List[List[Any]] = []
     last: List[List[Any]] = []
+    projections: List[str] = []
     for name, param in model.named_parameters():  # tied tables are listed once
         if name.startswith(layers_name + "."):
             continue
         vocab_split = param is token_table or (head is not None and param is head.weight)
+        if _OUTSIDE_PROJECTIONS.match(name):
+            projections.append(name)
+            (last if "unembed" in name else first).append([name, list(param.shape), None, False])
+            continue
         if id(param) not in embeddings and not vocab_split and param.dim() > 1:
             raise ValueError(f"{type(model).__name__}: {name} is a matrix outside the decoder layers (an encoder "
                              "of another modality?); the planner models embeddings, decoder layers, norm and head")
         row = [name, list(param.shape), 0 if vocab_split else None, False]
         (first if id(param) in embeddings else last).append(row)
-    return first, last, tied
+    return first, last, tied, projections
 
 
 def _first_attr(config: Any, *names: str, default: Any = None) -> Any:
@@ -255,9 +267,9 @@ def _fields(config: Any) -> Dict[str, Any]:
         "head_dim": head_dim,
         "qk_head_dim": _qk_head_dim(config, head_dim),
         "v_head_dim": int(_first_attr(config, "v_head_dim", default=head_dim)),
-        "ffn_size": _first_attr(config, "moe_intermediate_size", "intermediate_size", "n_inner",
-                                "ffn_hidden_size", default=4 * hidden),
-        "dense_ffn_size": _first_attr(config, "intermediate_size", "n_inner", default=4 * hidden),
+        "ffn_size": _one_size(_first_attr(config, "moe_intermediate_size", "intermediate_size", "n_inner",
+                                          "ffn_hidden_size", default=4 * hidden)),
+        "dense_ffn_size": _one_size(_first_attr(config, "intermediate_size", "n_inner", default=4 * hidden)),
         "vocab_size": int(config.vocab_size),
         "max_positions": int(_first_attr(config, "max_position_embeddings", "n_positions", default=0)),
         "activation": str(_first_attr(config, "hidden_act", "activation_function", "hidden_activation",
@@ -285,6 +297,15 @@ def _fields(config: Any) -> Dict[str, Any]:
         "final_logit_softcapping": _first_attr(config, "final_logit_softcapping"),
         "attn_implementation": str(getattr(config, "_attn_implementation", None) or "sdpa"),
     }
+
+
+def _one_size(size: Any) -> Any:
+    """A size given per layer (Gemma 3n's intermediate_size list) is one size when every layer has it."""
+    if isinstance(size, (list, tuple)):
+        if len(set(size)) != 1:
+            raise ValueError(f"intermediate sizes differ between layers ({sorted(set(size))})")
+        return size[0]
+    return size
 
 
 def _qk_head_dim(config: Any, head_dim: int) -> int:

@@ -83,7 +83,7 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     (2·H_I) (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)).
     """
     forward_only = 2.0 * spec.decoder_forward_only_params
-    layers = 2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
+    layers = 2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only + altup_flops(spec)
     per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
     chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
     mixers = spec.layer_mixers or ("attention",) * len(spec.attention_windows)
@@ -95,7 +95,17 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     forward_only += indexer * sum(spec.attention_indexed)
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
     excess = delta_rule_flops(spec, seq_len)[1] + lightning_flops(spec, seq_len)[1]
-    return ForwardFlops(layers, attention, 2.0 * (spec.final_norm_params + head), forward_only, excess)
+    outside = 2.0 * (spec.final_norm_params + head + spec.outside_matrix_params)
+    return ForwardFlops(layers, attention, outside, forward_only, excess)
+
+
+def altup_flops(spec: ModelSpec) -> float:
+    """Forward FLOPs per token of Gemma 3n's AltUp beyond its weights (Baykal et al. 2023; transformers'
+    Gemma3nTextAltUp). Per layer of n streams and hidden size h: predict mixes the n streams with the token's own
+    n x n coefficients, a (h x n)·(n x n) product, 2·h·n²; correct runs the modality router (h x n) again on the
+    layer's output, 2·h·n more than its weights' one use. Every operand carries a gradient: the backward is
+    twice this. (The stream projections outside the layers are weights: outside_matrix_params.)"""
+    return sum(2.0 * spec.hidden_size * n * (n + 1) for n in spec.layer_altup_streams)
 
 
 def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:

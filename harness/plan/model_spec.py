@@ -93,6 +93,11 @@ class ModelSpec:
     ssd_state_size: int = 0
     ssd_chunk: int = 0
     lightning_block: int = 0  # lightning attention layers: block length (heads and head_dim as attention's)
+    # Gemma 3n: per layer, the streams n of its AltUp (alternating updates, Baykal et al. 2023), else 0; and the
+    # matrices outside the layers every token multiplies once (AltUp's stream projections, the per-layer-input
+    # projection), counted in first_tensors / last_tensors but neither embedding nor final norm.
+    layer_altup_streams: Tuple[int, ...] = ()
+    outside_matrix_params: int = 0
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
@@ -153,6 +158,10 @@ _POSITIONS = re.compile(r"(wpe|pos)")
 # Modules transformers runs under torch.no_grad inside a training forward: DeepSeek Sparse Attention's
 # lightning indexer (deepseek_v32, glm_moe_dsa). Their parameters get no gradient from the loss.
 FORWARD_ONLY = re.compile(r"(^|\.)indexer\.")
+# Gemma 3n's per-layer modules beside attention and MLP: AltUp's predict / correct coefficients and router,
+# the Laurel low-rank residual, the per-layer-input gate and projection.
+_LAYER_EXTRAS = re.compile(r"^(altup|laurel|per_layer_input_gate|per_layer_projection|post_per_layer_input_norm)\.")
+_ALTUP_PREDICTION = re.compile(r"^altup\.prediction_coefs\.weight$")  # (n², n)
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -281,8 +290,9 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
 def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
     """Biases, q/k norms and norm kind read from the tensor names of one layer."""
     attention = [r for r in rows if _ATTENTION.match(r[0])]
-    norms = [r for r in rows if not _ATTENTION.match(r[0]) and _is_norm(r)]
-    mlp = [r for r in rows if not _ATTENTION.match(r[0]) and not _is_norm(r)]
+    rest = [r for r in rows if not _ATTENTION.match(r[0]) and not _LAYER_EXTRAS.match(r[0])]
+    norms = [r for r in rest if _is_norm(r)]
+    mlp = [r for r in rest if not _is_norm(r)]
     biases = [r for r in attention if r[0].endswith(".bias") and "norm" not in r[0]]
     return {
         "attention": attention, "norms": norms, "mlp": mlp,
@@ -327,10 +337,13 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
     matrices = (sum(_numel(r[1]) for r in routed if len(r[1]) >= 2) // layer.routed_experts if layer.routed_experts
                 else sum(_numel(r[1]) for r in flags["mlp"] if len(r[1]) >= 2))
     first, last = shape["first"], shape["last"]
-    embedding = sum(_numel(r[1]) for r in first)
+    projections = set(shape.get("projections", ()))
+    embedding = sum(_numel(r[1]) for r in first if r[0] not in projections)
     lm_head = sum(_numel(r[1]) for r in last if r[2] == 0)
-    final_norm = sum(_numel(r[1]) for r in last if r[2] != 0)
-    total = embedding + sum(x.total for x in per_layer) + lm_head + final_norm
+    final_norm = sum(_numel(r[1]) for r in last if r[2] != 0 and r[0] not in projections)
+    outside = sum(_numel(r[1]) for r in first + last if r[0] in projections)
+    total = embedding + sum(x.total for x in per_layer) + lm_head + final_norm + outside
+    streams = tuple(sum(int(r[1][1]) for r in kinds[i] if _ALTUP_PREDICTION.match(r[0])) for i in pattern)
     if total != shape["total_params"]:
         raise ValueError(f"model {name!r}: {total} parameters counted tensor by tensor, "
                          f"{shape['total_params']} in transformers' model (shared tensors?)")
@@ -352,7 +365,9 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         layer_params=layer.total, active_layer_params=layer.active, embedding_params=embedding,
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,
         non_embedding_params=total - embedding,
-        active_params=embedding + sum(x.active for x in per_layer) + lm_head + final_norm,
+        active_params=embedding + sum(x.active for x in per_layer) + lm_head + final_norm + outside,
+        outside_matrix_params=outside,
+        layer_altup_streams=streams if any(streams) else (),
         layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
         **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],
         v_head_dim=f["v_head_dim"],
