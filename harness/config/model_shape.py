@@ -113,6 +113,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
     except Exception as error:  # a config transformers itself rejects
         raise ValueError(f"model.hf_config ({model_type}): transformers cannot build the model: "
                          f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
+    _refuse_recurrent(config)
     layers_name, layers = _decoder_layers(model, int(config.num_hidden_layers))
     try:
         fields = _fields(config)
@@ -145,6 +146,22 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         "no_split_modules": list(getattr(model, "_no_split_modules", None) or []),
         "pp_plan": sorted(getattr(config, "base_model_pp_plan", None) or {}),
     }
+
+
+def _refuse_recurrent(config: Any) -> None:
+    """HRM (hrm_text): its H and L stacks are run over and over with the same weights, some runs under no_grad;
+    num_hidden_layers counts those runs."""
+    h_cycles, l_cycles = getattr(config, "H_cycles", None), getattr(config, "L_cycles", None)
+    if not (h_cycles and l_cycles):
+        return
+    backprop = list(getattr(config, "L_bp_cycles", None) or [])
+    backprop = [1] * max(0, h_cycles - len(backprop)) + backprop  # HrmTextModel's left padding
+    no_grad = sum(l_cycles - min(l_cycles, backprop[h] if h < len(backprop) else 1) for h in range(h_cycles))
+    raise ValueError(f"model.hf_config ({config.model_type}): two weight-shared stacks (H and L modules) of "
+                     f"{config.num_layers_per_stack} layers each are run {h_cycles} x ({l_cycles} + 1) times a "
+                     f"forward (num_hidden_layers={config.num_hidden_layers} counts the layer runs), {no_grad} of the "
+                     f"L stack's {h_cycles * l_cycles} runs under no_grad; the planner models a stack of distinct "
+                     "decoder layers, each run once")
 
 
 def _decoder_layers(model: Any, count: int) -> Tuple[str, List[Any]]:

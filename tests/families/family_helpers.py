@@ -44,7 +44,8 @@ REFUSED: Dict[str, str] = {
         "bailing_hybrid", "inkling2_text", "inkling_text", "kimi_linear")},
     # hyper-connection mixers: weight matrices between the layers that the planner does not model
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
-    "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
+    # recurrent high / low level modules, one set of weights run again and again
+    "hrm_text": "two weight-shared stacks \\(H and L modules\\) of 2 layers each are run 2 x \\(3 \\+ 1\\) times",
     "longcat_flash": "no list of 56 decoder layers",  # two sub-layers per declared layer
     "llama4": "is a composite \\(multimodal\\) config",
     "gemma4_text": "per-layer shapes are not supported",
