@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 13  # bump when the JSON below changes meaning
+SHAPE_VERSION = 14  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -114,12 +114,13 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         raise ValueError(f"model.hf_config ({model_type}): transformers cannot build the model: "
                          f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
     _refuse_recurrent(config)
-    layers_name, layers = _decoder_layers(model, int(config.num_hidden_layers))
+    layers_name, layers = _decoder_layers(model, config)
     try:
         fields = _fields(config)
     except Exception as error:  # e.g. head_dim differing between layers (Gemma 4)
         raise ValueError(f"model.hf_config ({model_type}): per-layer shapes are not supported "
                          f"({str(error).splitlines()[0][:120]})") from None
+    fields["num_layers"] = len(layers)  # the declared layers (LongCat-Flash's num_hidden_layers counts halves)
     tp_plan, tp_source = _tp_plan(config)
     layer_rows = [_layer_tensors(layer, tp_plan) for layer in layers]
     kinds: List[List[Any]] = []
@@ -164,12 +165,19 @@ def _refuse_recurrent(config: Any) -> None:
                      "decoder layers, each run once")
 
 
-def _decoder_layers(model: Any, count: int) -> Tuple[str, List[Any]]:
+def _decoder_layers(model: Any, config: Any) -> Tuple[str, List[Any]]:
+    """The ModuleList of num_hidden_layers decoder layers, or of the config's declared num_layers where
+    num_hidden_layers counts sub-layers (LongCat-Flash: 2 x num_layers, two attention + MLP halves a layer)."""
     import torch
 
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count and count:
-            return name, list(module)
+    count = int(config.num_hidden_layers)
+    declared = getattr(config, "num_layers", None)
+    counts = [count] + ([declared] if isinstance(declared, int) and 0 < declared < count and not count % declared
+                        else [])
+    for n in counts:
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.ModuleList) and len(module) == n and n:
+                return name, list(module)
     raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers (num_hidden_layers): "
                      "the planner models a stack of repeated decoder layers")
 
@@ -310,6 +318,7 @@ def _fields(config: Any) -> Dict[str, Any]:
         "ssm_state_size": _first_attr(config, "ssm_state_size", "mamba_d_state"),
         "ssm_chunk_size": _first_attr(config, "mamba_chunk_size", "chunk_size"),
         "lightning_block_size": _first_attr(config, "block_size"),  # MiniMax's lightning attention blocks
+        "zero_experts": int(_first_attr(config, "zero_expert_num", default=0) or 0),  # LongCat-Flash's identity ones
         "attn_logit_softcapping": _first_attr(config, "attn_logit_softcapping"),
         "final_logit_softcapping": _first_attr(config, "final_logit_softcapping"),
         "attn_implementation": str(getattr(config, "_attn_implementation", None) or "sdpa"),

@@ -77,7 +77,7 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     Attention core: per softmax-attention layer and query token, QK^T dots a query of a heads of
     dim d_qk with each key (2·a·d_qk per key) and AV sums the values (2·a·d_v per key): with
     d_qk = d_v = d and T keys that is 4·H·Q·T in PaLM's letters (appendix B). Keys per query follow
-    the layer's window (keys_per_query).
+    the layer's window (keys_per_query), times the layer's attentions (LongCat-Flash's two halves a layer).
     Forward-only work (DeepSeek Sparse Attention's lightning indexer, run under no_grad): 2 FLOPs per
     indexer parameter, and per earlier key q·k over its heads (2·H_I·d_I) then the head-weighted sum
     (2·H_I) (DeepSeek-V3.2 report, eq. 1: I_ts = sum_j w_tj ReLU(q_tj · k_s)).
@@ -87,9 +87,9 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     per_key = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
     chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
     mixers = spec.layer_mixers or ("attention",) * len(spec.attention_windows)
-    attention = sum(per_key * keys_per_query(seq_len, window, convention.attention, chunk)
-                    for window, chunk, mixer in zip(spec.attention_windows, chunks, mixers, strict=True)
-                    if mixer == "attention")
+    attention = spec.attention_sublayers * sum(
+        per_key * keys_per_query(seq_len, window, convention.attention, chunk)
+        for window, chunk, mixer in zip(spec.attention_windows, chunks, mixers, strict=True) if mixer == "attention")
     attention += mixer_flops_per_token(spec, seq_len)
     indexer = 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
     forward_only += indexer * sum(spec.attention_indexed)

@@ -98,6 +98,10 @@ class ModelSpec:
     # projection), counted in first_tensors / last_tensors but neither embedding nor final norm.
     layer_altup_streams: Tuple[int, ...] = ()
     outside_matrix_params: int = 0
+    # LongCat-Flash: zero-computation (identity) experts routed among the num_experts real ones (a token's
+    # experts_per_token picks include them), and two softmax attentions in each decoder layer.
+    zero_experts: int = 0
+    attention_sublayers: int = 1
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
@@ -161,6 +165,7 @@ FORWARD_ONLY = re.compile(r"(^|\.)indexer\.")
 # Gemma 3n's per-layer modules beside attention and MLP: AltUp's predict / correct coefficients and router,
 # the Laurel low-rank residual, the per-layer-input gate and projection.
 _LAYER_EXTRAS = re.compile(r"^(altup|laurel|per_layer_input_gate|per_layer_projection|post_per_layer_input_norm)\.")
+_ATTENTION_SUBLAYER = re.compile(r"^self_attn\.(\d+)\.")  # LongCat-Flash: two attentions a layer, self_attn.0 / .1
 _ALTUP_PREDICTION = re.compile(r"^altup\.prediction_coefs\.weight$")  # (n², n)
 
 
@@ -182,14 +187,22 @@ class _Layer(NamedTuple):
     routed_experts: int
 
 
-def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
-    """A token visits k of E routed experts: active = the rest + k/E of the routed tensors."""
+def _expert_numel(routed: Sequence[Row]) -> int:
+    """Parameters of one routed expert: its slice (dim 0) of each stacked expert tensor."""
+    return sum(_numel(r[1]) // int(r[1][0]) for r in routed)
+
+
+def _layer_counts(rows: Sequence[Row], experts_per_token: int, zero_experts: int = 0) -> _Layer:
+    """A token visits k of E routed experts: active = the rest + k experts' slices. With Z zero-computation
+    (identity) experts beside the E real ones (LongCat-Flash), the k picks land on real experts in proportion
+    E / (E + Z), k·E / (E + Z) real experts a token (the expectation under balanced routing); the stacked tensors
+    may hold rows for the zero experts too (LongCat's gate_up_proj, E + Z rows, never read)."""
     routed = [r for r in rows if r[3]]
-    experts = int(routed[0][1][0]) if routed else 0
+    experts = max(int(r[1][0]) for r in routed) - zero_experts if routed else 0
     routed_numel = sum(_numel(r[1]) for r in routed)
     total = sum(_numel(r[1]) for r in rows)
-    active = total - routed_numel + (routed_numel * experts_per_token // experts if experts else 0)
-    return _Layer(total, active, experts)
+    touched = _expert_numel(routed) * experts_per_token * experts // (experts + zero_experts) if experts else 0
+    return _Layer(total, total - routed_numel + touched, experts)
 
 
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention")
@@ -262,8 +275,8 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any],
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
                          "models softmax attention layers (full, sliding window, chunked or indexed), Mamba-1 "
-                         "selective scans, Mamba-2, Gated DeltaNet, lightning attention, short convolutions and MLP-only "
-                         "layers only")
+                         "selective scans, Mamba-2, Gated DeltaNet, lightning attention, short convolutions and "
+                         "MLP-only layers only")
     indexed = tuple(spans[kind][2] for kind in types)
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
@@ -319,22 +332,22 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
     """Counts and shape fields from the tensors transformers allocated (harness.config.model_shape)."""
     f, k = shape["fields"], int(shape["experts_per_token"])
     kinds, pattern = shape["layer_kinds"], shape["layer_pattern"]
-    per_layer = [_layer_counts(kinds[i], k) for i in pattern]
+    zero = int(f.get("zero_experts") or 0)
+    per_layer = [_layer_counts(kinds[i], k, zero) for i in pattern]
     experts = max(layer.routed_experts for layer in per_layer)
     if experts and not k:
         raise ValueError(f"model {name!r} ({shape['model_type']}): {experts} routed experts but no experts-per-"
                          "token field (num_experts_per_tok) in its config")
     rows = kinds[_representative(kinds, pattern, k)]
-    layer = _layer_counts(rows, k)
+    layer = _layer_counts(rows, k, zero)
     h = f["hidden_size"]
     flags = _block_flags(rows, h)
     ffn = int(f["ffn_size"] if experts else f["dense_ffn_size"])
     routed = [r for r in rows if r[3]]
-    expert = (sum(_numel(r[1]) for r in routed) // layer.routed_experts if layer.routed_experts
-              else sum(_numel(r[1]) for r in flags["mlp"]))
+    expert = _expert_numel(routed) if layer.routed_experts else sum(_numel(r[1]) for r in flags["mlp"])
     router = sum(_numel(r[1]) for r in flags["mlp"] if layer.routed_experts and not r[3]
-                 and int(r[1][0]) == layer.routed_experts)
-    matrices = (sum(_numel(r[1]) for r in routed if len(r[1]) >= 2) // layer.routed_experts if layer.routed_experts
+                 and int(r[1][0]) == layer.routed_experts + zero)
+    matrices = (_expert_numel([r for r in routed if len(r[1]) >= 2]) if layer.routed_experts
                 else sum(_numel(r[1]) for r in flags["mlp"] if len(r[1]) >= 2))
     first, last = shape["first"], shape["last"]
     projections = set(shape.get("projections", ()))
@@ -353,7 +366,8 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         vocab_size=f["vocab_size"], max_positions=f["max_positions"],
         tied_embeddings=bool(shape["tied_embeddings"]),
         mlp_kind="swiglu" if matrices == 3 * h * ffn else "gelu",
-        num_experts=experts, experts_per_token=k if experts else 0,
+        num_experts=experts, experts_per_token=k if experts else 0, zero_experts=zero if experts else 0,
+        attention_sublayers=max(1, len({m.group(1) for r in rows if (m := _ATTENTION_SUBLAYER.match(r[0]))})),
         qkv_bias=flags["qkv_bias"], out_bias=flags["out_bias"], mlp_bias=flags["mlp_bias"],
         norm_kind=flags["norm_kind"], qk_norm=flags["qk_norm"],
         learned_positions=sum(int(r[1][0]) for r in first if r[2] is None and _POSITIONS.search(r[0])),

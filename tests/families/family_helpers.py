@@ -29,6 +29,9 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     "gemma3n_text": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
                          num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128,
                          laurel_rank=8),
+    # 2 declared layers (each two attention + MLP halves and a shortcut MoE), 4 real and 4 zero-computation
+    # experts, 2 picks a token: 2·4/8 = 1 real expert a token
+    "longcat_flash": dict(num_layers=2, ffn_hidden_size=96, expert_ffn_hidden_size=32, moe_topk=2, zero_expert_num=4),
     # rotary parameters per layer type (a NoPE global layer), M-RoPE sections within the 8 frequencies of 16 dims
     "cohere_compass_text": dict(layer_types=["sliding_attention", "full_attention"], rope_parameters={
         "sliding_attention": dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
@@ -46,7 +49,6 @@ REFUSED: Dict[str, str] = {
     **{name: "is a matrix outside the decoder layers" for name in ("deepseek_v4", "hy_v4", "qwen4_exp_text")},
     # recurrent high / low level modules, one set of weights run again and again
     "hrm_text": "two weight-shared stacks \\(H and L modules\\) of 2 layers each are run 2 x \\(3 \\+ 1\\) times",
-    "longcat_flash": "no list of 56 decoder layers",  # two sub-layers per declared layer
     "llama4": "is a composite \\(multimodal\\) config",
     "gemma4_text": "per-layer shapes are not supported",
     "gemma4_unified_text": "per-layer shapes are not supported",
@@ -57,6 +59,9 @@ REFUSED: Dict[str, str] = {
 # the experts a token is not routed to): with every expert routed (k = E) its matmuls are the model's.
 FLOP_FIELDS: Dict[str, Dict[str, Any]] = {
     "llama4_text": {"num_experts_per_tok": TINY["num_local_experts"]},
+    # LongCat-Flash routes among real and zero-computation experts by its router's scores: with every expert
+    # picked (k = E + Z) each token reaches all E real ones, k·E / (E + Z) = E, whatever the scores.
+    "longcat_flash": {"moe_topk": 8},
 }
 # Families whose tiny config transformers itself rejects (not a planner verdict; their real configs
 # are untested here).
