@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 15  # bump when the JSON below changes meaning
+SHAPE_VERSION = 16  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -31,8 +31,12 @@ HYPER_CONNECTION_OUTSIDE = re.compile(r"(^|\.)(hc_head|hyper_connection[^.]*)\."
 _EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k",
                            "experts_per_token", "num_selected_experts", "top_k_experts")
 # Parameters outside the decoder layers that the first stage runs on the token embeddings, besides the tables:
-# Gemma 4's per-layer-input projection (hidden -> layers x per-layer dim) and its norm.
-_INPUT_SIDE = re.compile(r"(^|\.)per_layer_(model_projection|projection_norm)\.")
+# Gemma 4's and Gemma 3n's per-layer-input projection (hidden -> layers x per-layer dim) and its norm, Gemma 3n's
+# AltUp projections of the embedding into its extra streams.
+_INPUT_SIDE = re.compile(r"(^|\.)(per_layer_(model_projection|projection_norm)|altup_projections\.\d+)\.")
+# Matrices outside the decoder layers that the last stage runs before the final norm: Gemma 3n's AltUp
+# projections of the extra streams back (each token multiplies them once, like a weight).
+_OUTPUT_SIDE = re.compile(r"(^|\.)altup_unembed_projections\.\d+\.")
 
 
 def cache_dir() -> Path:
@@ -119,13 +123,15 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
     except Exception as error:  # a config transformers itself rejects
         raise ValueError(f"model.hf_config ({model_type}): transformers cannot build the model: "
                          f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
-    layers_name, layers = _decoder_layers(model, int(config.num_hidden_layers))
+    _refuse_recurrent(config)
+    layers_name, layers = _decoder_layers(model, config)
     _refuse_tables_in_layers(model_type, layers)
     try:
         fields = _fields(config)
     except Exception as error:  # e.g. head_dim differing between layers (Gemma 4)
         raise ValueError(f"model.hf_config ({model_type}): per-layer shapes are not supported "
                          f"({str(error).splitlines()[0][:120]})") from None
+    fields["num_layers"] = len(layers)  # the declared layers (LongCat-Flash's num_hidden_layers counts halves)
     tp_plan, tp_source = _tp_plan(config)
     layer_rows = [_layer_tensors(layer, tp_plan) for layer in layers]
     kinds: List[List[Any]] = []
@@ -154,12 +160,35 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
     }
 
 
-def _decoder_layers(model: Any, count: int) -> Tuple[str, List[Any]]:
+def _refuse_recurrent(config: Any) -> None:
+    """HRM (hrm_text): its H and L stacks are run over and over with the same weights, some runs under no_grad;
+    num_hidden_layers counts those runs."""
+    h_cycles, l_cycles = getattr(config, "H_cycles", None), getattr(config, "L_cycles", None)
+    if not (h_cycles and l_cycles):
+        return
+    backprop = list(getattr(config, "L_bp_cycles", None) or [])
+    backprop = [1] * max(0, h_cycles - len(backprop)) + backprop  # HrmTextModel's left padding
+    no_grad = sum(l_cycles - min(l_cycles, backprop[h] if h < len(backprop) else 1) for h in range(h_cycles))
+    raise ValueError(f"model.hf_config ({config.model_type}): two weight-shared stacks (H and L modules) of "
+                     f"{config.num_layers_per_stack} layers each are run {h_cycles} x ({l_cycles} + 1) times a "
+                     f"forward (num_hidden_layers={config.num_hidden_layers} counts the layer runs), {no_grad} of the "
+                     f"L stack's {h_cycles * l_cycles} runs under no_grad; the planner models a stack of distinct "
+                     "decoder layers, each run once")
+
+
+def _decoder_layers(model: Any, config: Any) -> Tuple[str, List[Any]]:
+    """The ModuleList of num_hidden_layers decoder layers, or of the config's declared num_layers where
+    num_hidden_layers counts sub-layers (LongCat-Flash: 2 x num_layers, two attention + MLP halves a layer)."""
     import torch
 
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count and count:
-            return name, list(module)
+    count = int(config.num_hidden_layers)
+    declared = getattr(config, "num_layers", None)
+    counts = [count] + ([declared] if isinstance(declared, int) and 0 < declared < count and not count % declared
+                        else [])
+    for n in counts:
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.ModuleList) and len(module) == n and n:
+                return name, list(module)
     raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers (num_hidden_layers): "
                      "the planner models a stack of repeated decoder layers")
 
@@ -246,8 +275,8 @@ def _outside_tensors(model: Any, layers_name: str, plan: Dict[str, str]
                      ) -> Tuple[List[List[Any]], List[List[Any]], List[List[Any]], bool]:
     """Parameters outside the decoder layers: embedding tables first (vocab-split token table), then what the
     first stage runs on the embeddings (an embedding module's own norm, _INPUT_SIDE), the rest (final norm, an
-    untied lm_head, the hyper-connection collapse of the residual streams) last. A hyper-connection tensor is
-    split as the family's TP plan names its module (else replicated)."""
+    untied lm_head, _OUTPUT_SIDE, the hyper-connection collapse of the residual streams) last. A
+    hyper-connection tensor is split as the family's TP plan names its module (else replicated)."""
     import torch
 
     modules = dict(model.named_modules())
@@ -266,7 +295,8 @@ def _outside_tensors(model: Any, layers_name: str, plan: Dict[str, str]
         vocab_split = param is token_table or (head is not None and param is head.weight)
         input_side = id(param) not in embeddings and (name.startswith(inside_embedding) or _INPUT_SIDE.search(name))
         hyper = bool(HYPER_CONNECTION_OUTSIDE.search(name))
-        if id(param) not in embeddings and not vocab_split and not input_side and not hyper and param.dim() > 1:
+        known = input_side or hyper or _OUTPUT_SIDE.search(name)
+        if id(param) not in embeddings and not vocab_split and not known and param.dim() > 1:
             raise ValueError(f"{type(model).__name__}: {name} is a matrix outside the decoder layers (an encoder "
                              "of another modality?); the planner models embeddings, decoder layers, norm, "
                              "hyper-connections and head")
@@ -324,9 +354,9 @@ def _fields(config: Any) -> Dict[str, Any]:
         "layer_attention": per_layer,
         "qk_head_dim": _qk_head_dim(config, head_dim),
         "v_head_dim": int(_first_attr(config, "v_head_dim", default=head_dim)),
-        "ffn_size": _first_attr(config, "moe_intermediate_size", "intermediate_size", "n_inner",
-                                "ffn_hidden_size", default=4 * hidden),
-        "dense_ffn_size": _first_attr(config, "intermediate_size", "n_inner", default=4 * hidden),
+        "ffn_size": _one_size(_first_attr(config, "moe_intermediate_size", "intermediate_size", "n_inner",
+                                          "ffn_hidden_size", default=4 * hidden)),
+        "dense_ffn_size": _one_size(_first_attr(config, "intermediate_size", "n_inner", default=4 * hidden)),
         "vocab_size": int(config.vocab_size),
         "max_positions": int(_first_attr(config, "max_position_embeddings", "n_positions", default=0)),
         "activation": str(_first_attr(config, "hidden_act", "activation_function", "hidden_activation",
@@ -353,10 +383,20 @@ def _fields(config: Any) -> Dict[str, Any]:
         "ssm_state_size": _first_attr(config, "ssm_state_size", "mamba_d_state"),
         "ssm_chunk_size": _first_attr(config, "mamba_chunk_size", "chunk_size"),
         "lightning_block_size": _first_attr(config, "block_size"),  # MiniMax's lightning attention blocks
+        "zero_experts": int(_first_attr(config, "zero_expert_num", default=0) or 0),  # LongCat-Flash's identity ones
         "attn_logit_softcapping": _first_attr(config, "attn_logit_softcapping"),
         "final_logit_softcapping": _first_attr(config, "final_logit_softcapping"),
         "attn_implementation": str(getattr(config, "_attn_implementation", None) or "sdpa"),
     }
+
+
+def _one_size(size: Any) -> Any:
+    """A size given per layer (Gemma 3n's intermediate_size list) is one size when every layer has it."""
+    if isinstance(size, (list, tuple)):
+        if len(set(size)) != 1:
+            raise ValueError(f"intermediate sizes differ between layers ({sorted(set(size))})")
+        return size[0]
+    return size
 
 
 def _qk_head_dim(config: Any, head_dim: int) -> int:

@@ -77,9 +77,11 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     Attention core: per softmax-attention layer and query token, QK^T dots a query of a heads of
     dim d_qk with each key (2·a·d_qk per key) and AV sums the values (2·a·d_v per key): with
     d_qk = d_v = d and T keys that is 4·H·Q·T in PaLM's letters (appendix B). Keys per query follow
-    the layer's window (keys_per_query); heads and dims the layer's own (ModelSpec.attention_shapes: Gemma 4's
-    global layers, Inkling's sliding and full ones differ). Parameters run on the embeddings before the first
-    layer (ModelSpec.input_params: Gemma 4's per-layer-input projection) count 2 per token like weights.
+    the layer's window (keys_per_query), times the layer's attentions (LongCat-Flash's two halves a layer); heads
+    and dims the layer's own (ModelSpec.attention_shapes: Gemma 4's global layers, Inkling's sliding and full ones
+    differ). Parameters run on the embeddings before the first layer (ModelSpec.input_params: Gemma 4's and 3n's
+    per-layer-input projection, Gemma 3n's AltUp stream projections) and after the last one (final_norm_params:
+    Gemma 3n's AltUp unembedding) count 2 per token like weights.
     Forward-only work (a sparse-attention indexer, whose pick reaches the loss only as a mask): 2 FLOPs per
     indexer parameter and its scores (indexer_flops_per_token) in each layer with an indexer of its own.
     Hyper-connections (DeepSeek-V4, HY-V4, Qwen4): their projections are weights like any other (the streams'
@@ -89,14 +91,15 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     """
     forward_only = 2.0 * spec.decoder_forward_only_params
     layers = (2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
-              + 2.0 * sum(spec.layer_stream_mixing))
+              + 2.0 * sum(spec.layer_stream_mixing) + altup_flops(spec))
     layers += relative_bias_flops(spec)
     chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
     mixers = spec.layer_mixers or ("attention",) * len(spec.attention_windows)
-    attention = sum(2.0 * heads * (qk + v) * keys_per_query(seq_len, window, convention.attention, chunk)
-                    for window, chunk, mixer, (heads, _, qk, v) in zip(
-                        spec.attention_windows, chunks, mixers, spec.attention_shapes(), strict=True)
-                    if mixer == "attention")
+    attention = spec.attention_sublayers * sum(
+        2.0 * heads * (qk + v) * keys_per_query(seq_len, window, convention.attention, chunk)
+        for window, chunk, mixer, (heads, _, qk, v) in zip(
+            spec.attention_windows, chunks, mixers, spec.attention_shapes(), strict=True)
+        if mixer == "attention")
     attention += mixer_flops_per_token(spec, seq_len)
     forward_only += indexer_flops_per_token(spec, seq_len, convention) * spec.indexer_layers
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
@@ -133,6 +136,15 @@ def indexer_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     return 2.0 * spec.indexer_heads * (spec.indexer_head_dim + 1) * keys_per_query(seq_len, 0, convention.attention)
 
 
+def altup_flops(spec: ModelSpec) -> float:
+    """Forward FLOPs per token of Gemma 3n's AltUp beyond its weights (Baykal et al. 2023; transformers'
+    Gemma3nTextAltUp). Per layer of n streams and hidden size h: predict mixes the n streams with the token's own
+    n x n coefficients, a (h x n)·(n x n) product, 2·h·n²; correct runs the modality router (h x n) again on the
+    layer's output, 2·h·n more than its weights' one use. Every operand carries a gradient: the backward is
+    twice this. (The stream projections outside the layers are weights: input_params, final_norm_params.)"""
+    return sum(2.0 * spec.hidden_size * n * (n + 1) for n in spec.layer_altup_streams)
+
+
 def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     """Forward FLOPs of one token in the non-attention mixers' own products (no weights).
 
@@ -142,7 +154,9 @@ def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     FLOPs (transformers' torch fallback, mamba_selective_scan: a matmul of the state with C_t per step).
     Causal depthwise convolution (C channels, K taps): its weights are counted as weights (2·C·K per token),
     but transformers' causal_conv1d_fn pads K - 1 positions on the left and computes T + K - 1 outputs
-    before dropping the extra ones: 2·C·K·(K - 1) more per sequence, / T per token.
+    before dropping the extra ones: 2·C·K·(K - 1) more per sequence, / T per token. LFM2's short convolution
+    (Lfm2ShortConv: B, C, x = in_proj(h); out_proj(C ⊙ conv(B ⊙ x))) is such a convolution between elementwise
+    gates: its weights and this padding are all its products.
     """
     scans = 2.0 * sum(spec.layer_scan_states)
     padding = 2.0 * sum(spec.layer_conv_padding) / seq_len

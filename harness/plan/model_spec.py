@@ -87,8 +87,9 @@ class ModelSpec:
     # "gated_delta_rule" (Gated DeltaNet, Yang et al. 2024: a dk x dv state per value head, updated by the
     # delta rule in chunks), "state_space_duality" (Mamba-2, Dao & Gu 2024: a p x N state per head, scanned in
     # chunks), "lightning_attention" (MiniMax-01, Qin et al. 2024: linear attention in blocks, a d x d state
-    # per head) or "none" (an MLP-only layer, Nemotron-H's); these three stay empty when every layer is softmax
-    # attention.
+    # per head), "short_conv" (LFM2: x gated by B, a causal depthwise convolution of K taps, gated by C; its
+    # only products are its weights') or "none" (an MLP-only layer, Nemotron-H's); these three stay empty when
+    # every layer is softmax attention.
     layer_mixers: Tuple[str, ...] = ()
     layer_scan_states: Tuple[int, ...] = ()  # per layer: d_inner·N of its selective scan (its A), else 0
     # Per layer: multiply-adds per sequence a causal depthwise convolution of C channels and K taps spends on
@@ -102,6 +103,13 @@ class ModelSpec:
     ssd_state_size: int = 0
     ssd_chunk: int = 0
     lightning_block: int = 0  # lightning attention layers: block length (heads and head_dim as attention's)
+    # Gemma 3n: per layer, the streams n of its AltUp (alternating updates, Baykal et al. 2023), else 0 (its
+    # stream projections outside the layers are input_params and final_norm_params).
+    layer_altup_streams: Tuple[int, ...] = ()
+    # LongCat-Flash: zero-computation (identity) experts routed among the num_experts real ones (a token's
+    # experts_per_token picks include them), and two softmax attentions in each decoder layer.
+    zero_experts: int = 0
+    attention_sublayers: int = 1
     qk_head_dim: int = 0  # dims of the QK^T and AV products (multi-latent attention differs from head_dim)
     v_head_dim: int = 0
     # Per layer, where layers' attention differs in shape (Gemma 4's wider global heads, Inkling's sliding and
@@ -203,8 +211,9 @@ def model_spec_from_hf(name: str, hf_config: Mapping[str, Any]) -> ModelSpec:
 
 
 Row = Sequence[Any]  # [name inside the layer, shape, tp_dim, routed expert]
-# The token mixer's tensors: attention, or a state-space mixer in its place (Jamba's "mamba")
-_ATTENTION = re.compile(r"^(?![^.]*norm)[^.]*(attn|attention|mamba)[^.]*\.")
+# The token mixer's tensors: attention, or a state-space mixer in its place (Jamba's "mamba"), or LFM2's short
+# convolution ("conv")
+_ATTENTION = re.compile(r"^(?![^.]*norm)([^.]*(attn|attention|mamba)[^.]*|conv)\.")
 _QK_NORM = re.compile(r"(^|\.)(q|k|query|key)_(norm|layernorm)\.")
 _POSITIONS = re.compile(r"(wpe|pos)")
 # Modules transformers runs under torch.no_grad inside a training forward: DeepSeek Sparse Attention's
@@ -214,6 +223,11 @@ FORWARD_ONLY = re.compile(r"(^|\.)indexer\.")
 _HYPER = re.compile(r"^([^.]*_hc|[^.]*hyper_connection[^.]*)\.")
 _HYPER_FN = re.compile(r"^[^.]*_hc\.fn$")  # DeepSeek-V4 / HY-V4: the (pre, post[, comb]) weights' projection
 _INDEXER = re.compile(r"(^|\.)indexer\.")
+# Gemma 3n's per-layer modules beside attention and MLP: AltUp's predict / correct coefficients and router,
+# the Laurel low-rank residual, the per-layer-input gate and projection.
+_LAYER_EXTRAS = re.compile(r"^(altup|laurel|per_layer_input_gate|per_layer_projection|post_per_layer_input_norm)\.")
+_ATTENTION_SUBLAYER = re.compile(r"^self_attn\.(\d+)\.")  # LongCat-Flash: two attentions a layer, self_attn.0 / .1
+_ALTUP_PREDICTION = re.compile(r"^altup\.prediction_coefs\.weight$")  # (n², n)
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -234,26 +248,35 @@ class _Layer(NamedTuple):
     routed_experts: int
 
 
-def _layer_counts(rows: Sequence[Row], experts_per_token: int) -> _Layer:
-    """A token visits k of E routed experts: active = the rest + k/E of the routed tensors."""
+def _expert_numel(routed: Sequence[Row]) -> int:
+    """Parameters of one routed expert: its slice (dim 0) of each stacked expert tensor."""
+    return sum(_numel(r[1]) // int(r[1][0]) for r in routed)
+
+
+def _layer_counts(rows: Sequence[Row], experts_per_token: int, zero_experts: int = 0) -> _Layer:
+    """A token visits k of E routed experts: active = the rest + k experts' slices. With Z zero-computation
+    (identity) experts beside the E real ones (LongCat-Flash), the k picks land on real experts in proportion
+    E / (E + Z), k·E / (E + Z) real experts a token (the expectation under balanced routing); the stacked tensors
+    may hold rows for the zero experts too (LongCat's gate_up_proj, E + Z rows, never read)."""
     routed = [r for r in rows if r[3]]
-    experts = int(routed[0][1][0]) if routed else 0
+    experts = max(int(r[1][0]) for r in routed) - zero_experts if routed else 0
     routed_numel = sum(_numel(r[1]) for r in routed)
     total = sum(_numel(r[1]) for r in rows)
-    active = total - routed_numel + (routed_numel * experts_per_token // experts if experts else 0)
-    return _Layer(total, active, experts)
+    touched = _expert_numel(routed) * experts_per_token * experts // (experts + zero_experts) if experts else 0
+    return _Layer(total, total - routed_numel + touched, experts)
 
 
 # Inkling's full attention layers are "hybrid" (its sliding window ones "hybrid_sliding"): softmax attention among
 # short convolutions (a layer whose tensors show another mixer is named by that mixer, _attention_fields)
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention", "hybrid")
-_MIXERS = ("selective_scan", "gated_delta_rule", "state_space_duality", "lightning_attention", "none")
+_MIXERS = ("selective_scan", "gated_delta_rule", "state_space_duality", "lightning_attention", "short_conv", "none")
 _SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 and delta rules keep one per head
-_DEPTHWISE_CONV = re.compile(r"(^|\.)conv1d\.weight$")
+_DEPTHWISE_CONV = re.compile(r"(^|\.)(conv1d|conv\.conv)\.weight$")
 _DELTA_RULE_DECAY = re.compile(r"(^|\.)linear_attn\.A_log$")  # Gated DeltaNet: one decay per value head
 _SSD_DECAY = re.compile(r"^(mamba|mixer)\.A_log$")  # Mamba-2: one decay per head
 _MLP_ONLY = ("mlp", "moe")  # layer_types of layers without a token mixer (Nemotron-H)
 _LIGHTNING_GATE = re.compile(r"^self_attn\.output_gate\.weight$")  # MiniMax's lightning attention output gate
+_SHORT_CONV = re.compile(r"^conv\.conv\.weight$")  # LFM2's gated short convolution (Lfm2ShortConv)
 
 
 def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
@@ -266,6 +289,8 @@ def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
         return "state_space_duality"
     if any(_LIGHTNING_GATE.search(r[0]) for r in rows):
         return "lightning_attention"
+    if any(_SHORT_CONV.search(r[0]) and len(r[1]) == 3 for r in rows):
+        return "short_conv"
     return "none" if layer_type in _MLP_ONLY else "attention"
 
 
@@ -273,9 +298,9 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
                   layer_types: Optional[Sequence[str]]) -> Dict[str, Any]:
     """Per layer: its token mixer, the d_inner·N of a selective scan and a causal convolution's padding work,
     read from the layer's tensors (a 2-D A_log is Mamba-1's state matrix, a 1-D linear_attn.A_log Gated
-    DeltaNet's decays, a 1-D mamba / mixer A_log Mamba-2's, an output gate lightning attention's; conv1d.weight
-    is (C, 1, K)); all
-    empty when every layer is softmax attention."""
+    DeltaNet's decays, a 1-D mamba / mixer A_log Mamba-2's, an output gate lightning attention's, a layer-level
+    conv.conv.weight LFM2's short convolution; conv1d.weight and conv.conv.weight are (C, 1, K)); all empty when
+    every layer is softmax attention."""
     def scan(rows: Sequence[Row]) -> int:
         return sum(_numel(r[1]) for r in rows if _SCAN_STATE.search(r[0]) and len(r[1]) == 2)
 
@@ -302,7 +327,8 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any], mix
     as many per query as a sliding window of index_topk (Qwen4's QSA: its token budget); `own_indexer` says
     which layers run an indexer of their own (HY-V4's "shared" layers reuse the previous one's pick). A
     selective-scan layer (whatever its layer_types
-    name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention or MLP-only layer scores
+    name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention, short convolution (LFM2's
+    "conv") or MLP-only layer scores
     no keys: (0, 0, False), and flops counts its mixer's own products instead. Layers of other kinds (Kimi delta
     attention, convolution) have
     FLOPs and saved tensors the planner has no formula for: such families are refused by name."""
@@ -325,7 +351,8 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any], mix
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
                          "models softmax attention layers (full, sliding window, chunked or indexed), Mamba-1 "
-                         "selective scans, Mamba-2, Gated DeltaNet, lightning attention and MLP-only layers only")
+                         "selective scans, Mamba-2, Gated DeltaNet, lightning attention, short convolutions and "
+                         "MLP-only layers only")
     indexed = tuple(spans[kind][2] for kind in types)
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
@@ -411,8 +438,9 @@ def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
     hyper = [r for r in rows if _HYPER.match(r[0])]
     rows = [r for r in rows if not _HYPER.match(r[0])]
     attention = [r for r in rows if _ATTENTION.match(r[0])]
-    norms = [r for r in rows if not _ATTENTION.match(r[0]) and _is_norm(r)]
-    mlp = [r for r in rows if not _ATTENTION.match(r[0]) and not _is_norm(r)]
+    rest = [r for r in rows if not _ATTENTION.match(r[0]) and not _LAYER_EXTRAS.match(r[0])]
+    norms = [r for r in rest if _is_norm(r)]
+    mlp = [r for r in rest if not _is_norm(r)]
     biases = [r for r in attention if r[0].endswith(".bias") and "norm" not in r[0]]
     return {
         "attention": attention, "norms": norms, "mlp": mlp, "hyper": hyper,
@@ -478,26 +506,31 @@ def _outside_counts(name: str, shape: Mapping[str, Any],
     return counts
 
 
+def _altup_streams(kinds: Sequence[Sequence[Row]], pattern: Sequence[int]) -> Tuple[int, ...]:
+    """Per layer, the streams n of Gemma 3n's AltUp (its prediction coefficients are n² x n), empty without."""
+    streams = tuple(sum(int(r[1][1]) for r in kinds[i] if _ALTUP_PREDICTION.match(r[0])) for i in pattern)
+    return streams if any(streams) else ()
+
+
 def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
     """Counts and shape fields from the tensors transformers allocated (harness.config.model_shape)."""
-    f, k = shape["fields"], int(shape["experts_per_token"])
+    f, k, zero = shape["fields"], int(shape["experts_per_token"]), int(shape["fields"].get("zero_experts") or 0)
     kinds, pattern = shape["layer_kinds"], shape["layer_pattern"]
-    per_layer = [_layer_counts(kinds[i], k) for i in pattern]
+    per_layer = [_layer_counts(kinds[i], k, zero) for i in pattern]
     experts = max(layer.routed_experts for layer in per_layer)
     if experts and not k:
         raise ValueError(f"model {name!r} ({shape['model_type']}): {experts} routed experts but no experts-per-"
                          "token field (num_experts_per_tok) in its config")
     rows = kinds[_representative(kinds, pattern, k)]
-    layer = _layer_counts(rows, k)
+    layer = _layer_counts(rows, k, zero)
     h = f["hidden_size"]
     flags = _block_flags(rows, h)
     ffn = int(f["ffn_size"] if experts else f["dense_ffn_size"])
     routed = [r for r in rows if r[3]]
-    expert = (sum(_numel(r[1]) for r in routed) // layer.routed_experts if layer.routed_experts
-              else sum(_numel(r[1]) for r in flags["mlp"]))
+    expert = _expert_numel(routed) if layer.routed_experts else sum(_numel(r[1]) for r in flags["mlp"])
     router = sum(_numel(r[1]) for r in flags["mlp"] if layer.routed_experts and not r[3]
-                 and int(r[1][0]) == layer.routed_experts)
-    matrices = (sum(_numel(r[1]) for r in routed if len(r[1]) >= 2) // layer.routed_experts if layer.routed_experts
+                 and int(r[1][0]) == layer.routed_experts + zero)
+    matrices = (_expert_numel([r for r in routed if len(r[1]) >= 2]) if layer.routed_experts
                 else sum(_numel(r[1]) for r in flags["mlp"] if len(r[1]) >= 2))
     first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
     embedding, input_params, lm_head, final_norm, hyper_outside = _outside_counts(name, shape, per_layer)
@@ -509,7 +542,8 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         vocab_size=f["vocab_size"], max_positions=f["max_positions"],
         tied_embeddings=bool(shape["tied_embeddings"]),
         mlp_kind="swiglu" if matrices == 3 * h * ffn else "gelu",
-        num_experts=experts, experts_per_token=k if experts else 0,
+        num_experts=experts, experts_per_token=k if experts else 0, zero_experts=zero if experts else 0,
+        attention_sublayers=max(1, len({m.group(1) for r in rows if (m := _ATTENTION_SUBLAYER.match(r[0]))})),
         qkv_bias=flags["qkv_bias"], out_bias=flags["out_bias"], mlp_bias=flags["mlp_bias"],
         norm_kind=flags["norm_kind"], qk_norm=flags["qk_norm"],
         learned_positions=sum(int(r[1][0]) for r in first if r[2] is None and _POSITIONS.search(r[0])),
@@ -523,6 +557,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         non_embedding_params=total - embedding,
         active_params=embedding + input_params + sum(x.active for x in per_layer) + outside_last,
         input_params=input_params, **_attention_shape_fields(name, shape["model_type"], f, kinds, pattern),
+        layer_altup_streams=_altup_streams(kinds, pattern),
         layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
         **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],
         **_hyper_connection_fields(f, kinds, pattern, hyper_outside),

@@ -39,6 +39,20 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     # the 16-token FLOP count), a 32-token budget (the defaults leave the indexer unset)
     "qwen4_exp_text": dict(layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=2,
                            indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=32, indexer_compress_ratio=4),
+    # one short-convolution layer with a dense MLP, one attention layer with the MoE (no default layer_types)
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    # four layers (local, global, local, global), the last two reading the first two's keys and values; per-layer
+    # inputs of 8 dims from a 128-token table, a rank-8 Laurel residual (the defaults are a full-size model's)
+    "gemma3n_text": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                         num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128,
+                         laurel_rank=8),
+    # 2 declared layers (each two attention + MLP halves and a shortcut MoE), 4 real and 4 zero-computation
+    # experts, 2 picks a token: 2·4/8 = 1 real expert a token
+    "longcat_flash": dict(num_layers=2, ffn_hidden_size=96, expert_ffn_hidden_size=32, moe_topk=2, zero_expert_num=4),
+    # rotary parameters per layer type (a NoPE global layer), M-RoPE sections within the 8 frequencies of 16 dims
+    "cohere_compass_text": dict(layer_types=["sliding_attention", "full_attention"], rope_parameters={
+        "sliding_attention": dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
+        "full_attention": None}),
 }
 _LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
@@ -51,8 +65,8 @@ REFUSED: Dict[str, str] = {
     "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
     # DeepSeek-V4's compressed sparse / heavily compressed attention layers (its hyper-connections are modelled)
     "deepseek_v4": r"layer_types \['heavily_compressed_attention'\] are compressed attention",
-    "hrm_text": "no list of 16 decoder layers",  # recurrent high / low level modules
-    "longcat_flash": "no list of 56 decoder layers",  # two sub-layers per declared layer
+    # recurrent high / low level modules, one set of weights run again and again
+    "hrm_text": "two weight-shared stacks \\(H and L modules\\) of 2 layers each are run 2 x \\(3 \\+ 1\\) times",
     "llama4": "is a composite \\(multimodal\\) config",
     "phi4_multimodal": "is a matrix outside the decoder layers",  # vision and audio encoders
 }
@@ -69,13 +83,13 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 # the experts a token is not routed to): with every expert routed (k = E) its matmuls are the model's.
 FLOP_FIELDS: Dict[str, Dict[str, Any]] = {
     "llama4_text": {"num_experts_per_tok": TINY["num_local_experts"]},
+    # LongCat-Flash routes among real and zero-computation experts by its router's scores: with every expert
+    # picked (k = E + Z) each token reaches all E real ones, k·E / (E + Z) = E, whatever the scores.
+    "longcat_flash": {"moe_topk": 8},
 }
 # Families whose tiny config transformers itself rejects (not a planner verdict; their real configs
 # are untested here).
 TINY_CONFIG_REJECTED: Dict[str, str] = {
-    "cohere_compass_text": "transformers cannot build the model",
-    "gemma3n_text": "transformers cannot build the model",
-    "lfm2_moe": "transformers cannot build the model",
 }
 
 

@@ -35,6 +35,7 @@ KNOWN_GAPS = {
     "beam": (1.13, 1.17, "attention sinks (a score column per head) and a gated attention output"),
     "cohere": (1.01, 1.05, UNATTRIBUTED),
     "cohere2": (1.01, 1.05, UNATTRIBUTED),
+    "cohere_compass_text": (1.01, 1.05, UNATTRIBUTED),
     "cohere2_moe": (0.99, 1.03, UNATTRIBUTED),
     "deepseek_v2": (1.02, 1.06, MLA),
     "deepseek_v3": (1.02, 1.06, MLA),
@@ -44,7 +45,8 @@ KNOWN_GAPS = {
     "ernie4_5_moe": (0.99, 1.03, UNATTRIBUTED),
     "flint": (0.97, 1.01, UNATTRIBUTED),
     "gemma2": (1.04, 1.08, UNATTRIBUTED),
-    "gemma4_text": (1.03, 1.07, "per-layer inputs, KV-sharing layers, the MoE beside the MLP; not attributed"),
+    "gemma3n_text": (2.12, 2.16, "AltUp's residual streams, Laurel and per-layer inputs: the model counts one stream"),
+    "gemma4_text": (1.09, 1.13, "per-layer inputs, KV-sharing layers, the MoE beside the MLP; not attributed"),
     "gemma4_unified_text": (1.03, 1.07, "per-layer inputs, KV-sharing layers; not attributed"),
     "glm": (1.03, 1.07, PARTIAL_ROTARY),
     "glm4": (1.02, 1.06, PARTIAL_ROTARY),
@@ -62,6 +64,7 @@ KNOWN_GAPS = {
     "laguna": (1.06, 1.10, "per-head attention gates"),
     "llama4_text": (1.47, 1.51, "transformers' Llama 4 MoE runs every expert for every token (scores 0 off the "
                                 "top k)"),
+    "longcat_flash": (1.26, 1.30, "two attentions, two MLPs and a shortcut MoE a layer: the model counts one of each"),
     "minicpm3": (1.02, 1.06, MLA),
     "minimax": (1.11, 1.15, HYBRID),
     "minimax_m2": (1.01, 1.05, UNATTRIBUTED),
@@ -108,7 +111,7 @@ def measured_and_predicted(model_type):
 
 
 def test_most_families_are_exact():
-    assert len(EXACT) >= 38 and {"llama", "gemma3_text", "mixtral", "hunyuan_v1_moe", "dots1"} <= set(EXACT)
+    assert len(EXACT) >= 39 and {"llama", "gemma3_text", "mixtral", "hunyuan_v1_moe", "dots1"} <= set(EXACT)
     assert set(KNOWN_GAPS) <= set(SUPPORTED)
 
 
