@@ -114,15 +114,13 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
             or getattr(config, "is_encoder_decoder", False)):
         raise ValueError(f"model.hf_config.model_type={model_type!r} is not a decoder-only causal LM "
                          "(the planner models decoder-only transformers built by AutoModelForCausalLM)")
-    if getattr(config, "num_hidden_layers", None) is None:
-        raise ValueError(f"model.hf_config.model_type={model_type!r} is a composite (multimodal) config; "
-                         "give the model type of its text decoder")
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except Exception as error:  # a config transformers itself rejects
         raise ValueError(f"model.hf_config ({model_type}): transformers cannot build the model: "
                          f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
+    config = _decoder_config(config)
     _refuse_recurrent(config)
     layers_name, layers = _decoder_layers(model, config)
     _refuse_tables_in_layers(model_type, layers)
@@ -174,6 +172,18 @@ def _refuse_recurrent(config: Any) -> None:
                      f"forward (num_hidden_layers={config.num_hidden_layers} counts the layer runs), {no_grad} of the "
                      f"L stack's {h_cycles * l_cycles} runs under no_grad; the planner models a stack of distinct "
                      "decoder layers, each run once")
+
+
+def _decoder_config(config: Any) -> Any:
+    """The config of the decoder AutoModelForCausalLM builds: the config itself, or, for a composite (multimodal)
+    config whose causal LM is its text decoder alone (Llama 4's Llama4ForCausalLM), its text config."""
+    if getattr(config, "num_hidden_layers", None) is not None:
+        return config
+    text = config.get_text_config()
+    if text is config or getattr(text, "num_hidden_layers", None) is None:
+        raise ValueError(f"model.hf_config.model_type={config.model_type!r} is a composite (multimodal) config "
+                         "without a text decoder config; give the model type of its text decoder")
+    return text
 
 
 def _decoder_layers(model: Any, config: Any) -> Tuple[str, List[Any]]:

@@ -67,7 +67,6 @@ REFUSED: Dict[str, str] = {
     "deepseek_v4": r"layer_types \['heavily_compressed_attention'\] are compressed attention",
     # recurrent high / low level modules, one set of weights run again and again
     "hrm_text": "two weight-shared stacks \\(H and L modules\\) of 2 layers each are run 2 x \\(3 \\+ 1\\) times",
-    "llama4": "is a composite \\(multimodal\\) config",
     "phi4_multimodal": "is a matrix outside the decoder layers",  # vision and audio encoders
 }
 # Configs beyond a family's tiny one, for what it does not reach: case name -> (family, fields over the tiny ones).
@@ -121,6 +120,11 @@ def _default_fields(model_type: str) -> Dict[str, Any]:
 
 def tiny_fields(model_type: str) -> Dict[str, Any]:
     base = _default_fields(model_type)
+    text = base.get("text_config")
+    if "num_hidden_layers" not in base and isinstance(text, dict) and text.get("model_type"):
+        # a composite config whose causal LM is its text decoder (Llama 4): the text decoder's tiny config
+        inner = {k: v for k, v in tiny_fields(text["model_type"]).items() if k != "model_type"}
+        return {"model_type": model_type, "text_config": inner, **FAMILY_FIELDS.get(model_type, {})}
     fields = {k: v for k, v in TINY.items() if k in base}
     if "qk_rope_head_dim" in base:  # multi-latent attention: head_dim is the rotary dim
         fields["head_dim"] = fields["qk_rope_head_dim"]
@@ -139,7 +143,11 @@ def case_fields(case: str) -> Dict[str, Any]:
 def flop_fields(case: str) -> Dict[str, Any]:
     """The tiny config whose forward + backward FLOPs are counted (FLOP_FIELDS applied)."""
     family = VARIANTS.get(case, (case,))[0]
-    return {**case_fields(case), **FLOP_FIELDS.get(family, {})}
+    fields = {**case_fields(case), **FLOP_FIELDS.get(family, {})}
+    text = fields.get("text_config")
+    if isinstance(text, dict):  # a composite config: its text decoder's FLOP_FIELDS
+        fields["text_config"] = {**text, **FLOP_FIELDS.get(_default_fields(family)["text_config"]["model_type"], {})}
+    return fields
 
 
 @lru_cache(maxsize=None)

@@ -62,6 +62,7 @@ KNOWN_GAPS = {
     "hy_v4": (1.48, 1.52, "N residual streams (hyper-connections): the model counts one"),
     "inkling_text": (1.77, 1.81, "the relative-position bias per head and the short convolutions"),
     "laguna": (1.06, 1.10, "per-head attention gates"),
+    "llama4": (1.47, 1.51, "as llama4_text: the composite config plans as its text decoder"),
     "llama4_text": (1.47, 1.51, "transformers' Llama 4 MoE runs every expert for every token (scores 0 off the "
                                 "top k)"),
     "longcat_flash": (1.26, 1.30, "two attentions, two MLPs and a shortcut MoE a layer: the model counts one of each"),

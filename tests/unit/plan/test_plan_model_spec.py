@@ -138,3 +138,23 @@ def test_spec_is_frozen_and_serialisable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.num_layers = 3
     assert json.loads(json.dumps(spec.to_dict()))["total_params"] == 124_439_808
+
+
+def test_a_composite_config_plans_as_the_text_decoder_transformers_builds_from_it():
+    """AutoModelForCausalLM builds Llama 4's composite config as Llama4ForCausalLM, its text decoder alone: the
+    spec is that decoder's; a composite config without a text decoder config is refused by name."""
+    from types import SimpleNamespace
+
+    from harness.config.model_shape import _decoder_config
+
+    text = dict(vocab_size=256, hidden_size=64, intermediate_size=96, intermediate_size_mlp=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                num_local_experts=4, num_experts_per_tok=1)
+    composite = model_spec_from_hf("scout", {"model_type": "llama4", "text_config": text})
+    alone = model_spec_from_hf("scout-text", {"model_type": "llama4_text", **text})
+    assert (composite.total_params, composite.active_params, composite.num_layers) == (
+        alone.total_params, alone.active_params, 2)
+    lone = SimpleNamespace(model_type="imaginary", num_hidden_layers=None)
+    lone.get_text_config = lambda: lone
+    with pytest.raises(ValueError, match="composite \\(multimodal\\) config without a text decoder config"):
+        _decoder_config(lone)
