@@ -34,6 +34,9 @@ _EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_
 # Gemma 4's and Gemma 3n's per-layer-input projection (hidden -> layers x per-layer dim) and its norm, Gemma 3n's
 # AltUp projections of the embedding into its extra streams.
 _INPUT_SIDE = re.compile(r"(^|\.)(per_layer_(model_projection|projection_norm)|altup_projections\.\d+)\.")
+# Encoders of other modalities inside a causal LM (Phi-4-multimodal's image and audio embedders): a text-only
+# forward never runs them; they are held by the first stage, idle (no FLOPs, no gradient).
+OTHER_MODALITY = re.compile(r"(^|\.)embed_tokens_extend\.")
 # Matrices outside the decoder layers that the last stage runs before the final norm: Gemma 3n's AltUp
 # projections of the extra streams back (each token multiplies them once, like a weight).
 _OUTPUT_SIDE = re.compile(r"(^|\.)altup_unembed_projections\.\d+\.")
@@ -284,7 +287,8 @@ def _layer_tensors(layer: Any, plan: Dict[str, str]) -> List[List[Any]]:
 def _outside_tensors(model: Any, layers_name: str, plan: Dict[str, str]
                      ) -> Tuple[List[List[Any]], List[List[Any]], List[List[Any]], bool]:
     """Parameters outside the decoder layers: embedding tables first (vocab-split token table), then what the
-    first stage runs on the embeddings (an embedding module's own norm, _INPUT_SIDE), the rest (final norm, an
+    first stage runs on the embeddings (an embedding module's own norm, _INPUT_SIDE) or holds idle (OTHER_MODALITY),
+    the rest (final norm, an
     untied lm_head, _OUTPUT_SIDE, the hyper-connection collapse of the residual streams) last. A
     hyper-connection tensor is split as the family's TP plan names its module (else replicated)."""
     import torch
@@ -303,7 +307,9 @@ def _outside_tensors(model: Any, layers_name: str, plan: Dict[str, str]
         if name.startswith(layers_name + "."):
             continue
         vocab_split = param is token_table or (head is not None and param is head.weight)
-        input_side = id(param) not in embeddings and (name.startswith(inside_embedding) or _INPUT_SIDE.search(name))
+        idle = bool(OTHER_MODALITY.search(name))  # its tables too: no token of a text forward reads them
+        input_side = idle or (id(param) not in embeddings
+                              and bool(name.startswith(inside_embedding) or _INPUT_SIDE.search(name)))
         hyper = bool(HYPER_CONNECTION_OUTSIDE.search(name))
         known = input_side or hyper or _OUTPUT_SIDE.search(name)
         if id(param) not in embeddings and not vocab_split and not known and param.dim() > 1:
@@ -315,7 +321,7 @@ def _outside_tensors(model: Any, layers_name: str, plan: Dict[str, str]
             inner = name[len(prefix):] if name.startswith(prefix) else name
             tp_dim = _tp_dim(_style_for(plan, inner), param.dim(), False)
         row = [name, list(param.shape), tp_dim, False]
-        (first if id(param) in embeddings else inputs if input_side else last).append(row)
+        (inputs if input_side else first if id(param) in embeddings else last).append(row)
     return first, inputs, last, tied
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from harness.config.model_shape import HYPER_CONNECTION_OUTSIDE, model_shape
+from harness.config.model_shape import HYPER_CONNECTION_OUTSIDE, OTHER_MODALITY, model_shape
 
 
 class ParamTensor(NamedTuple):
@@ -121,6 +121,7 @@ class ModelSpec:
     # Per layer: the size d_rel x E of a relative-position bank every head's d_rel states multiply (Inkling's
     # rel_logits_proj: a bias per query and backward distance up to E), else 0; empty when no layer has one.
     layer_relative_banks: Tuple[int, ...] = ()
+    idle_params: int = 0  # held by the first stage, never run by a text forward (encoders of other modalities)
     input_params: int = 0  # run by the first stage on the embeddings besides the tables (an embedding's own norm,
     # Gemma 4's per-layer-input projection and norm)
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
@@ -477,8 +478,9 @@ def _layer_mlp(rows: Sequence[Row], k: int, hidden: int, gated: bool) -> Tuple[i
 
 
 def _tensors(rows: Sequence[Row]) -> Tuple[ParamTensor, ...]:
-    return tuple(ParamTensor(tuple(int(size) for size in r[1]), r[2], bool(r[3]), not FORWARD_ONLY.search(r[0]))
-                 for r in rows)
+    """Rows as ParamTensors; forward-only and idle (other-modality) tensors get no gradient."""
+    return tuple(ParamTensor(tuple(int(size) for size in r[1]), r[2], bool(r[3]),
+                             not (FORWARD_ONLY.search(r[0]) or OTHER_MODALITY.search(r[0]))) for r in rows)
 
 
 def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> int:
@@ -488,14 +490,16 @@ def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> i
 
 
 def _outside_counts(name: str, shape: Mapping[str, Any],
-                    per_layer: Sequence[_Layer]) -> Tuple[int, int, int, int, int]:
-    """(embedding tables, input-side parameters, untied lm_head, final norm and the rest, the hyper-connection
-    collapse), once the tensors show nothing the planner refuses and add up to transformers' total."""
+                    per_layer: Sequence[_Layer]) -> Tuple[int, int, int, int, int, int]:
+    """(embedding tables, input-side parameters, idle encoders of other modalities, untied lm_head, final norm and
+    the rest, the hyper-connection collapse), once the tensors show nothing the planner refuses and add up to
+    transformers' total."""
     first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
     _refuse_unmodelled(name, shape["model_type"], [r for kind in shape["layer_kinds"] for r in kind] + first + inputs
                        + last)
     hyper = [bool(HYPER_CONNECTION_OUTSIDE.search(r[0])) for r in last]
-    counts = (sum(_numel(r[1]) for r in first), sum(_numel(r[1]) for r in inputs),
+    counts = (sum(_numel(r[1]) for r in first), sum(_numel(r[1]) for r in inputs if not OTHER_MODALITY.search(r[0])),
+              sum(_numel(r[1]) for r in inputs if OTHER_MODALITY.search(r[0])),
               sum(_numel(r[1]) for r, h in zip(last, hyper) if r[2] == 0 and not h),
               sum(_numel(r[1]) for r, h in zip(last, hyper) if r[2] != 0 and not h),
               sum(_numel(r[1]) for r, h in zip(last, hyper) if h))
@@ -533,9 +537,9 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
     matrices = (_expert_numel([r for r in routed if len(r[1]) >= 2]) if layer.routed_experts
                 else sum(_numel(r[1]) for r in flags["mlp"] if len(r[1]) >= 2))
     first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
-    embedding, input_params, lm_head, final_norm, hyper_outside = _outside_counts(name, shape, per_layer)
+    embedding, input_params, idle, lm_head, final_norm, hyper_outside = _outside_counts(name, shape, per_layer)
     outside_last = lm_head + final_norm + hyper_outside
-    total = embedding + input_params + sum(x.total for x in per_layer) + outside_last
+    total = embedding + input_params + idle + sum(x.total for x in per_layer) + outside_last
     return ModelSpec(
         name=name, model_type=shape["model_type"], num_layers=f["num_layers"], hidden_size=h,
         num_heads=f["num_heads"], num_kv_heads=f["num_kv_heads"], head_dim=f["head_dim"], ffn_size=ffn,
@@ -556,7 +560,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,
         non_embedding_params=total - embedding,
         active_params=embedding + input_params + sum(x.active for x in per_layer) + outside_last,
-        input_params=input_params, **_attention_shape_fields(name, shape["model_type"], f, kinds, pattern),
+        input_params=input_params, idle_params=idle, **_attention_shape_fields(name, shape["model_type"], f, kinds, pattern),
         layer_altup_streams=_altup_streams(kinds, pattern),
         layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
         **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],

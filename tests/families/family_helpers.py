@@ -21,6 +21,12 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=32),
     "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
                        moe_shared_expert_intermediate_size=32),
+    # Phi-4-multimodal's image and audio encoders, small (a text forward holds them idle)
+    "phi4_multimodal": dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                               num_attention_heads=2),
+                            audio_config=dict(hidden_size=32, intermediate_size=64, num_blocks=1, num_attention_heads=2,
+                                              ext_pw_out_channel=32, depthwise_separable_out_channel=32,
+                                              nemo_conv_channels=32)),
     "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
     # Gemma 4: global layers with 32-dim heads and keys as values (one kv head), the last two layers reading the
     # keys and values of the first two (with double-wide MLPs); gemma4_text also with its MoE block beside the
@@ -67,7 +73,6 @@ REFUSED: Dict[str, str] = {
     "deepseek_v4": r"layer_types \['heavily_compressed_attention'\] are compressed attention",
     # recurrent high / low level modules, one set of weights run again and again
     "hrm_text": "two weight-shared stacks \\(H and L modules\\) of 2 layers each are run 2 x \\(3 \\+ 1\\) times",
-    "phi4_multimodal": "is a matrix outside the decoder layers",  # vision and audio encoders
 }
 # Configs beyond a family's tiny one, for what it does not reach: case name -> (family, fields over the tiny ones).
 # DeepSeek-V4 with sliding-window layers only: its hyper-connections (the N x N stream mixing included), shared-
@@ -156,6 +161,30 @@ def family_meta_model(case: str):
     from plan_helpers import meta_model
 
     return meta_model(case_fields(case))
+
+
+# Families holding modules a text forward never runs (Phi-4-multimodal's image and audio encoders).
+IDLE_MODULES = ("phi4_multimodal",)
+
+
+@lru_cache(maxsize=None)
+def idle_parameters(case: str) -> Dict[str, int]:
+    """Parameters (name: numel) of the modules a text forward of the tiny model never calls, found by forward
+    hooks on a CPU forward; empty for the families whose every module runs."""
+    if VARIANTS.get(case, (case,))[0] not in IDLE_MODULES:
+        return {}
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from harness.config.model_shape import hf_config_object
+
+    model = AutoModelForCausalLM.from_config(hf_config_object(case_fields(case)), dtype=torch.float32)
+    called = set()
+    for name, module in model.named_modules():
+        module.register_forward_pre_hook(lambda _m, _a, name=name: called.add(name))
+    ids = torch.randint(3, 200, (1, 16))
+    model(input_ids=ids, labels=ids)
+    return {name: p.numel() for name, p in model.named_parameters() if name.rsplit(".", 1)[0] not in called}
 
 
 def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from family_helpers import (REFUSED, TINY_CONFIG_REJECTED, VARIANTS, case_fields, family_meta_model, family_names,
-                            flop_fields, measured_flops, tiny_fields)
+                            flop_fields, idle_parameters, measured_flops, tiny_fields)
 from harness.plan.flops import FlopConvention, flops_per_token
 from harness.plan.model_spec import FORWARD_ONLY, model_spec_from_hf
 from harness.plan.planner import make_plan
@@ -26,9 +26,11 @@ def test_the_family_list_is_transformers_own():
 def test_counts_equal_the_meta_model(model_type):
     fields = case_fields(model_type)
     spec = model_spec_from_hf(model_type, fields)
-    counts = hf_counts(family_meta_model(model_type), spec.experts_per_token, spec.num_experts, spec.zero_experts)
-    assert (spec.total_params, spec.embedding_params, spec.active_params) == (
-        counts["total"], counts["embedding"], counts["active"])
+    idle = idle_parameters(model_type)  # what a text forward never runs touches no token
+    counts = hf_counts(family_meta_model(model_type), spec.experts_per_token, spec.num_experts, spec.zero_experts,
+                       idle)
+    assert (spec.total_params, spec.embedding_params, spec.active_params, spec.idle_params) == (
+        counts["total"], counts["embedding"], counts["active"], sum(idle.values()))
 
 
 @pytest.mark.parametrize("model_type", CASES)
@@ -37,8 +39,9 @@ def test_flops_equal_the_model_matmuls(model_type):
     backward. The spec counts norm weights and biases as 6N does (6 FLOPs per weight and token; 2 in a
     forward-only module) where torch counts only matmuls: those vectors are taken out of the prediction."""
     spec = model_spec_from_hf(model_type, flop_fields(model_type))
+    idle = idle_parameters(model_type)
     vectors = sum((2 if FORWARD_ONLY.search(name) else 6) * p.numel()
-                  for name, p in family_meta_model(model_type).named_parameters() if p.dim() == 1)
+                  for name, p in family_meta_model(model_type).named_parameters() if p.dim() == 1 and name not in idle)
     predicted = (flops_per_token(spec, SEQ_LEN, FlopConvention(attention="full")) - vectors) * SEQ_LEN
     assert measured_flops(model_type, SEQ_LEN) == pytest.approx(predicted, rel=0.002)
 

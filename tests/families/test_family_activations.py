@@ -77,6 +77,7 @@ KNOWN_GAPS = {
     "olmo_hybrid": (1.62, 1.66, HYBRID),
     "phi": (0.97, 1.01, UNATTRIBUTED),
     "phi3": (1.03, 1.07, "fused qkv / gate_up outputs saved before the split"),
+    "phi4_multimodal": (1.03, 1.07, "as phi3 (its text decoder's layers); the idle encoders save nothing"),
     "qwen2_moe": (1.02, 1.06, UNATTRIBUTED),
     "qwen4_exp_text": (3.89, 3.93, "a Gated DeltaNet layer (torch fallback) and N residual streams"),
     "qwen3_5_moe_text": (2.33, 2.37, HYBRID),

@@ -73,17 +73,22 @@ def meta_model(fields: Dict[str, Any]):
         return AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields))
 
 
-def hf_counts(model, experts_per_token: int = 0, num_experts: int = 0, zero_experts: int = 0) -> Dict[str, int]:
+def hf_counts(model, experts_per_token: int = 0, num_experts: int = 0, zero_experts: int = 0,
+              idle: Dict[str, int] = None) -> Dict[str, int]:
     """Total (tied counted once), embedding (nn.Embedding tables) and active-per-token parameters. With Z
     zero-computation experts beside the E real ones (LongCat-Flash's fused expert tensors), a token's k picks
-    reach k·E / (E + Z) real experts, each its slice (dim 0) of every expert tensor."""
+    reach k·E / (E + Z) real experts, each its slice (dim 0) of every expert tensor. Idle parameters (name:
+    numel, in modules a text forward never runs) are neither embedding nor active."""
     import torch
 
+    idle = idle or {}
     total = sum(p.numel() for p in model.parameters())
-    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    embedding = sum(m.weight.numel() for name, m in model.named_modules()
+                    if isinstance(m, torch.nn.Embedding) and f"{name}.weight" not in idle)
     experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
     active = total - experts + (experts * experts_per_token // num_experts if num_experts else experts)
     if zero_experts:
         slices = sum(p.numel() // p.shape[0] for name, p in model.named_parameters() if ".experts." in name)
         active = total - experts + slices * experts_per_token * num_experts // (num_experts + zero_experts)
+    active -= sum(idle.values())
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": active}
