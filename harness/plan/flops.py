@@ -84,6 +84,10 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     Gemma 3n's AltUp unembedding) count 2 per token like weights.
     Forward-only work (a sparse-attention indexer, whose pick reaches the loss only as a mask): 2 FLOPs per
     indexer parameter and its scores (indexer_flops_per_token) in each layer with an indexer of its own.
+    Compressed attention (DeepSeek-V4's CSA / HCA layers): a query scores its compressed entries beside the
+    sliding window's keys (compressed_keys_per_query), at the layer's heads and dims; the compressor's projections
+    are weights, its position biases are not (compressor_flops), and a CSA layer's indexer scores the compressed
+    entries forward only (indexer_flops_per_token).
     Hyper-connections (DeepSeek-V4, HY-V4, Qwen4): their projections are weights like any other (the streams'
     final collapse outside the layers with the final norm); DeepSeek-V4's comb^T times the N streams adds
     2·N²·h per hyper-connection (layer_stream_mixing), and its backward is twice that (both factors carry a
@@ -93,19 +97,72 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     layers = (2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
               + 2.0 * sum(spec.layer_stream_mixing) + altup_flops(spec))
     layers += relative_bias_flops(spec)
-    chunks = spec.attention_chunks or (0,) * len(spec.attention_windows)
-    mixers = spec.layer_mixers or ("attention",) * len(spec.attention_windows)
+    compressor = compressor_flops(spec, seq_len)
+    layers, forward_only = layers + compressor[0], forward_only + compressor[1]
+    n = len(spec.attention_windows)
+    chunks = spec.attention_chunks or (0,) * n
+    mixers = spec.layer_mixers or ("attention",) * n
+    compression = spec.attention_compression or (0,) * n
+    indexed = spec.attention_indexed if spec.attention_compression else (False,) * n  # CSA layers cap their entries
     attention = spec.attention_sublayers * sum(
-        2.0 * heads * (qk + v) * keys_per_query(seq_len, window, convention.attention, chunk)
-        for window, chunk, mixer, (heads, _, qk, v) in zip(
-            spec.attention_windows, chunks, mixers, spec.attention_shapes(), strict=True)
+        2.0 * heads * (qk + v) * (keys_per_query(seq_len, window, convention.attention, chunk)
+                                  + compressed_keys_per_query(seq_len, rate, spec.compressed_topk if picked else 0,
+                                                              convention.attention))
+        for window, chunk, mixer, rate, picked, (heads, _, qk, v) in zip(
+            spec.attention_windows, chunks, mixers, compression, indexed, spec.attention_shapes(), strict=True)
         if mixer == "attention")
     attention += mixer_flops_per_token(spec, seq_len)
     forward_only += indexer_flops_per_token(spec, seq_len, convention) * spec.indexer_layers
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
-    excess = delta_rule_flops(spec, seq_len)[1] + lightning_flops(spec, seq_len)[1]
+    excess = delta_rule_flops(spec, seq_len)[1] + lightning_flops(spec, seq_len)[1] + compressor[2]
     outside = 2.0 * (spec.input_params + spec.final_norm_params + spec.hyper_connection_params + head)
     return ForwardFlops(layers, attention, outside, forward_only, excess)
+
+
+def compressed_keys_per_query(seq_len: int, rate: int, topk: int, attention: str) -> float:
+    """Compressed entries one query attends beside its sliding window (DeepSeek-V4's compressed attention: rate
+    m > 0; 0 adds none), averaged over a sequence of T = q·m + r tokens.
+
+    The compressor closes a window every m tokens and emits one entry for it (HCA: its m tokens; CSA: its m tokens'
+    second series and the previous window's first, stride m), q = floor(T / m) entries; entry w holds tokens up to
+    (w + 1)·m - 1, so the query at position t (0-based) sees the floor((t + 1) / m) entries whose window is complete
+    (transformers' block bias). A CSA layer's indexer keeps at most k = topk of them (k = 0: no cap).
+    full: every entry, min(q, k) per query (the whole score matrix over the entries, as "full" counts T keys).
+    causal: sum_{t=1..T} min(floor(t / m), k) / T, exactly: uncapped, each j < q is floor(t / m) for m values of t
+    (j = 0 for m - 1) and q for r + 1, m·q(q - 1)/2 + q(r + 1); capped at k <= q, the t < k·m give m·k(k - 1)/2 and
+    the T - k·m + 1 others k each.
+    """
+    if rate <= 0:
+        return 0.0
+    q, r = divmod(seq_len, rate)
+    if attention != "causal":
+        return float(min(q, topk) if topk else q)
+    if topk and q >= topk:
+        return (rate * topk * (topk - 1) / 2 + topk * (seq_len - topk * rate + 1)) / seq_len
+    return (rate * q * (q - 1) / 2 + q * (r + 1)) / seq_len
+
+
+def compressor_flops(spec: ModelSpec, seq_len: int) -> Tuple[float, float, float]:
+    """(trained, forward-only, backward beyond twice the forward) FLOPs per token the compressors of DeepSeek-V4's
+    compressed attention layers add to the 2-per-parameter weight count (transformers' DeepseekV4HCACompressor /
+    CSACompressor and the CSA indexer's own compressor), corrections <= 0.
+
+    Per token, the compressor projects the layer input to its entries' values C = H·W_KV and gate scores
+    Z = H·W_Z (HCA: d wide; CSA: 2d, two overlapping series): weights, 2 FLOPs per parameter, already counted.
+    Each entry is then the gated pooling sum_j softmax_j(Z_j + B) ⊙ C_j over its window's slots: the position
+    bias B (m x d, or m x 2d) is added to the scores, the softmax runs per channel over the window, and the
+    pooling multiplies and sums per channel: all elementwise (as QSA's mean pooling), so none of it is counted and
+    B's parameters, a matrix no token multiplies, leave the weight count: -2 per parameter, in the trained
+    compressor and (forward only) in the indexer's. The kv norm and rotary of the entries are elementwise too.
+    A sequence shorter than m closes no window: the projections' outputs feed nothing and the backward skips their
+    input and weight gradients, -4 per projection weight (the partial window's tokens beyond the last complete one
+    are still in the projections' matmuls, and so in their gradients)."""
+    rates = spec.attention_compression or (0,) * len(spec.layer_compressors)
+    trained = -2.0 * sum(biases for _, biases, _ in spec.layer_compressors)
+    forward_only = -2.0 * sum(biases for _, _, biases in spec.layer_compressors)
+    unused = -4.0 * sum(weights for (weights, _, _), m in zip(spec.layer_compressors, rates, strict=True)
+                        if seq_len < m)
+    return trained, forward_only, unused
 
 
 def relative_bias_flops(spec: ModelSpec) -> float:
@@ -128,7 +185,15 @@ def indexer_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     visible ones, each block's keys mean-pooled first (elementwise), floor((t + 1) / c) pooled keys, 2·H_I·d_I
     each (the ReLU'd head sum is elementwise): sum_{t=1..T} floor(t / c) = c·q(q - 1)/2 + q(r + 1) for
     T = qc + r, / T per token, whatever the convention (the blocks scored are the causal ones).
+    DeepSeek-V4's CSA indexer (DeepseekV4IndexerScorer) scores the layer's compressed entries, pooled by its own
+    compressor (d_I wide) from the same m-token windows: q_t·K^IComp_s over H_I heads of d_I per entry (2·H_I·d_I),
+    the ReLU'd scores then weighted and summed over the heads elementwise (not a matmul: not counted). Entries per
+    query: compressed_keys_per_query without a cap (the indexer scores every entry, its top-k comes after).
     """
+    rates = [m for m, picked in zip(spec.attention_compression, spec.attention_indexed) if m and picked]
+    if rates:
+        return 2.0 * spec.indexer_heads * spec.indexer_head_dim * compressed_keys_per_query(
+            seq_len, max(rates), 0, convention.attention)
     if spec.indexer_block:
         q, r = divmod(seq_len, spec.indexer_block)
         blocks = spec.indexer_block * q * (q - 1) // 2 + q * (r + 1)

@@ -74,6 +74,15 @@ class ModelSpec:
     indexer_head_dim: int = 0
     indexer_layers: int = 0  # indexed layers that run their own indexer (HY-V4's "shared" layers reuse one)
     indexer_block: int = 0  # Qwen4's QSA indexer: it scores keys mean-pooled in blocks of this many tokens
+    # Compressed attention (DeepSeek-V4's CSA / HCA): per layer, m where a compressor pools the layer's keys from
+    # windows of m tokens into one entry each, attended beside the sliding window (0: none); empty when no layer
+    # has one. compressed_topk: the compressed entries an indexed (CSA) layer's indexer keeps per query.
+    attention_compression: Tuple[int, ...] = ()
+    compressed_topk: int = 0
+    # Per layer with a compressor: (its projections' weights, the trained and the forward-only parameters of the
+    # position-bias tables added elementwise to a compressor's gate scores: its own, its indexer's), the last two
+    # parameters no token multiplies as a weight; empty when no layer has a compressor.
+    layer_compressors: Tuple[Tuple[int, int, int], ...] = ()
     # Hyper-connections (DeepSeek-V4, HY-V4, Qwen4): the residual is hyper_streams streams of hidden_size; each
     # sub-layer collapses them into its input and spreads its output back through small learned mixing weights.
     hyper_streams: int = 0
@@ -318,15 +327,22 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
 
 
 _COMPRESSED = ("compressed_sparse_attention", "heavily_compressed_attention")  # DeepSeek-V4's CSA / HCA
+# DeepSeek-V4's compressor: its gate's position bias is (m, d) (HCA) or (m, 2d) (CSA's two overlapping series),
+# one row per token of the m-token window it pools; the indexer's own compressor has one too (compressor.indexer.)
+_COMPRESSOR_BIAS = re.compile(r"(^|\.)compressor\.position_bias$")
+_POSITION_BIAS = re.compile(r"(^|\.)position_bias$")
+_COMPRESSOR_PROJECTION = re.compile(r"(^|\.)compressor\.[^.]*_proj\.weight$")  # kv_proj, gate_proj (not the indexer's)
 
 
 def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any], mixers: Sequence[str],
-                      own_indexer: Sequence[bool]) -> Dict[str, Any]:
+                      own_indexer: Sequence[bool], compression: Sequence[int] = ()) -> Dict[str, Any]:
     """Per layer: window 0 (every earlier key) or the sliding window w; chunk 0 or the chunk C of chunked
     attention (Llama 4's local layers: a query sees the keys of its own C-token chunk); indexed layers
     (DeepSeek Sparse Attention) attend to the index_topk keys their indexer picks among the earlier ones,
     as many per query as a sliding window of index_topk (Qwen4's QSA: its token budget); `own_indexer` says
-    which layers run an indexer of their own (HY-V4's "shared" layers reuse the previous one's pick). A
+    which layers run an indexer of their own (HY-V4's "shared" layers reuse the previous one's pick). DeepSeek-V4's
+    compressed layers (`compression`: m per layer) attend the sliding window w and their compressed entries; a CSA
+    layer's indexer picks among those entries, an HCA layer has none. A
     selective-scan layer (whatever its layer_types
     name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention, short convolution (LFM2's
     "conv") or MLP-only layer scores
@@ -341,19 +357,18 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any], mix
              "hybrid_sliding": (window, 0, False),
              "chunked_attention": (0, int(fields.get("attention_chunk_size") or 0), False),
              "indexed_attention": (int(fields.get("index_topk") or 0), 0, True),
+             "compressed_sparse_attention": (window, 0, True), "heavily_compressed_attention": (window, 0, False),
              **{kind: (0, 0, False) for kind in _MIXERS}}
-    compressed = sorted({kind for kind in types if kind in _COMPRESSED})
-    if compressed:
-        raise ValueError(f"model {name!r} ({model_type}): layer_types {compressed} are compressed attention "
-                         "(keys pooled from windows of compress_rates tokens by a gated softmax, attended beside "
-                         "the sliding window, a lightning indexer picking among them): the planner has no "
-                         "formula for their FLOPs")
+    missing = sorted({kind for kind, rate in zip(types, compression or (0,) * n) if kind in _COMPRESSED and not rate})
+    if missing:
+        raise ValueError(f"model {name!r} ({model_type}): layer_types {missing} are compressed attention without "
+                         "a compressor position bias (compressor.position_bias) giving the compression rate")
     other = sorted({kind for kind in types if kind not in spans})
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
-                         "models softmax attention layers (full, sliding window, chunked or indexed), Mamba-1 "
-                         "selective scans, Mamba-2, Gated DeltaNet, lightning attention, short convolutions and "
-                         "MLP-only layers only")
+                         "models softmax attention layers (full, sliding window, chunked, indexed or compressed), "
+                         "Mamba-1 selective scans, Mamba-2, Gated DeltaNet, lightning attention, short convolutions "
+                         "and MLP-only layers only")
     indexed = tuple(spans[kind][2] for kind in types)
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
@@ -377,7 +392,29 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
     if "lightning_attention" in mixers["layer_mixers"]:
         mixers.update(lightning_block=int(fields["lightning_block_size"]))
     own_indexer = tuple(any(_INDEXER.search(r[0]) for r in kinds[i]) for i in pattern)
-    return {**mixers, **_attention_fields(name, model_type, fields, mixers["layer_mixers"], own_indexer)}
+    compression = _compression_fields(kinds, pattern)
+    attention = _attention_fields(name, model_type, fields, mixers["layer_mixers"], own_indexer,
+                                  compression.get("attention_compression", ()))
+    if compression and any(attention["attention_indexed"]):
+        compression["compressed_topk"] = int(fields.get("index_topk") or 0)
+    return {**mixers, **attention, **compression}
+
+
+def _compression_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int]) -> Dict[str, Any]:
+    """Per layer, DeepSeek-V4's compression rate m (the rows of its compressor's position bias, one per token of
+    the window it pools), its compressor's projection weights and the (trained, forward-only) parameters of its
+    position biases; empty without."""
+    rates = tuple(max((int(r[1][0]) for r in kinds[i] if _COMPRESSOR_BIAS.search(r[0])), default=0) for i in pattern)
+    if not any(rates):
+        return {}
+
+    def counts(rows: Sequence[Row]) -> Tuple[int, int, int]:
+        biases = [r for r in rows if _POSITION_BIAS.search(r[0])]
+        return (sum(_numel(r[1]) for r in rows if _COMPRESSOR_PROJECTION.search(r[0])),
+                sum(_numel(r[1]) for r in biases if not FORWARD_ONLY.search(r[0])),
+                sum(_numel(r[1]) for r in biases if FORWARD_ONLY.search(r[0])))
+
+    return {"attention_compression": rates, "layer_compressors": tuple(counts(kinds[i]) for i in pattern)}
 
 
 def _hyper_connection_fields(fields: Mapping[str, Any], kinds: Sequence[Sequence[Row]], pattern: Sequence[int],

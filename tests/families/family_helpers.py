@@ -55,6 +55,11 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     # 2 declared layers (each two attention + MLP halves and a shortcut MoE), 4 real and 4 zero-computation
     # experts, 2 picks a token: 2·4/8 = 1 real expert a token
     "longcat_flash": dict(num_layers=2, ffn_hidden_size=96, expert_ffn_hidden_size=32, moe_topk=2, zero_expert_num=4),
+    # DeepSeek-V4's default layer_types at 4 layers (heavily compressed, HCA, HCA, compressed sparse, CSA), one
+    # shared key-value head, entries pooled from 4-token (CSA) and 8-token (HCA) windows (four and two complete
+    # ones in the 16-token FLOP count), an indexer of 2 heads of 16 dims keeping 8 entries
+    "deepseek_v4": dict(num_hidden_layers=4, num_key_value_heads=1, index_n_heads=2, index_head_dim=16, index_topk=8,
+                        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}),
     # rotary parameters per layer type (a NoPE global layer), M-RoPE sections within the 8 frequencies of 16 dims
     "cohere_compass_text": dict(layer_types=["sliding_attention", "full_attention"], rope_parameters={
         "sliding_attention": dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
@@ -69,17 +74,15 @@ REFUSED: Dict[str, str] = {
     # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (the same check
     # stands in the way), and its block attention residuals are not modelled
     "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
-    # DeepSeek-V4's compressed sparse / heavily compressed attention layers (its hyper-connections are modelled)
-    "deepseek_v4": r"layer_types \['heavily_compressed_attention'\] are compressed attention",
     # recurrent high / low level modules, one set of weights run again and again
     "hrm_text": "two weight-shared stacks \\(H and L modules\\) of 2 layers each are run 2 x \\(3 \\+ 1\\) times",
 }
 # Configs beyond a family's tiny one, for what it does not reach: case name -> (family, fields over the tiny ones).
 # DeepSeek-V4 with sliding-window layers only: its hyper-connections (the N x N stream mixing included), shared-
 # key-value attention with sinks, grouped output projection, hash-routed and top-k MoE layers, without the
-# compressed attention layers the planner refuses.
+# compressed attention layers of its default config.
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
-    "deepseek_v4_sliding": ("deepseek_v4", dict(layer_types=["sliding_attention"] * 2,
+    "deepseek_v4_sliding": ("deepseek_v4", dict(num_hidden_layers=2, layer_types=["sliding_attention"] * 2,
                                                 mlp_layer_types=["hash_moe", "moe"], num_key_value_heads=1)),
 }
 # The FLOP count's config where a family's transformers forward runs matmuls that are not the model's FLOPs.

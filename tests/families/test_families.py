@@ -88,6 +88,23 @@ def test_hyper_connection_collapse_is_on_the_last_stage(model_type):
     assert sum(whole_tail) - sum(split_tail) == head - head // 2 + halved
 
 
+def test_deepseek_v4_compressed_layers():
+    """DeepSeek-V4's default layer_types (HCA, HCA, HCA, CSA at 4 layers): each layer's compression rate is read
+    from its compressor's position bias, the CSA layer's indexer runs forward only and caps its entries at
+    index_topk, and the position biases (the compressor's, the indexer's) are apart from the projections."""
+    spec = model_spec_from_hf("deepseek_v4", case_fields("deepseek_v4"))
+    model = family_meta_model("deepseek_v4")
+    assert model.config.layer_types == ["heavily_compressed_attention"] * 3 + ["compressed_sparse_attention"]
+    assert spec.attention_compression == (8, 8, 8, 4) and spec.attention_indexed == (False, False, False, True)
+    assert spec.compressed_topk == 8 and spec.indexer_layers == 1 and spec.attention_windows == (32,) * 4
+    for layer, (projections, trained, forward_only) in zip(model.model.layers, spec.layer_compressors, strict=True):
+        compressor = layer.self_attn.compressor
+        assert projections == compressor.kv_proj.weight.numel() + compressor.gate_proj.weight.numel()
+        assert trained == compressor.position_bias.numel()
+        indexer = getattr(compressor, "indexer", None)
+        assert forward_only == (indexer.position_bias.numel() if indexer is not None else 0)
+
+
 def test_per_layer_embedding_tables_are_refused():
     """Qwen4's per-layer n-gram embeddings (ple_layer_ids) are lookups inside the decoder layers, not weights."""
     with pytest.raises(ValueError, match=r"layer 0 holds an embedding table \(ple\.ple_embedding\.ngram_embedding\)"):

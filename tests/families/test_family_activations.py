@@ -40,6 +40,9 @@ KNOWN_GAPS = {
     "deepseek_v2": (1.02, 1.06, MLA),
     "deepseek_v3": (1.02, 1.06, MLA),
     "deepseek_v32": (0.95, 0.99, DSA),
+    "deepseek_v4": (7.81, 7.85, "the grouped output projection's o_groups x o_lora_rank intermediate (8192 wide at the "
+                                "default rank, fp32), N residual streams and their Sinkhorn mixing, eager attention "
+                                "with sinks; the compressors' pooled windows and the indexer add under 1 %"),
     "doge": (1.14, 1.18, "dynamic-mask attention: eager, with a learned mask per head"),
     "ernie4_5": (0.99, 1.03, UNATTRIBUTED),
     "ernie4_5_moe": (0.99, 1.03, UNATTRIBUTED),

@@ -184,3 +184,18 @@ def test_chunked_keys_per_query_against_a_counted_mask(seq_len, chunk):
     blocks = sum(min(chunk, seq_len - start) ** 2 for start in range(0, seq_len, chunk))
     assert keys_per_query(seq_len, 0, "causal", chunk) == pytest.approx((kept - seq_len / 2) / seq_len, rel=1e-12)
     assert keys_per_query(seq_len, 0, "full", chunk) == pytest.approx(blocks / seq_len, rel=1e-12)
+
+
+@pytest.mark.parametrize("seq_len, rate, topk", [(16, 4, 0), (16, 4, 2), (13, 4, 8), (3, 8, 0), (4096, 128, 0),
+                                                 (4096, 4, 512), (1000, 3, 5)])
+def test_compressed_keys_per_query_against_the_block_bias(seq_len, rate, topk):
+    """DeepSeek-V4's compressed entries: query t sees entry w once its window is complete, w < (t + 1) // m (the
+    compressor's block bias), at most topk of them in a CSA layer. Causal: those pairs over T; full: every entry."""
+    from harness.plan.flops import compressed_keys_per_query
+
+    entries = seq_len // rate
+    cap = topk or entries
+    kept = sum(min(sum(1 for w in range(entries) if w < (t + 1) // rate), cap) for t in range(seq_len))
+    assert compressed_keys_per_query(seq_len, rate, topk, "causal") == pytest.approx(kept / seq_len, rel=1e-12)
+    assert compressed_keys_per_query(seq_len, rate, topk, "full") == min(entries, cap)
+    assert compressed_keys_per_query(seq_len, 0, topk, "causal") == 0.0
