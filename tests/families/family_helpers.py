@@ -22,6 +22,11 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     "nemotron_h": dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
                        moe_shared_expert_intermediate_size=32),
     "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
+    # a Kimi delta attention layer (4 heads of 16 dims; bailing_hybrid's are its MLA head_dim) then a softmax
+    # attention one; 2 of the 4 experts a token (the experts-per-token defaults exceed the tiny expert count)
+    "kimi_linear": dict(linear_num_heads=4, linear_head_dim=16, layer_types=["linear_attention", "full_attention"],
+                        num_experts_per_token=2, num_shared_experts=1),
+    "bailing_hybrid": dict(layer_group_size=2, num_experts_per_token=2, num_shared_experts=1, num_expert_group=1),
     # Gemma 4: global layers with 32-dim heads and keys as values (one kv head), the last two layers reading the
     # keys and values of the first two (with double-wide MLPs); gemma4_text also with its MoE block beside the
     # MLP and small per-layer embeddings (the default table is 262144 x 256 per layer)
@@ -54,14 +59,10 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
         "sliding_attention": dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
         "full_attention": None}),
 }
-_LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
-    # Kimi delta attention (kimi_linear, bailing_hybrid): transformers' torch path builds its per-channel-decayed
-    # scores elementwise, work torch's matmul count cannot check
-    **{name: _LAYER_KINDS for name in ("bailing_hybrid", "kimi_linear")},
-    # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (the same check
-    # stands in the way), and its block attention residuals are not modelled
+    # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (work torch's
+    # matmul count does not see), and its block attention residuals are not modelled
     "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
     # DeepSeek-V4's compressed sparse / heavily compressed attention layers (its hyper-connections are modelled)
     "deepseek_v4": r"layer_types \['heavily_compressed_attention'\] are compressed attention",
