@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 16  # bump when the JSON below changes meaning
+SHAPE_VERSION = 17  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -389,10 +389,11 @@ def _fields(config: Any) -> Dict[str, Any]:
         "index_block": _first_attr(config, "indexer_compress_ratio"),  # QSA: keys pooled in blocks of c
         "hyper_streams": _first_attr(config, "hc_mult", "hc_count"),  # hyper-connections' residual streams
         "layer_types": list(layer_types) if layer_types else None,
-        # Gated DeltaNet layers (qwen3_next, qwen3_5, olmo_hybrid): value heads, key and value head dims
-        "linear_value_heads": _first_attr(config, "linear_num_value_heads"),
-        "linear_key_head_dim": _first_attr(config, "linear_key_head_dim"),
-        "linear_value_head_dim": _first_attr(config, "linear_value_head_dim"),
+        # Gated DeltaNet layers (qwen3_next, qwen3_5, olmo_hybrid): value heads, key and value head dims; Kimi delta
+        # attention (kimi_linear, bailing_hybrid): its heads, one head dim for keys and values
+        "linear_value_heads": _first_attr(config, "linear_num_value_heads", "linear_num_heads"),
+        "linear_key_head_dim": _first_attr(config, "linear_key_head_dim", "linear_head_dim"),
+        "linear_value_head_dim": _first_attr(config, "linear_value_head_dim", "linear_head_dim"),
         # Mamba-2 layers (nemotron_h, granitemoehybrid): heads, head dim, state size, scan chunk
         "ssm_heads": _first_attr(config, "mamba_num_heads", "mamba_n_heads"),
         "ssm_head_dim": _first_attr(config, "mamba_head_dim", "mamba_d_head"),

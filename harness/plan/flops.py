@@ -114,7 +114,8 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     attention += mixer_flops_per_token(spec, seq_len)
     forward_only += indexer_flops_per_token(spec, seq_len, convention) * spec.indexer_layers
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
-    excess = delta_rule_flops(spec, seq_len)[1] + lightning_flops(spec, seq_len)[1] + compressor[2]
+    excess = (delta_rule_flops(spec, seq_len)[1] + kimi_delta_rule_flops(spec, seq_len)[1]
+              + lightning_flops(spec, seq_len)[1] + compressor[2])
     outside = 2.0 * (spec.input_params + spec.final_norm_params + spec.hyper_connection_params + head)
     return ForwardFlops(layers, attention, outside, forward_only, excess)
 
@@ -225,8 +226,8 @@ def mixer_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     """
     scans = 2.0 * sum(spec.layer_scan_states)
     padding = 2.0 * sum(spec.layer_conv_padding) / seq_len
-    return (scans + padding + delta_rule_flops(spec, seq_len)[0] + ssd_flops(spec, seq_len)
-            + lightning_flops(spec, seq_len)[0])
+    return (scans + padding + delta_rule_flops(spec, seq_len)[0] + kimi_delta_rule_flops(spec, seq_len)[0]
+            + ssd_flops(spec, seq_len) + lightning_flops(spec, seq_len)[0])
 
 
 def lightning_flops(spec: ModelSpec, seq_len: int) -> Tuple[float, float]:
@@ -288,6 +289,35 @@ def delta_rule_flops(spec: ModelSpec, seq_len: int) -> Tuple[float, float]:
     n = -(-seq_len // c)
     forward = n * (4 * c * c * dk + 2 * c * c * dv + 6 * c * dk * dv + c * (c - 1) * (dk + dv))
     excess = n * c * (c + 1) * (dk + dv) - 8 * c * dk * dv
+    per_token = layers * spec.delta_rule_heads / seq_len
+    return forward * per_token, excess * per_token
+
+
+def kimi_delta_rule_flops(spec: ModelSpec, seq_len: int) -> Tuple[float, float]:
+    """(forward, backward beyond twice the forward) FLOPs per token of the Kimi delta attention layers' own
+    products, as transformers' torch fallback chunk_kimi_delta_attention runs them (Gated DeltaNet's chunkwise
+    form with a decay per key channel, so that the decayed q·k and k·k scores are built elementwise: a product
+    broadcast over (i, j, channel), then summed over the d channels; matmul-class work, C x d x C, that the
+    fused kernels run as GEMMs, counted as a matmul of the same pairs would be). Per head, dk = dv = d, the
+    sequence padded to n = ceil(T / C) chunks of C = 64:
+      forward, per chunk: the decayed K_beta·K^T and Q·K^T scores (2 x 2C²d); the inverse of the unit lower-
+      triangular C x C system built row by row, row i (1 <= i < C) an elementwise i x i vector-matrix product
+      summed over i (2i² each: sum 2i² = (C-1)C(2C-1)/3); its products with V_beta and the decayed K_beta
+      (2C²d each); the state read, Q·S and K_cumdecay·S, and update K^T·V_new (3 x 2C·d²); the intra-chunk
+      scores times V_new (2C²d).
+      backward, beyond twice that: a score's two factors each get their gradient by one more contraction over
+      the other (twice the forward, as for a matmul); each row of the inverse only once (its gradient's
+      contraction; the rows above it get theirs elementwise, a product with no sum) and the first row's 1 x 1
+      product not even that: (C-1)C(2C-1)/3 + 2 fewer per chunk; and, as for Gated DeltaNet, the zero initial
+      state needs no gradient and the final state update feeds nothing, 8C·d² fewer per sequence."""
+    layers = sum(mixer == "kimi_delta_rule" for mixer in spec.layer_mixers)
+    if not layers:
+        return 0.0, 0.0
+    c, d = DELTA_RULE_CHUNK, spec.delta_rule_key_dim
+    n = -(-seq_len // c)
+    rows = (c - 1) * c * (2 * c - 1) // 3
+    forward = n * (10 * c * c * d + 6 * c * d * d + rows)
+    excess = -n * (rows + 2) - 8 * c * d * d
     per_token = layers * spec.delta_rule_heads / seq_len
     return forward * per_token, excess * per_token
 

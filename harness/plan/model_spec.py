@@ -95,16 +95,19 @@ class ModelSpec:
     # "selective_scan" (Mamba-1, Gu & Dao 2023: a state of d_inner x N per token, no keys) or
     # "gated_delta_rule" (Gated DeltaNet, Yang et al. 2024: a dk x dv state per value head, updated by the
     # delta rule in chunks), "state_space_duality" (Mamba-2, Dao & Gu 2024: a p x N state per head, scanned in
-    # chunks), "lightning_attention" (MiniMax-01, Qin et al. 2024: linear attention in blocks, a d x d state
-    # per head), "short_conv" (LFM2: x gated by B, a causal depthwise convolution of K taps, gated by C; its
-    # only products are its weights') or "none" (an MLP-only layer, Nemotron-H's); these three stay empty when
-    # every layer is softmax attention.
+    # chunks), "kimi_delta_rule" (Kimi delta attention, Kimi Linear 2025: Gated DeltaNet with a decay per key
+    # channel instead of per head), "lightning_attention" (MiniMax-01, Qin et al. 2024: linear attention in
+    # blocks, a d x d state per head), "short_conv" (LFM2: x gated by B, a causal depthwise convolution of K
+    # taps, gated by C; its only products are its weights') or "none" (an MLP-only layer, Nemotron-H's); these
+    # three stay empty when every layer is softmax attention.
     layer_mixers: Tuple[str, ...] = ()
     layer_scan_states: Tuple[int, ...] = ()  # per layer: d_inner·N of its selective scan (its A), else 0
     # Per layer: multiply-adds per sequence a causal depthwise convolution of C channels and K taps spends on
     # the K - 1 outputs its left padding adds and transformers then drops, C·K·(K - 1).
     layer_conv_padding: Tuple[int, ...] = ()
-    delta_rule_heads: int = 0  # Gated DeltaNet layers: value heads (queries and keys repeated to as many)
+    # Gated DeltaNet layers: value heads (queries and keys repeated to as many); Kimi delta attention: its heads
+    # (keys and values one head dim)
+    delta_rule_heads: int = 0
     delta_rule_key_dim: int = 0
     delta_rule_value_dim: int = 0
     ssd_heads: int = 0  # Mamba-2 layers: heads, head dim, state size and the scan's chunk length
@@ -279,10 +282,12 @@ def _layer_counts(rows: Sequence[Row], experts_per_token: int, zero_experts: int
 # Inkling's full attention layers are "hybrid" (its sliding window ones "hybrid_sliding"): softmax attention among
 # short convolutions (a layer whose tensors show another mixer is named by that mixer, _attention_fields)
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention", "hybrid")
-_MIXERS = ("selective_scan", "gated_delta_rule", "state_space_duality", "lightning_attention", "short_conv", "none")
+_MIXERS = ("selective_scan", "gated_delta_rule", "kimi_delta_rule", "state_space_duality", "lightning_attention",
+           "short_conv", "none")
 _SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 and delta rules keep one per head
 _DEPTHWISE_CONV = re.compile(r"(^|\.)(conv1d|conv\.conv)\.weight$")
 _DELTA_RULE_DECAY = re.compile(r"(^|\.)linear_attn\.A_log$")  # Gated DeltaNet: one decay per value head
+_KIMI_DECAY = re.compile(r"(^|\.)forget_gate\.A_log$")  # Kimi delta attention: a decay rate per head
 _SSD_DECAY = re.compile(r"^(mamba|mixer)\.A_log$")  # Mamba-2: one decay per head
 _MLP_ONLY = ("mlp", "moe")  # layer_types of layers without a token mixer (Nemotron-H)
 _LIGHTNING_GATE = re.compile(r"^self_attn\.output_gate\.weight$")  # MiniMax's lightning attention output gate
@@ -295,6 +300,8 @@ def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
         return "selective_scan"
     if any(_DELTA_RULE_DECAY.search(r[0]) and len(r[1]) == 1 for r in rows):
         return "gated_delta_rule"
+    if any(_KIMI_DECAY.search(r[0]) for r in rows):
+        return "kimi_delta_rule"
     if any(_SSD_DECAY.search(r[0]) and len(r[1]) == 1 for r in rows):
         return "state_space_duality"
     if any(_LIGHTNING_GATE.search(r[0]) for r in rows):
@@ -308,9 +315,9 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
                   layer_types: Optional[Sequence[str]]) -> Dict[str, Any]:
     """Per layer: its token mixer, the d_inner·N of a selective scan and a causal convolution's padding work,
     read from the layer's tensors (a 2-D A_log is Mamba-1's state matrix, a 1-D linear_attn.A_log Gated
-    DeltaNet's decays, a 1-D mamba / mixer A_log Mamba-2's, an output gate lightning attention's, a layer-level
-    conv.conv.weight LFM2's short convolution; conv1d.weight and conv.conv.weight are (C, 1, K)); all empty when
-    every layer is softmax attention."""
+    DeltaNet's decays, a forget_gate.A_log Kimi delta attention's decay rates, a 1-D mamba / mixer A_log
+    Mamba-2's, an output gate lightning attention's, a layer-level conv.conv.weight LFM2's short convolution;
+    conv1d.weight and conv.conv.weight are (C, 1, K)); all empty when every layer is softmax attention."""
     def scan(rows: Sequence[Row]) -> int:
         return sum(_numel(r[1]) for r in rows if _SCAN_STATE.search(r[0]) and len(r[1]) == 2)
 
@@ -342,12 +349,10 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any], mix
     as many per query as a sliding window of index_topk (Qwen4's QSA: its token budget); `own_indexer` says
     which layers run an indexer of their own (HY-V4's "shared" layers reuse the previous one's pick). DeepSeek-V4's
     compressed layers (`compression`: m per layer) attend the sliding window w and their compressed entries; a CSA
-    layer's indexer picks among those entries, an HCA layer has none. A
-    selective-scan layer (whatever its layer_types
-    name, Jamba's "linear_attention"), Gated DeltaNet, Mamba-2, lightning attention, short convolution (LFM2's
-    "conv") or MLP-only layer scores
-    no keys: (0, 0, False), and flops counts its mixer's own products instead. Layers of other kinds (Kimi delta
-    attention, convolution) have
+    layer's indexer picks among those entries, an HCA layer has none. A selective-scan layer (whatever its
+    layer_types name, Jamba's "linear_attention"), Gated DeltaNet, Kimi delta attention, Mamba-2, lightning
+    attention, short convolution (LFM2's "conv") or MLP-only layer scores no keys: (0, 0, False), and flops counts
+    its mixer's own products instead. Layers of other kinds (convolution) have
     FLOPs and saved tensors the planner has no formula for: such families are refused by name."""
     n = fields["num_layers"]
     window = int(fields.get("sliding_window") or 0)
@@ -367,8 +372,8 @@ def _attention_fields(name: str, model_type: str, fields: Mapping[str, Any], mix
     if other:
         raise ValueError(f"model {name!r} ({model_type}): layer_types {other} are not supported; the planner "
                          "models softmax attention layers (full, sliding window, chunked, indexed or compressed), "
-                         "Mamba-1 selective scans, Mamba-2, Gated DeltaNet, lightning attention, short convolutions "
-                         "and MLP-only layers only")
+                         "Mamba-1 selective scans, Mamba-2, Gated DeltaNet, Kimi delta attention, lightning attention, "
+                         "short convolutions and MLP-only layers only")
     indexed = tuple(spans[kind][2] for kind in types)
     return {"attention_windows": tuple(spans[kind][0] for kind in types),
             "attention_chunks": tuple(spans[kind][1] for kind in types), "attention_indexed": indexed,
@@ -382,7 +387,7 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
                   pattern: Sequence[int]) -> Dict[str, Any]:
     """Each layer's mixer (from its tensors) and its attention span (from layer_types)."""
     mixers = _mixer_fields(kinds, pattern, fields.get("layer_types"))
-    if "gated_delta_rule" in mixers["layer_mixers"]:
+    if {"gated_delta_rule", "kimi_delta_rule"} & set(mixers["layer_mixers"]):
         mixers.update(delta_rule_heads=int(fields["linear_value_heads"]),
                       delta_rule_key_dim=int(fields["linear_key_head_dim"]),
                       delta_rule_value_dim=int(fields["linear_value_head_dim"]))
@@ -595,9 +600,9 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         router_params=router, norm_params=sum(_numel(r[1]) for r in flags["norms"]),
         layer_params=layer.total, active_layer_params=layer.active, embedding_params=embedding,
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,
-        non_embedding_params=total - embedding,
+        non_embedding_params=total - embedding, idle_params=idle,
         active_params=embedding + input_params + sum(x.active for x in per_layer) + outside_last,
-        input_params=input_params, idle_params=idle, **_attention_shape_fields(name, shape["model_type"], f, kinds, pattern),
+        input_params=input_params, **_attention_shape_fields(name, shape["model_type"], f, kinds, pattern),
         layer_altup_streams=_altup_streams(kinds, pattern),
         layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
         **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],

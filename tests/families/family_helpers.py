@@ -28,6 +28,11 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
                                               ext_pw_out_channel=32, depthwise_separable_out_channel=32,
                                               nemo_conv_channels=32)),
     "minimax": dict(block_size=8),  # two lightning-attention blocks in the 16-token FLOP count
+    # a Kimi delta attention layer (4 heads of 16 dims; bailing_hybrid's are its MLA head_dim) then a softmax
+    # attention one; 2 of the 4 experts a token (the experts-per-token defaults exceed the tiny expert count)
+    "kimi_linear": dict(linear_num_heads=4, linear_head_dim=16, layer_types=["linear_attention", "full_attention"],
+                        num_experts_per_token=2, num_shared_experts=1),
+    "bailing_hybrid": dict(layer_group_size=2, num_experts_per_token=2, num_shared_experts=1, num_expert_group=1),
     # Gemma 4: global layers with 32-dim heads and keys as values (one kv head), the last two layers reading the
     # keys and values of the first two (with double-wide MLPs); gemma4_text also with its MoE block beside the
     # MLP and small per-layer embeddings (the default table is 262144 x 256 per layer)
@@ -65,14 +70,10 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
         "sliding_attention": dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
         "full_attention": None}),
 }
-_LAYER_KINDS = r"layer_types \[.*\] are not supported"
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
-    # Kimi delta attention (kimi_linear, bailing_hybrid): transformers' torch path builds its per-channel-decayed
-    # scores elementwise, work torch's matmul count cannot check
-    **{name: _LAYER_KINDS for name in ("bailing_hybrid", "kimi_linear")},
-    # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (the same check
-    # stands in the way), and its block attention residuals are not modelled
+    # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (work torch's
+    # matmul count does not see), and its block attention residuals are not modelled
     "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
     # recurrent high / low level modules, one set of weights run again and again
     "hrm_text": "two weight-shared stacks \\(H and L modules\\) of 2 layers each are run 2 x \\(3 \\+ 1\\) times",
@@ -211,10 +212,92 @@ def triangular_solve_flops(a_shape, b_shape, *args, unitriangular=False, out_sha
     return batch * m * n * (n - 1 if unitriangular else n + 1)
 
 
+# transformers' torch fallbacks that contract operands elementwise (a broadcast product, then a sum over a dim)
+# where a fused kernel runs a GEMM: Kimi delta attention's per-channel-decayed scores and the row-by-row inverse
+# of its chunk system. ElementwiseContractions counts them inside these functions only.
+CONTRACTING_FALLBACKS = ("chunk_kimi_delta_attention",)
+
+
+def elementwise_contractions():
+    """A TorchDispatchMode counting the elementwise contractions torch's FLOP counter does not see (its formulas
+    are matmuls, convolutions and attention). Inside a fallback named in CONTRACTING_FALLBACKS (`inside`, set by
+    contracting_fallbacks), a sum over dims (aten.sum.dim_IntList) of an aten.mul's output, a square x·x
+    excepted (a norm), is a contraction: 2 FLOPs per element of the product it sums, one multiply-add per pair as
+    a matmul of the same pairs counts (the decay weighting the pairs is part of the product). The product's mul
+    and the muls it multiplies (a·b·c) are marked on their autograd nodes, and in the backward each sum those
+    nodes run (torch._C._current_autograd_node names the node running) counts the same way: the reduction over a
+    broadcast dim that gives a factor its gradient (a factor of full shape gets its gradient elementwise, no sum,
+    nothing counted)."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten, mark = torch.ops.aten, "elementwise_contraction"
+
+    class ElementwiseContractions(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.flops, self.inside, self.products = 0, 0, {}
+
+        def product(self, tensor):
+            entry = self.products.get(id(tensor))
+            return entry if entry is not None and entry[0]() is tensor else None
+
+        def mark(self, tensor):
+            entry = self.product(tensor)
+            if entry is not None and tensor.grad_fn is not None:
+                tensor.grad_fn.metadata[mark] = True
+                for factor in entry[1]:
+                    if factor() is not None:
+                        self.mark(factor())
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if self.inside and func is aten.mul.Tensor and all(isinstance(a, torch.Tensor) for a in args[:2]) \
+                    and args[0] is not args[1]:
+                self.products[id(out)] = (weakref.ref(out), tuple(weakref.ref(a) for a in args[:2]))
+            elif func is aten.sum.dim_IntList:
+                node = torch._C._current_autograd_node()
+                if self.inside and self.product(args[0]) is not None:
+                    self.mark(args[0])
+                    self.flops += 2 * args[0].numel()
+                elif node is not None and node.metadata.get(mark):
+                    self.flops += 2 * args[0].numel()
+            return out
+
+    return ElementwiseContractions()
+
+
+def contracting_fallbacks(model, counter):
+    """Wraps the CONTRACTING_FALLBACKS of the model's own modeling module so that `counter.inside` is set while
+    one runs; an ExitStack to enter around the counted forward + backward."""
+    import contextlib
+    import sys
+    from unittest import mock
+
+    module, stack = sys.modules[type(model).__module__], contextlib.ExitStack()
+
+    def scoped(fallback):
+        def run(*args, **kwargs):
+            counter.inside += 1
+            try:
+                return fallback(*args, **kwargs)
+            finally:
+                counter.inside -= 1
+        return run
+
+    for name in CONTRACTING_FALLBACKS:
+        if hasattr(module, name):
+            stack.enter_context(mock.patch.object(module, name, scoped(getattr(module, name))))
+    return stack
+
+
 @lru_cache(maxsize=None)
 def measured_flops(case: str, seq_len: int) -> float:
     """FLOPs torch counts for one forward + backward of one sequence: eager attention and eager experts,
-    so that every matmul is an aten op the counter knows."""
+    so that every matmul is an aten op the counter knows; with the elementwise contractions of the fallbacks
+    named in CONTRACTING_FALLBACKS (elementwise_contractions)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
@@ -226,8 +309,10 @@ def measured_flops(case: str, seq_len: int) -> float:
     model = AutoModelForCausalLM.from_config(hf_config_object(fields), dtype=torch.float32,
                                              experts_implementation="eager")
     ids = torch.randint(3, model.config.vocab_size, (1, seq_len))
+    contractions = elementwise_contractions()
     with FlopCounterMode(display=False,
                          custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops,
-                                         torch.ops.aten.linalg_solve_triangular: triangular_solve_flops}) as counter:
+                                         torch.ops.aten.linalg_solve_triangular: triangular_solve_flops}) as counter, \
+            contractions, contracting_fallbacks(model, contractions):
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-    return float(counter.get_total_flops())
+    return float(counter.get_total_flops() + contractions.flops)

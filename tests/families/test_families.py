@@ -37,11 +37,13 @@ def test_counts_equal_the_meta_model(model_type):
 def test_flops_equal_the_model_matmuls(model_type):
     """Model FLOPs (full attention convention, lm_head included) against torch's count of one forward +
     backward. The spec counts norm weights and biases as 6N does (6 FLOPs per weight and token; 2 in a
-    forward-only module) where torch counts only matmuls: those vectors are taken out of the prediction."""
+    forward-only module) where torch counts only matmuls: those vectors are taken out of the prediction (1-D, or
+    a decay-rate vector with singleton dims: Kimi delta attention's A_log, (1, 1, H, 1))."""
     spec = model_spec_from_hf(model_type, flop_fields(model_type))
     idle = idle_parameters(model_type)
     vectors = sum((2 if FORWARD_ONLY.search(name) else 6) * p.numel()
-                  for name, p in family_meta_model(model_type).named_parameters() if p.dim() == 1 and name not in idle)
+                  for name, p in family_meta_model(model_type).named_parameters()
+                  if (p.dim() == 1 or (name.endswith("A_log") and p.numel() == max(p.shape))) and name not in idle)
     predicted = (flops_per_token(spec, SEQ_LEN, FlopConvention(attention="full")) - vectors) * SEQ_LEN
     assert measured_flops(model_type, SEQ_LEN) == pytest.approx(predicted, rel=0.002)
 

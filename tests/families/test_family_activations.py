@@ -32,6 +32,7 @@ KNOWN_GAPS = {
     "afmoe": (1.04, 1.08, "a sigmoid output gate on attention (T x h)"),
     "apertus": (1.24, 1.28, "the xIELU activation saves six f-sized tensors"),
     "axk2": (1.11, 1.15, DSA),
+    "bailing_hybrid": (4.50, 4.54, HYBRID),
     "beam": (1.13, 1.17, "attention sinks (a score column per head) and a gated attention output"),
     "cohere": (1.01, 1.05, UNATTRIBUTED),
     "cohere2": (1.01, 1.05, UNATTRIBUTED),
@@ -64,6 +65,7 @@ KNOWN_GAPS = {
     "jamba": (5.33, 5.37, HYBRID),
     "hy_v4": (1.48, 1.52, "N residual streams (hyper-connections): the model counts one"),
     "inkling_text": (1.77, 1.81, "the relative-position bias per head and the short convolutions"),
+    "kimi_linear": (6.23, 6.27, HYBRID),
     "laguna": (1.06, 1.10, "per-head attention gates"),
     "llama4": (1.47, 1.51, "as llama4_text: the composite config plans as its text decoder"),
     "llama4_text": (1.47, 1.51, "transformers' Llama 4 MoE runs every expert for every token (scores 0 off the "
