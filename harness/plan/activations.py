@@ -75,7 +75,8 @@ def attention_activations(spec: ModelSpec, profile: str, e: int, m: int, on_cpu:
       fp32 softmax and its cast copy or dropout's mask and output, the tanh output when logits are
       soft-capped (Gemma 2), the projection input;
     - fused SDPA: Q, K, V (repeated when transformers repeats them), the output (the projection's input)
-      and an fp32 log-sum-exp per head; a masked layer's mask is saved in the compute dtype;
+      and an fp32 log-sum-exp per head; a masked layer's mask is saved in the compute dtype; flash-attention
+      (attn_implementation flash_attention_*) the same with K, V as grouped and no mask;
     - math SDPA (the CPU fallback): torch upcasts to fp32 and saves Q, K and V at every head, the
       softmax and, with dropout, its mask and output; the projection input stays in the compute dtype.
     """
@@ -97,7 +98,9 @@ def attention_activations(spec: ModelSpec, profile: str, e: int, m: int, on_cpu:
             quadratic = e * a + attn_dropout
         quadratic += e * a if spec.attn_logit_softcapping else 0  # tanh saves its output
         return e * (q + kv_saved) + e * out, quadratic, 0.0
-    if not hf:  # Megatron's fused kernels: Q, K, V, the output and the softmax statistics
+    if not hf or spec.attn_implementation != "sdpa":
+        # Megatron's fused kernels, flash-attention: Q, K, V as grouped, the output and the softmax statistics;
+        # windows and chunks are the kernel's own (no mask tensor)
         return e * (q + k_width + v_width) + 4 * a + e * out, 0.0, 0.0
     if sdpa_kernel(spec, on_cpu) == "math":
         return 4 * (2 * q + out) + e * out, 4 * a * (3 if spec.attention_dropout else 1), 0.0

@@ -51,3 +51,17 @@ def test_only_layers_whose_window_or_chunk_is_shorter_than_the_sequence_get_a_ma
     assert masked_layer_share(spec, 40) == 0.5
     assert masked_layer_share(spec, 64) == 0.75
     assert masked_layer_share(llama, 4096) == 0.0
+
+
+def test_flash_attention_keeps_no_mask_and_grouped_kv(llama):
+    """flash_attention_2 applies windows itself and groups K / V: no mask and no repeated K / V, where SDPA on
+    the same windowed layers keeps both."""
+    from harness.plan.activations import attention_activations
+
+    windowed = dataclasses.replace(llama, attention_windows=(32, 32))
+    sdpa = attention_activations(windowed, "hf", 2, 1, False, 64)
+    flash = attention_activations(dataclasses.replace(windowed, attn_implementation="flash_attention_2"), "hf", 2, 1,
+                                  False, 64)
+    q, kv = llama.num_heads * llama.head_dim, llama.num_kv_heads * llama.head_dim
+    assert flash == (2 * (q + 2 * kv) + 4 * llama.num_heads + 2 * q, 0.0, 0.0)
+    assert sdpa == (2 * (q + 2 * q) + 4 * llama.num_heads + 2 * q, 0.0, 2)
