@@ -217,7 +217,40 @@ def gated_delta_rule_activations(spec: ModelSpec, layer: int, e: int, seq_len: i
     return 0.0, per_token + per_sequence / t
 
 
-MIXER_ACTIVATIONS = {"selective_scan": selective_scan_activations,
+def lightning_attention_activations(spec: ModelSpec, layer: int, e: int, seq_len: int) -> Tuple[float, float]:
+    """(replicated, sharded) bytes per token a lightning-attention layer saves in transformers' torch path
+    (MiniMax's block loop). With a heads of d dims, blocks of B tokens, nb = T / B blocks, all sharded by head
+    (TP splits qkv_proj's output): the SiLU's input and output (3·a·d each), per block the decayed scores
+    (a·B², the last block's as long as it is) the value matmul reads, the decayed queries and keys (a·d·B each,
+    one block fewer: the first block's state is a constant zero, the last block's state update is dropped with
+    the final state) and the running state (a·d², the zero start included) with its decay (a per block, two fewer); the output's RMSNorm over
+    a·d, the sigmoid gate's output, the normalised output it gates and out_proj's input (a·d each). Per
+    micro-batch (written per sequence): the decay buffers (a·B² diagonal, 2·a·B query / key)."""
+    a, d, b = spec.num_heads, spec.head_dim, spec.lightning_block
+    t = seq_len or b
+    blocks = -(-t // b)
+    ad = a * d
+    last = t - (blocks - 1) * b  # the last block may be shorter
+    per_sequence = e * (a * ((blocks - 1) * b * b + last * last) + ad * ((blocks - 1) * b + max(blocks - 2, 0) * b)
+                        + (ad * last if blocks > 1 else 0) + blocks * a * d * d + max(blocks - 2, 0) * a
+                        + a * b * b + 2 * a * b)
+    per_token = 6 * e * ad + (4 + e) * ad + 4 + 3 * e * ad
+    return 0.0, per_token + per_sequence / t
+
+
+def short_conv_activations(spec: ModelSpec, layer: int, e: int, seq_len: int) -> Tuple[float, float]:
+    """(replicated, sharded) bytes per token LFM2's gated short convolution saves (Lfm2ShortConv.slow_forward),
+    with C channels and K taps, sharded by channel: in_proj's output (B, C and x: 3·C, which the gates read as
+    views), the gated B·x the convolution reads, the convolution's output with its K - 1 padded steps (the C gate
+    reads a view of it) and out_proj's input (C)."""
+    c, k = conv_channels(spec, layer), spec.conv_kernel
+    t = seq_len or 1
+    return 0.0, 3 * e * c + e * c + e * c * (t + k - 1) / t + e * c
+
+
+MIXER_ACTIVATIONS = {"lightning_attention": lightning_attention_activations,
+                     "short_conv": short_conv_activations,
+                     "selective_scan": selective_scan_activations,
                      "state_space_duality": state_space_duality_activations,
                      "gated_delta_rule": gated_delta_rule_activations}
 

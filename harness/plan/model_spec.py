@@ -605,12 +605,13 @@ def _activation_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int], f
         mixer = _mixer(kinds[i], layer_types[layer] if layer_types else None)
         return (0, 0, 0) if single and mixer != "none" else mlps[i]
 
+    lightning = any(_LIGHTNING_GATE.search(r[0]) for r in flags["attention"])  # its output norm is its own
     return {"layer_norms": _hidden_norms(flags["norms"], hidden),
             "shared_ffn_size": _always_on_ffn(flags["mlp"], experts, hidden, gated) if experts else 0,
             "layer_mlps": tuple(mlp(layer, i) for layer, i in enumerate(pattern)),
             "attention_latent_norms": tuple(int(r[1][0]) for r in flags["attention"] if _is_norm(r)
                                             and r[0].endswith("weight") and not _QK_NORM.search(r[0])
-                                            and not _MIXER_MODULE.match(r[0]))}
+                                            and not _MIXER_MODULE.match(r[0]) and not lightning)}
 
 
 def param_tensors(spec: ModelSpec) -> Tuple[Tuple[ParamTensor, ...], Tuple[ParamTensor, ...], Tuple[ParamTensor, ...]]:
