@@ -223,9 +223,10 @@ def lightning_attention_activations(spec: ModelSpec, layer: int, e: int, seq_len
     (TP splits qkv_proj's output): the SiLU's input and output (3·a·d each), per block the decayed scores
     (a·B², the last block's as long as it is) the value matmul reads, the decayed queries and keys (a·d·B each,
     one block fewer: the first block's state is a constant zero, the last block's state update is dropped with
-    the final state) and the running state (a·d², the zero start included) with its decay (a per block, two fewer); the output's RMSNorm over
-    a·d, the sigmoid gate's output, the normalised output it gates and out_proj's input (a·d each). Per
-    micro-batch (written per sequence): the decay buffers (a·B² diagonal, 2·a·B query / key)."""
+    the final state) and the running state (a·d², the zero start included) with its decay (a per block, two
+    fewer); the output's RMSNorm over a·d, the sigmoid gate's output, the normalised output it gates and
+    out_proj's input (a·d each). Per micro-batch (written per sequence): the decay buffers (a·B² diagonal,
+    2·a·B query / key)."""
     a, d, b = spec.num_heads, spec.head_dim, spec.lightning_block
     t = seq_len or b
     blocks = -(-t // b)
