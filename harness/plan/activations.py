@@ -39,14 +39,16 @@ def norm_bytes(spec: ModelSpec, profile: str, dtype_bytes: int) -> int:
 
 
 def masked_layer_share(spec: ModelSpec, seq_len: int) -> float:
-    """The share of layers transformers hands an explicit mask: a sliding window or a chunk shorter than the
-    sequence (full causal attention runs with is_causal and no mask)."""
+    """The share of softmax-attention layers transformers hands an explicit mask: a sliding window or a chunk
+    shorter than the sequence (full causal attention runs with is_causal and no mask)."""
     windows = spec.attention_windows
     if not windows:
         return 0.0
     chunks = spec.attention_chunks or (0,) * len(windows)
-    masked = sum(1 for w, c in zip(windows, chunks) if (w and seq_len > w) or (c and seq_len > c))
-    return masked / len(windows)
+    mixers = spec.layer_mixers or ("attention",) * len(windows)
+    spans = [(w, c) for w, c, mixer in zip(windows, chunks, mixers) if mixer == "attention"]
+    masked = sum(1 for w, c in spans if (w and seq_len > w) or (c and seq_len > c))
+    return masked / len(spans) if spans else 0.0
 
 
 def sdpa_kernel(spec: ModelSpec, on_cpu: bool) -> str:
@@ -119,6 +121,144 @@ def mlp_activations(spec: ModelSpec, hf: bool, e: int, ffn: int) -> float:
     return 2 * e * ffn  # GeLU input, fc2 input
 
 
+# transformers' torch path of the gated delta rule (torch_chunk_gated_delta_rule) runs chunks of 64 tokens, as
+# flash-linear-attention's kernels do.
+DELTA_RULE_CHUNK = 64
+
+
+def conv_channels(spec: ModelSpec, layer: int) -> int:
+    """Channels of a layer's causal depthwise convolution (layer_conv_padding is C·K·(K - 1))."""
+    k = spec.conv_kernel
+    return spec.layer_conv_padding[layer] // (k * (k - 1)) if k > 1 and spec.layer_conv_padding else 0
+
+
+def upcast(e: int) -> int:
+    """Bytes of the fp32 copy `.float()` makes of a compute-dtype tensor (none in fp32: it returns the input)."""
+    return 4 if e < 4 else 0
+
+
+def selective_scan_activations(spec: ModelSpec, layer: int, e: int, seq_len: int) -> Tuple[float, float]:
+    """(replicated, sharded) bytes per token a Mamba-1 selective scan saves in transformers' torch path (Jamba's
+    slow_forward and mamba_selective_scan's sequential loop). With D = d_inner, N the state size, R the time-step
+    rank, K the conv taps and T the sequence:
+    - sharded by channel (TP splits in_proj's output and d_inner): in_proj's output (x and the gate z, 2·D), the
+      conv's output with its K - 1 padded steps (D·(T + K - 1)/T), its SiLU output x (D), the time step plus
+      bias and its softplus (2·D fp32), exp(A·dt) and dt·B (2·D·N fp32), every step's state (D·N fp32, one more
+      per sequence: the zero start; in a 16-bit dtype the matmul with C saves a cast copy of each), the output
+      after the D skip and silu(z) (2·D), out_proj's input (D); per micro-batch, exp(A_log) and -A (2·D·N fp32,
+      written per sequence);
+    - replicated (x_proj's output feeds all ranks): the fp32 x_proj output the dt / B / C norms read, their
+      rsqrt, normalised copies (Jamba's norms: what an RMSNorm saves, 4·(R + 2N) + 12 + e·(R + 2N)), the
+      normalised dt dt_proj reads (R) and B and C as the scan reads them (fp32 B, C in the dtype)."""
+    n, r = spec.scan_state_size, spec.scan_dt_rank
+    d = spec.layer_scan_states[layer] // n
+    t = seq_len or 1
+    k = spec.conv_kernel
+    sharded = (2 * e * d + e * d * (t + k - 1) / t + e * d + 2 * 4 * d + 2 * 4 * d * n
+               + d * n * (4 + (e if e < 4 else 0)) + (e * d * n + 2 * 4 * d * n) / t + 2 * e * d + e * d)
+    replicated = (4 * (r + 2 * n) + (12 + e * (r + 2 * n) if spec.scan_norms else 0)) + e * r + 4 * n + e * n
+    return replicated, sharded
+
+
+def state_space_duality_activations(spec: ModelSpec, layer: int, e: int, seq_len: int) -> Tuple[float, float]:
+    """(replicated, sharded) bytes per token a Mamba-2 layer saves in transformers' torch path (the mixer's
+    torch_forward and mamba2_chunk_scan, GraniteMoeHybrid's and Nemotron-H's). With H heads of P dims (D = H·P),
+    G groups of state size N, chunks of Q, K conv taps, c = T / Q chunks of a T-token sequence, all sharded by
+    head (TP splits in_proj's output): in_proj's output (gate, x, B, C and dt: 2·D + 2·G·N + H, the conv's input
+    and the gate's view), the conv's output with its K - 1 padded steps; fp32: x (in fp32 a view of the whole
+    conv output, D + 2·G·N), the D skip's padded x (D), dt + bias and its softplus (2·H, in the dtype), the
+    clamped dt (H, two fp32 copies in a 16-bit dtype), exp(cumsum) and exp(last - cumsum) (2·H); the chunk
+    products: B and C repeated to every head (5 copies of H·N across the einsums), x·dt (3 of D: two einsum
+    operands and C·states), the C x C decays L, G = C·B and the masked M (3·H·Q per token); per chunk the
+    states (H·P·N, c of them into C·states, c + 1 into the chunk recurrence) and the (c + 1)² chunk decays; the
+    gated RMSNorm (scan output, silu(gate), their product, the normalised copy: 4·D fp32, an fp32 gate copy in
+    16 bits, the rsqrt per group) and out_proj's input (D). Per micro-batch (written per sequence): exp(A_log)
+    and -A (2·H fp32), the causal masks (2·Q² + 2·(c + 1)² bools)."""
+    h, p, n, q, k = spec.ssd_heads, spec.ssd_head_dim, spec.ssd_state_size, spec.ssd_chunk, spec.conv_kernel
+    d = h * p
+    t = seq_len or q
+    c = -(-t // q)
+    pad = c * q / t  # chunked tensors cover whole chunks
+    channels = conv_channels(spec, layer) or d
+    gn = (channels - d) // 2
+    per_token = ((2 * d + 2 * gn + h) * e + channels * e * (t + k - 1) / t
+                 + 4 * (channels if e == 4 else d) + 4 * d * pad + 2 * h * e + 4 * h * (2 if e < 4 else 1)
+                 + 2 * 4 * h * pad + (5 * 4 * h * n + 3 * 4 * d + 3 * 4 * h * q) * pad
+                 + 4 * d * 4 + upcast(e) * d + 4 * gn // max(n, 1) + e * d)
+    per_sequence = 4 * h * p * n * (2 * c + 1) + 4 * h * (c + 1) ** 2 + 2 * 4 * h + 2 * q * q + 2 * (c + 1) ** 2
+    return 0.0, per_token + per_sequence / t
+
+
+def gated_delta_rule_activations(spec: ModelSpec, layer: int, e: int, seq_len: int) -> Tuple[float, float]:
+    """(replicated, sharded) bytes per token a Gated DeltaNet layer saves in transformers' torch path
+    (torch_chunk_gated_delta_rule, chunks of C = 64). With H value heads of dk / dv dims (queries and keys
+    repeated from their own heads to H), K conv taps over the q / k / v channels, c = T / C chunks, all sharded
+    by head (TP splits the projections' outputs): the conv's input (the concatenated q, k, v) and its output
+    with the K - 1 padded steps; beta (sigmoid output) and the decay's softplus input and output (H, 2·H fp32);
+    fp32 per head: q and k through the L2 norm, scaled, padded and chunked, k·beta and its decayed copy, the
+    decayed q and k and the einsum / solve operands (12 of H·dk), v, the solved values and each chunk's v_new
+    (3 of H·dv), the two L2 rsqrts, beta, exp(cumulative decay) twice and the remaining decays (9 of H, with the
+    sigmoid's 3 above); C x C per chunk: the pairwise decays, the triangular system, the intra-chunk scores and
+    their products (5·H·C per token); per chunk the recurrent state (H·dk·dv) and its decay; the gated RMSNorm
+    over dv (input, normalised and weighted copies, the gate and its SiLU: H·dv·(3·4 + 2·e), an rsqrt per
+    head) and out_proj's input (H·dv). Per micro-batch (written per sequence): exp(A_log) and -A (2·H fp32), the
+    C x C causal mask (bools)."""
+    h, dk, dv, k, chunk = (spec.delta_rule_heads, spec.delta_rule_key_dim, spec.delta_rule_value_dim,
+                           spec.conv_kernel, DELTA_RULE_CHUNK)
+    t = seq_len or chunk
+    c = -(-t // chunk)
+    pad = c * chunk / t
+    channels = conv_channels(spec, layer)
+    # One chunk: the chunked matmuls' operands are views (5 H·dk copies fewer), and the last chunk's state
+    # update, dropped with the final state, frees the decayed keys, their decays and the chunk decay.
+    single = c == 1
+    per_token = (channels * e + channels * e * (t + k - 1) / t + h * e + 2 * 4 * h
+                 + ((6 if single else 12) * 4 * h * dk + 3 * 4 * h * dv + (5 if single else 6) * 4 * h
+                    + 5 * 4 * h * chunk) * pad
+                 + h * dv * (3 * 4 + 2 * e) + 4 * h + e * h * dv)
+    per_sequence = c * 4 * h * dk * dv + (0 if single else 4 * h * c) + 2 * 4 * h + chunk * chunk
+    return 0.0, per_token + per_sequence / t
+
+
+def lightning_attention_activations(spec: ModelSpec, layer: int, e: int, seq_len: int) -> Tuple[float, float]:
+    """(replicated, sharded) bytes per token a lightning-attention layer saves in transformers' torch path
+    (MiniMax's block loop). With a heads of d dims, blocks of B tokens, nb = T / B blocks, all sharded by head
+    (TP splits qkv_proj's output): the SiLU's input and output (3·a·d each), per block the decayed scores
+    (a·B², the last block's as long as it is) the value matmul reads, the decayed queries and keys (a·d·B each,
+    one block fewer: the first block's state is a constant zero, the last block's state update is dropped with
+    the final state) and the running state (a·d², the zero start included) with its decay (a per block, two
+    fewer); the output's RMSNorm over a·d, the sigmoid gate's output, the normalised output it gates and
+    out_proj's input (a·d each). Per micro-batch (written per sequence): the decay buffers (a·B² diagonal,
+    2·a·B query / key)."""
+    a, d, b = spec.num_heads, spec.head_dim, spec.lightning_block
+    t = seq_len or b
+    blocks = -(-t // b)
+    ad = a * d
+    last = t - (blocks - 1) * b  # the last block may be shorter
+    per_sequence = e * (a * ((blocks - 1) * b * b + last * last) + ad * ((blocks - 1) * b + max(blocks - 2, 0) * b)
+                        + (ad * last if blocks > 1 else 0) + blocks * a * d * d + max(blocks - 2, 0) * a
+                        + a * b * b + 2 * a * b)
+    per_token = 6 * e * ad + (4 + e) * ad + 4 + 3 * e * ad
+    return 0.0, per_token + per_sequence / t
+
+
+def short_conv_activations(spec: ModelSpec, layer: int, e: int, seq_len: int) -> Tuple[float, float]:
+    """(replicated, sharded) bytes per token LFM2's gated short convolution saves (Lfm2ShortConv.slow_forward),
+    with C channels and K taps, sharded by channel: in_proj's output (B, C and x: 3·C, which the gates read as
+    views), the gated B·x the convolution reads, the convolution's output with its K - 1 padded steps (the C gate
+    reads a view of it) and out_proj's input (C)."""
+    c, k = conv_channels(spec, layer), spec.conv_kernel
+    t = seq_len or 1
+    return 0.0, 3 * e * c + e * c + e * c * (t + k - 1) / t + e * c
+
+
+MIXER_ACTIVATIONS = {"lightning_attention": lightning_attention_activations,
+                     "short_conv": short_conv_activations,
+                     "selective_scan": selective_scan_activations,
+                     "state_space_duality": state_space_duality_activations,
+                     "gated_delta_rule": gated_delta_rule_activations}
+
+
 def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_bytes: int, on_cpu: bool = False,
                       seq_len: int = 0) -> LayerActivations:
     """Saved bytes of one layer per token, term by term (Korthikanti et al. 2022, sec. 4.1).
@@ -140,7 +280,33 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     for latent in spec.attention_latent_norms:  # the latent's norm, then the next projection's input
         attention += (4 + e) * latent + 4 + e * latent if hf else 2 * e * latent
     routing, mlp = moe_and_mlp_activations(spec, hf, e)
-    return LayerActivations(boundary + routing, 2 * e * h, attention + mlp, quadratic, e * h, mask)
+    replicated, mixing, inputs, share = mixer_mix(spec, e, seq_len, attention)
+    return LayerActivations(boundary + routing, inputs * e * h + replicated, mixing + mlp, share * quadratic,
+                            e * h, share * mask)
+
+
+def mixer_mix(spec: ModelSpec, e: int, seq_len: int, attention: float) -> Tuple[float, float, float, float]:
+    """(replicated, sharded, projection inputs of the hidden size, share of softmax-attention layers): the mean
+    over the layers of each layer's token mixer, as moe_and_mlp_activations averages their MLPs. A softmax-
+    attention layer saves `attention` (its per-key terms scale with the share); another mixer what its torch
+    path saves (MIXER_ACTIVATIONS: per head or channel, split by TP, or replicated per token, like the QKV
+    input); an MLP-only layer (Nemotron-H's) nothing. Each layer's mixer and MLP read a hidden-size input
+    apiece (Nemotron-H's layers hold one or the other)."""
+    mixers = spec.layer_mixers
+    if not mixers:
+        return 0.0, attention, 2.0, 1.0
+    mlps = spec.layer_mlps or ((1, 1, 1),) * len(mixers)
+    replicated = sharded = inputs = attention_layers = 0.0
+    for layer, mixer in enumerate(mixers):
+        inputs += (mixer != "none") + any(mlps[layer])
+        if mixer in MIXER_ACTIVATIONS:
+            r, s = MIXER_ACTIVATIONS[mixer](spec, layer, e, seq_len)
+            replicated, sharded = replicated + r, sharded + s
+        elif mixer != "none":  # softmax attention (and the mixers without a formula of their own yet)
+            sharded += attention
+            attention_layers += 1
+    n = len(mixers)
+    return replicated / n, sharded / n, inputs / n, attention_layers / n
 
 
 def moe_and_mlp_activations(spec: ModelSpec, hf: bool, e: int) -> Tuple[float, float]:

@@ -115,6 +115,13 @@ class ModelSpec:
     ssd_state_size: int = 0
     ssd_chunk: int = 0
     lightning_block: int = 0  # lightning attention layers: block length (heads and head_dim as attention's)
+    # What the mixers' saved activations depend on beyond the above: the taps K of their causal depthwise
+    # convolution (its channels per layer are layer_conv_padding / (K·(K - 1))), a selective scan's state size N
+    # and time-step rank R, and whether it normalises its time step, B and C (Jamba's dt / b / c layernorms).
+    conv_kernel: int = 0
+    scan_state_size: int = 0
+    scan_dt_rank: int = 0
+    scan_norms: bool = False
     # Gemma 3n: per layer, the streams n of its AltUp (alternating updates, Baykal et al. 2023), else 0 (its
     # stream projections outside the layers are input_params and final_norm_params).
     layer_altup_streams: Tuple[int, ...] = ()
@@ -292,6 +299,10 @@ _SSD_DECAY = re.compile(r"^(mamba|mixer)\.A_log$")  # Mamba-2: one decay per hea
 _MLP_ONLY = ("mlp", "moe")  # layer_types of layers without a token mixer (Nemotron-H)
 _LIGHTNING_GATE = re.compile(r"^self_attn\.output_gate\.weight$")  # MiniMax's lightning attention output gate
 _SHORT_CONV = re.compile(r"^conv\.conv\.weight$")  # LFM2's gated short convolution (Lfm2ShortConv)
+_SCAN_DT = re.compile(r"(^|\.)dt_proj\.weight$")  # Mamba-1's time-step projection, (d_inner, R)
+_SCAN_NORM = re.compile(r"(^|\.)(dt|b|c)_layernorm\.weight$")  # Jamba's norms of the time step, B and C
+# Modules of a non-attention token mixer: their norms are the mixer's own, not multi-latent attention's latents
+_MIXER_MODULE = re.compile(r"^(mamba|mixer|linear_attn)\.")
 
 
 def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
@@ -329,8 +340,14 @@ def _mixer_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int],
     if set(mixers) == {"attention"}:  # every layer is softmax attention: the per-layer mixer fields stay empty,
         paddings = tuple(padding(kinds[i]) for i in pattern)  # but for short convolutions beside it (Inkling)
         return {"layer_mixers": (), **({"layer_conv_padding": paddings} if any(paddings) else {})}
+    rows = [r for i in pattern for r in kinds[i]]
+    taps = [int(r[1][-1]) for r in rows if _DEPTHWISE_CONV.search(r[0]) and len(r[1]) == 3 and int(r[1][1]) == 1]
+    states = [r[1] for r in rows if _SCAN_STATE.search(r[0]) and len(r[1]) == 2]
+    ranks = [int(r[1][1]) for r in rows if _SCAN_DT.search(r[0]) and len(r[1]) == 2]
     return {"layer_mixers": mixers, "layer_scan_states": tuple(scan(kinds[i]) for i in pattern),
-            "layer_conv_padding": tuple(padding(kinds[i]) for i in pattern)}
+            "layer_conv_padding": tuple(padding(kinds[i]) for i in pattern), "conv_kernel": max(taps, default=0),
+            "scan_state_size": int(states[0][1]) if states else 0, "scan_dt_rank": max(ranks, default=0),
+            "scan_norms": any(_SCAN_NORM.search(r[0]) for r in rows)}
 
 
 _COMPRESSED = ("compressed_sparse_attention", "heavily_compressed_attention")  # DeepSeek-V4's CSA / HCA
@@ -606,8 +623,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         layer_altup_streams=_altup_streams(kinds, pattern),
         layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
         **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],
-        **_hyper_connection_fields(f, kinds, pattern, hyper_outside),
-        v_head_dim=f["v_head_dim"],
+        **_hyper_connection_fields(f, kinds, pattern, hyper_outside), v_head_dim=f["v_head_dim"],
         layer_forward_only_params=tuple(sum(_numel(r[1]) for r in kinds[i] if FORWARD_ONLY.search(r[0]))
                                         for i in pattern),
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],
@@ -616,20 +632,31 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         first_tensors=_tensors(first) + _tensors(inputs),
         last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
         pp_plan=tuple(shape["pp_plan"]),
-        **_activation_fields(kinds, pattern, flags, layer.routed_experts, k, h, matrices == 3 * h * ffn),
+        **_activation_fields(kinds, pattern, flags, layer.routed_experts, k, h, matrices == 3 * h * ffn,
+                             f.get("layer_types")),
     )
 
 
 def _activation_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int], flags: Mapping[str, Any],
-                       experts: int, k: int, hidden: int, gated: bool) -> Dict[str, Any]:
+                       experts: int, k: int, hidden: int, gated: bool,
+                       layer_types: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """What saved activations depend on beyond the shape: norms and shared experts of the most common layer,
-    each layer's MLP, multi-latent attention's latent norms."""
+    each layer's MLP, multi-latent attention's latent norms. A layer that is a single block under `mixer.`
+    (Nemotron-H: a Mamba-2, attention or MLP layer each) runs an MLP only where it has no token mixer."""
     mlps = [_layer_mlp(kind, k, hidden, gated) for kind in kinds]
+
+    def mlp(layer: int, i: int) -> Tuple[int, int, int]:
+        single = all(r[0].startswith("mixer.") for r in kinds[i] if not _is_norm(r))
+        mixer = _mixer(kinds[i], layer_types[layer] if layer_types else None)
+        return (0, 0, 0) if single and mixer != "none" else mlps[i]
+
+    lightning = any(_LIGHTNING_GATE.search(r[0]) for r in flags["attention"])  # its output norm is its own
     return {"layer_norms": _hidden_norms(flags["norms"], hidden),
             "shared_ffn_size": _always_on_ffn(flags["mlp"], experts, hidden, gated) if experts else 0,
-            "layer_mlps": tuple(mlps[i] for i in pattern),
+            "layer_mlps": tuple(mlp(layer, i) for layer, i in enumerate(pattern)),
             "attention_latent_norms": tuple(int(r[1][0]) for r in flags["attention"] if _is_norm(r)
-                                            and r[0].endswith("weight") and not _QK_NORM.search(r[0]))}
+                                            and r[0].endswith("weight") and not _QK_NORM.search(r[0])
+                                            and not _MIXER_MODULE.match(r[0]) and not lightning)}
 
 
 def param_tensors(spec: ModelSpec) -> Tuple[Tuple[ParamTensor, ...], Tuple[ParamTensor, ...], Tuple[ParamTensor, ...]]:
