@@ -105,27 +105,15 @@ def default_attention(model_type: Any) -> str:
 
 def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
     """Build the causal LM on the meta device and record every parameter tensor, layer by layer."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
-
     config = hf_config_object(hf_config)
     model_type = config.model_type
-    # Encoders (BERT, RoBERTa ...) also have a causal-LM head class: their masked-LM class gives them away.
-    if (model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-            or getattr(config, "is_encoder_decoder", False)):
-        raise ValueError(f"model.hf_config.model_type={model_type!r} is not a decoder-only causal LM "
-                         "(the planner models decoder-only transformers built by AutoModelForCausalLM)")
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    except Exception as error:  # a config transformers itself rejects
-        raise ValueError(f"model.hf_config ({model_type}): transformers cannot build the model: "
-                         f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
+    model = _meta_causal_lm(config)
     config = _decoder_config(config)
-    _refuse_recurrent(config)
-    layers_name, layers = _decoder_layers(model, config)
+    if recurrent_runs(config) is not None:  # HRM: two weight-shared stacks, each layer run several times
+        layers_names, layers, layer_runs = _recurrent_stacks(model, config)
+    else:
+        layers_name, layers = _decoder_layers(model, config)
+        layers_names, layer_runs = (layers_name,), None
     _refuse_tables_in_layers(model_type, layers)
     try:
         fields = _fields(config)
@@ -134,15 +122,9 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
                          f"({str(error).splitlines()[0][:120]})") from None
     fields["num_layers"] = len(layers)  # the declared layers (LongCat-Flash's num_hidden_layers counts halves)
     tp_plan, tp_source = _tp_plan(config)
-    layer_rows = [_layer_tensors(layer, tp_plan) for layer in layers]
-    kinds: List[List[Any]] = []
-    pattern = []
-    for rows in layer_rows:
-        if rows not in kinds:
-            kinds.append(rows)
-        pattern.append(kinds.index(rows))
-    first, inputs, last, tied = _outside_tensors(model, layers_name, _outside_tp_plan(config))
-    return {
+    kinds, pattern = _layer_kinds([_layer_tensors(layer, tp_plan) for layer in layers])
+    first, inputs, last, tied = _outside_tensors(model, layers_names, _outside_tp_plan(config))
+    shape = {
         "version": SHAPE_VERSION,
         "model_type": model_type,
         "architecture": type(model).__name__,
@@ -158,23 +140,88 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         "total_params": sum(p.numel() for p in model.parameters()),
         "no_split_modules": list(getattr(model, "_no_split_modules", None) or []),
         "pp_plan": sorted(getattr(config, "base_model_pp_plan", None) or {}),
+        # parameters outside the layers that never get a gradient (HRM's z_L_init, the L stack's initial state)
+        "frozen": [name for name, p in model.named_parameters() if not p.requires_grad
+                   and not name.startswith(tuple(n + "." for n in layers_names))],
     }
+    if layer_runs is not None:
+        shape["layer_runs"] = layer_runs
+    return shape
 
 
-def _refuse_recurrent(config: Any) -> None:
-    """HRM (hrm_text): its H and L stacks are run over and over with the same weights, some runs under no_grad;
-    num_hidden_layers counts those runs."""
+def recurrent_runs(config: Any) -> Optional[Tuple[List[int], List[int]]]:
+    """HRM (hrm_text, HrmTextModel.forward): per stack, (runs with gradient, runs under no_grad) of each of its
+    layers in one forward, or None for a family whose layers run once each.
+
+    The L stack runs L_cycles times in each of H_cycles cycles, the H stack once per cycle (num_hidden_layers,
+    num_layers_per_stack x H_cycles x (L_cycles + 1), counts these runs, not layers). L_bp_cycles, left-padded with
+    1s to H_cycles entries, gives g_c, the trailing L runs of cycle c that keep their gradient: the loop runs
+    L run l with gradient when l >= L_cycles - g_c, i.e. clamp(g_c, 0, L_cycles) of them (a cycle past the
+    padded list keeps 1). So the L stack's layers run sum_c clamp(g_c, 0, L_cycles) times with gradient and
+    H_cycles·L_cycles minus that under no_grad; the H stack's run H_cycles times, all with gradient."""
     h_cycles, l_cycles = getattr(config, "H_cycles", None), getattr(config, "L_cycles", None)
     if not (h_cycles and l_cycles):
-        return
+        return None
     backprop = list(getattr(config, "L_bp_cycles", None) or [])
     backprop = [1] * max(0, h_cycles - len(backprop)) + backprop  # HrmTextModel's left padding
-    no_grad = sum(l_cycles - min(l_cycles, backprop[h] if h < len(backprop) else 1) for h in range(h_cycles))
-    raise ValueError(f"model.hf_config ({config.model_type}): two weight-shared stacks (H and L modules) of "
-                     f"{config.num_layers_per_stack} layers each are run {h_cycles} x ({l_cycles} + 1) times a "
-                     f"forward (num_hidden_layers={config.num_hidden_layers} counts the layer runs), {no_grad} of the "
-                     f"L stack's {h_cycles * l_cycles} runs under no_grad; the planner models a stack of distinct "
-                     "decoder layers, each run once")
+    grad = sum(min(l_cycles, max(0, backprop[c] if c < len(backprop) else 1)) for c in range(h_cycles))
+    if not grad:
+        raise ValueError(f"model.hf_config ({config.model_type}): L_bp_cycles={config.L_bp_cycles} runs every one of "
+                         f"the L stack's {h_cycles * l_cycles} runs under no_grad: its layers never get a gradient "
+                         "(the planner trains every decoder layer)")
+    return [grad, h_cycles * l_cycles - grad], [h_cycles, 0]
+
+
+def _recurrent_stacks(model: Any, config: Any) -> Tuple[Tuple[str, ...], List[Any], List[List[int]]]:
+    """HRM's two weight-shared stacks (L_module, then H_module): their layer lists' names, their distinct layers
+    (each stack's num_layers_per_stack, held once) and each layer's [runs with gradient, runs under no_grad]."""
+    import torch
+
+    runs = recurrent_runs(config)
+    assert runs is not None
+    lists = dict((name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.ModuleList))
+    names, layers, layer_runs = [], [], []
+    for stack, stack_runs in zip(("L_module", "H_module"), runs):
+        found = [name for name in lists if name.endswith(f"{stack}.layers")]
+        if len(found) != 1 or len(lists[found[0]]) != int(config.num_layers_per_stack):
+            raise ValueError(f"{type(model).__name__}: no {stack}.layers list of num_layers_per_stack="
+                             f"{config.num_layers_per_stack} decoder layers")
+        names.append(found[0])
+        layers += list(lists[found[0]])
+        layer_runs += [list(stack_runs)] * len(lists[found[0]])
+    return tuple(names), layers, layer_runs
+
+
+def _meta_causal_lm(config: Any) -> Any:
+    """The decoder-only causal LM AutoModelForCausalLM builds from the config, on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    model_type = config.model_type
+    # Encoders (BERT, RoBERTa ...) also have a causal-LM head class: their masked-LM class gives them away.
+    if (model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            or getattr(config, "is_encoder_decoder", False)):
+        raise ValueError(f"model.hf_config.model_type={model_type!r} is not a decoder-only causal LM "
+                         "(the planner models decoder-only transformers built by AutoModelForCausalLM)")
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except Exception as error:  # a config transformers itself rejects
+        raise ValueError(f"model.hf_config ({model_type}): transformers cannot build the model: "
+                         f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
+
+
+def _layer_kinds(layer_rows: List[List[Any]]) -> Tuple[List[List[Any]], List[int]]:
+    """The distinct layers' tensor rows, and each layer's index among them."""
+    kinds: List[List[Any]] = []
+    pattern = []
+    for rows in layer_rows:
+        if rows not in kinds:
+            kinds.append(rows)
+        pattern.append(kinds.index(rows))
+    return kinds, pattern
 
 
 def _decoder_config(config: Any) -> Any:
@@ -284,7 +331,7 @@ def _layer_tensors(layer: Any, plan: Dict[str, str]) -> List[List[Any]]:
     return rows
 
 
-def _outside_tensors(model: Any, layers_name: str, plan: Dict[str, str]
+def _outside_tensors(model: Any, layers_names: Tuple[str, ...], plan: Dict[str, str]
                      ) -> Tuple[List[List[Any]], List[List[Any]], List[List[Any]], bool]:
     """Parameters outside the decoder layers: embedding tables first (vocab-split token table), then what the
     first stage runs on the embeddings (an embedding module's own norm, _INPUT_SIDE) or holds idle (OTHER_MODALITY),
@@ -299,12 +346,13 @@ def _outside_tensors(model: Any, layers_name: str, plan: Dict[str, str]
     token_table = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is token_table
+    layers_name = layers_names[0]
     prefix = (layers_name.rsplit(".", 1)[0] + ".") if "." in layers_name else ""
     first: List[List[Any]] = []
     inputs: List[List[Any]] = []
     last: List[List[Any]] = []
     for name, param in model.named_parameters():  # tied tables are listed once
-        if name.startswith(layers_name + "."):
+        if name.startswith(tuple(n + "." for n in layers_names)):
             continue
         vocab_split = param is token_table or (head is not None and param is head.weight)
         idle = bool(OTHER_MODALITY.search(name))  # its tables too: no token of a text forward reads them

@@ -43,6 +43,7 @@ class ForwardFlops(NamedTuple):
     forward_only: float = 0.0  # work with no backward: modules run under no_grad (a sparse-attention indexer)
     backward_excess: float = 0.0  # what the mixers' backward spends beyond twice their forward (delta rule,
     # lightning attention): negative where the autograd graph skips products
+    no_grad_runs: float = 0.0  # layer runs under no_grad (HRM's L stack): forward once, never recomputed
 
 
 def keys_per_query(seq_len: int, window: int, attention: str, chunk: int = 0) -> float:
@@ -92,6 +93,8 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     final collapse outside the layers with the final norm); DeepSeek-V4's comb^T times the N streams adds
     2·N²·h per hyper-connection (layer_stream_mixing), and its backward is twice that (both factors carry a
     gradient), as for weights.
+    Weight-shared stacks run several times a forward (HRM): each run counts, its no_grad runs forward only
+    (weight_shared_runs).
     """
     forward_only = 2.0 * spec.decoder_forward_only_params
     layers = (2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
@@ -99,25 +102,56 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     layers += relative_bias_flops(spec)
     compressor = compressor_flops(spec, seq_len)
     layers, forward_only = layers + compressor[0], forward_only + compressor[1]
-    n = len(spec.attention_windows)
-    chunks = spec.attention_chunks or (0,) * n
-    mixers = spec.layer_mixers or ("attention",) * n
-    compression = spec.attention_compression or (0,) * n
-    indexed = spec.attention_indexed if spec.attention_compression else (False,) * n  # CSA layers cap their entries
-    attention = spec.attention_sublayers * sum(
-        2.0 * heads * (qk + v) * (keys_per_query(seq_len, window, convention.attention, chunk)
-                                  + compressed_keys_per_query(seq_len, rate, spec.compressed_topk if picked else 0,
-                                                              convention.attention))
-        for window, chunk, mixer, rate, picked, (heads, _, qk, v) in zip(
-            spec.attention_windows, chunks, mixers, compression, indexed, spec.attention_shapes(), strict=True)
-        if mixer == "attention")
+    per_layer_attention = attention_flops_per_layer(spec, seq_len, convention)
+    attention = sum(per_layer_attention)
     attention += mixer_flops_per_token(spec, seq_len)
     forward_only += indexer_flops_per_token(spec, seq_len, convention) * spec.indexer_layers
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
     excess = (delta_rule_flops(spec, seq_len)[1] + kimi_delta_rule_flops(spec, seq_len)[1]
               + lightning_flops(spec, seq_len)[1] + compressor[2])
     outside = 2.0 * (spec.input_params + spec.final_norm_params + spec.hyper_connection_params + head)
-    return ForwardFlops(layers, attention, outside, forward_only, excess)
+    runs = weight_shared_runs(spec, per_layer_attention)
+    return ForwardFlops(layers + runs[0], attention + runs[1], outside, forward_only, excess, runs[2])
+
+
+def attention_flops_per_layer(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> Tuple[float, ...]:
+    """Per decoder layer, the forward FLOPs of one token's QK^T and AV (forward_flops_per_token's attention core
+    before the non-attention mixers): 2·a·(d_qk + d_v) per key and attention, 0 for a layer of another mixer."""
+    n = len(spec.attention_windows)
+    chunks = spec.attention_chunks or (0,) * n
+    mixers = spec.layer_mixers or ("attention",) * n
+    compression = spec.attention_compression or (0,) * n
+    indexed = spec.attention_indexed if spec.attention_compression else (False,) * n  # CSA layers cap their entries
+    return tuple(
+        spec.attention_sublayers * 2.0 * heads * (qk + v) * (
+            keys_per_query(seq_len, window, convention.attention, chunk)
+            + compressed_keys_per_query(seq_len, rate, spec.compressed_topk if picked else 0, convention.attention))
+        if mixer == "attention" else 0.0
+        for window, chunk, mixer, rate, picked, (heads, _, qk, v) in zip(
+            spec.attention_windows, chunks, mixers, compression, indexed, spec.attention_shapes(), strict=True))
+
+
+def weight_shared_runs(spec: ModelSpec, per_layer_attention: Tuple[float, ...]) -> Tuple[float, float, float]:
+    """(weights, attention core, no_grad) forward FLOPs per token that layers run more than once add to one run
+    with gradient per layer (HRM's weight-shared H and L stacks, ModelSpec.layer_runs); zeros where each layer runs
+    once.
+
+    A run of layer i multiplies the token by each of its weights once, W_i = 2·(active parameters of i), and scores
+    its keys, A_i (attention_flops_per_layer): the same work whichever run it is, since the runs share the weights
+    and see the same sequence. The layer's g_i runs with gradient each have a backward of twice their forward (the
+    input of every run carries a gradient: it sums the embeddings', which do); the n_i runs under no_grad have
+    none. The base count holds one run with gradient, so the runs add (g_i - 1)·W_i to the weights, (g_i - 1)·A_i
+    to the attention core (both 3x: forward + backward) and n_i·(W_i + A_i) forward only. What joins the runs is
+    elementwise: HRM's input injection (z_L + z_H, z_H + z_L), its stacks' parameter-free final norms, the
+    embedding scale and attention's sigmoid gate. The no_grad runs are kept apart from forward_only: full
+    recomputation re-runs each checkpointed run with gradient, never a no_grad one (it saved nothing)."""
+    if not spec.layer_runs:
+        return 0.0, 0.0, 0.0
+    weights = [2.0 * active for active in spec.layer_active_params]
+    runs = spec.layer_runs
+    return (sum((g - 1) * w for (g, _), w in zip(runs, weights, strict=True)),
+            sum((g - 1) * a for (g, _), a in zip(runs, per_layer_attention, strict=True)),
+            sum(n * (w + a) for (_, n), w, a in zip(runs, weights, per_layer_attention, strict=True)))
 
 
 def compressed_keys_per_query(seq_len: int, rate: int, topk: int, attention: str) -> float:
@@ -325,11 +359,11 @@ def kimi_delta_rule_flops(spec: ModelSpec, seq_len: int) -> Tuple[float, float]:
 def flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> float:
     """Model FLOPs of one training token: forward + backward, the backward costing twice the forward
     (a gradient for the input and one for the weight): 3 x forward, i.e. 6N + 12LHQT (PaLM appendix B)
-    with the full convention, 6N + 6LHQT with the causal one; forward-only work once. Recomputation is
-    never counted here."""
+    with the full convention, 6N + 6LHQT with the causal one; forward-only work once (no_grad layer runs too).
+    Recomputation is never counted here."""
     forward = forward_flops_per_token(spec, seq_len, convention)
     return (3.0 * (forward.layers + forward.attention_core + forward.outside_layers) + forward.forward_only
-            + forward.backward_excess)
+            + forward.no_grad_runs + forward.backward_excess)
 
 
 def recompute_flops_per_token(
@@ -338,7 +372,8 @@ def recompute_flops_per_token(
     """Extra forward FLOPs activation checkpointing spends (HFU counts them, MFU does not).
 
     full: every checkpointed decoder layer runs its forward again in the backward (Korthikanti et al.
-    2022, sec. 5: 4 passes instead of 3; a forward-only indexer runs again too); selective: only the
+    2022, sec. 5: 4 passes instead of 3; a forward-only indexer runs again too; a weight-shared layer's runs with
+    gradient each run again, its no_grad runs not); selective: only the
     attention core (QK^T, softmax, AV) is recomputed (Korthikanti et al. 2022, sec. 4.2). Embedding, final
     norm and lm_head are not recomputed.
     """

@@ -62,7 +62,9 @@ def memory_per_rank(spec: ModelSpec, layout: Any, engine: Any, accelerator: str,
     tok = layout_token_activations(spec, layout, engine, accelerator)
     best = None
     for st in rank_states(spec, layout, engine.name, engine.fsdp_version):
-        activations, recompute = rank_activation_bytes(tok, layout, st.rank, st.layers, st.first, st.last)
+        # weight-shared stacks (HRM, pp = 1 by validation): each run with gradient saves its layer's activations
+        saved = spec.saved_layer_runs if spec.layer_runs else st.layers
+        activations, recompute = rank_activation_bytes(tok, layout, st.rank, saved, st.first, st.last)
         predicted = (st.param + st.grad + st.master + st.moments + st.optimizer_grad + st.gathered
                      + activations + recompute)
         if best is None or predicted > best[0]:

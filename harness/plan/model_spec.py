@@ -140,6 +140,9 @@ class ModelSpec:
     # Per layer: the size d_rel x E of a relative-position bank every head's d_rel states multiply (Inkling's
     # rel_logits_proj: a bias per query and backward distance up to E), else 0; empty when no layer has one.
     layer_relative_banks: Tuple[int, ...] = ()
+    # Per layer: (runs with gradient, runs under no_grad) in one forward, where layers are weight-shared stacks run
+    # several times (HRM's H and L stacks, each distinct layer held once); empty: each layer runs once, with gradient.
+    layer_runs: Tuple[Tuple[int, int], ...] = ()
     idle_params: int = 0  # held by the first stage, never run by a text forward (encoders of other modalities)
     input_params: int = 0  # run by the first stage on the embeddings besides the tables (an embedding's own norm,
     # Gemma 4's per-layer-input projection and norm)
@@ -206,6 +209,16 @@ class ModelSpec:
         if not self.attention_heads:
             return self.num_heads, self.num_kv_heads
         return math.gcd(*self.attention_heads), math.gcd(*self.attention_kv_heads)
+
+    def runs(self) -> Tuple[Tuple[int, int], ...]:
+        """Per layer: (runs with gradient, runs under no_grad) in one forward (once with gradient by default)."""
+        return self.layer_runs or ((1, 0),) * self.num_layers
+
+    @property
+    def saved_layer_runs(self) -> int:
+        """Layer runs whose activations a forward saves for the backward: one per layer, or each weight-shared
+        layer's runs with gradient (a no_grad run saves nothing)."""
+        return sum(grad for grad, _ in self.runs())
 
     @property
     def decoder_forward_only_params(self) -> int:
@@ -536,10 +549,12 @@ def _layer_mlp(rows: Sequence[Row], k: int, hidden: int, gated: bool) -> Tuple[i
             _always_on_ffn(mlp, experts, hidden, gated))
 
 
-def _tensors(rows: Sequence[Row]) -> Tuple[ParamTensor, ...]:
-    """Rows as ParamTensors; forward-only and idle (other-modality) tensors get no gradient."""
+def _tensors(rows: Sequence[Row], frozen: Sequence[str] = ()) -> Tuple[ParamTensor, ...]:
+    """Rows as ParamTensors; forward-only, idle (other-modality) and frozen (requires_grad False: HRM's z_L_init)
+    tensors get no gradient."""
     return tuple(ParamTensor(tuple(int(size) for size in r[1]), r[2], bool(r[3]),
-                             not (FORWARD_ONLY.search(r[0]) or OTHER_MODALITY.search(r[0]))) for r in rows)
+                             not (FORWARD_ONLY.search(r[0]) or OTHER_MODALITY.search(r[0]) or r[0] in frozen))
+                 for r in rows)
 
 
 def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> int:
@@ -629,12 +644,21 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         attn_logit_softcapping=f["attn_logit_softcapping"], final_logit_softcapping=f["final_logit_softcapping"],
         tp_plan_source=shape["tp_plan_source"], layer_tensors=_tensors(rows),
         layer_kinds=tuple(_tensors(kind) for kind in kinds), layer_pattern=tuple(int(i) for i in pattern),
-        first_tensors=_tensors(first) + _tensors(inputs),
-        last_tensors=_tensors(last), no_split_modules=tuple(shape["no_split_modules"]),
-        pp_plan=tuple(shape["pp_plan"]),
+        first_tensors=_tensors(first, shape.get("frozen", ())) + _tensors(inputs, shape.get("frozen", ())),
+        last_tensors=_tensors(last, shape.get("frozen", ())), layer_runs=_layer_runs(shape),
+        no_split_modules=tuple(shape["no_split_modules"]), pp_plan=tuple(shape["pp_plan"]),
         **_activation_fields(kinds, pattern, flags, layer.routed_experts, k, h, matrices == 3 * h * ffn,
                              f.get("layer_types")),
     )
+
+
+def _layer_runs(shape: Mapping[str, Any]) -> Tuple[Tuple[int, int], ...]:
+    """Per layer (runs with gradient, runs under no_grad), from the shape's layer_runs (model_shape.recurrent_runs:
+    HRM's weight-shared stacks); empty where each layer runs once."""
+    runs = tuple((int(grad), int(no_grad)) for grad, no_grad in shape.get("layer_runs") or ())
+    if runs and len(runs) != int(shape["fields"]["num_layers"]):
+        raise ValueError(f"{len(runs)} layer run counts for {shape['fields']['num_layers']} layers")
+    return runs
 
 
 def _activation_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int], flags: Mapping[str, Any],

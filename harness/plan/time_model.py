@@ -161,14 +161,18 @@ def _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first
     bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True)
     vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
     outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last)
+    # Weight-shared stacks (HRM, pp = 1): every run is a forward, the runs with gradient a backward and a recompute
+    forward_runs, grad_runs = ((sum(g + n for g, n in spec.layer_runs), spec.saved_layer_runs) if spec.layer_runs
+                               else (layers, layers))
     if layout.activation_checkpointing == "full":
-        recompute = fwd.scaled(layers)
+        recompute = fwd.scaled(grad_runs)
     elif layout.activation_checkpointing == "selective":
-        recompute = OpTime(attention=fwd.attention * layers)
+        recompute = OpTime(attention=fwd.attention * grad_runs)
     else:
         recompute = OpTime()
     # The outside work is counted a third in forward, two thirds in backward (its GEMM and loss).
-    return fwd.scaled(layers) + outside.scaled(1 / 3), bwd.scaled(layers) + outside.scaled(2 / 3), recompute
+    return (fwd.scaled(forward_runs) + outside.scaled(1 / 3), bwd.scaled(grad_runs) + outside.scaled(2 / 3),
+            recompute)
 
 
 def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last) -> Dict[str, float]:

@@ -42,6 +42,7 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
                               spec.ffn_size, spec.vocab_size),
         check_pipeline(layout.pp, layout.pp_virtual_stages, layout.grad_accum, layout.pp_schedule,
                        stage_layers, spec.num_layers),
+        check_weight_shared(layout.pp, spec.layer_runs, spec.model_type),
         check_sequence(layout.seq_len, layout.cp, layout.tp, engine.sequence_parallel, spec.attn_implementation,
                        spec.learned_positions, spec.max_positions),
         check_experts(layout.ep, layout.dp_shard, layout.cp, spec.num_experts, spec.name),
@@ -110,6 +111,20 @@ def check_pipeline(pp: int, virtual: int, microbatches: int, schedule: str, stag
                    num_layers: int) -> Found:
     """Stages vs layers and schedule (harness.plan.pipeline)."""
     return pipeline_problems(pp, virtual, microbatches, schedule, stage_layers, num_layers)
+
+
+@lru_cache(maxsize=None)
+def check_weight_shared(pp: int, layer_runs: Tuple[Tuple[int, int], ...], model_type: str) -> Found:
+    """Weight-shared stacks (HRM's H and L modules, ModelSpec.layer_runs) run their layers in a loop the model's
+    own forward drives: z_L and z_H go back and forth between the stacks H_cycles x (L_cycles + 1) times. A
+    pipeline stage runs its layers once per micro-batch and hands the result on: it cannot hold layers another
+    stage's loop runs again, so pipeline parallelism is refused."""
+    if pp == 1 or not layer_runs:
+        return OK
+    runs = sum(grad + no_grad for grad, no_grad in layer_runs)
+    return (f"pp={pp}: {model_type} runs its {len(layer_runs)} weight-shared layers {runs} times a forward in a "
+            "loop its own forward drives (two stacks passing states back and forth); a pipeline stage runs its "
+            "layers once and hands them on, so the layers cannot be split into stages (use pp=1)",), ()
 
 
 @lru_cache(maxsize=None)

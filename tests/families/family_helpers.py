@@ -75,8 +75,6 @@ REFUSED: Dict[str, str] = {
     # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (work torch's
     # matmul count does not see), and its block attention residuals are not modelled
     "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
-    # recurrent high / low level modules, one set of weights run again and again
-    "hrm_text": "two weight-shared stacks \\(H and L modules\\) of 2 layers each are run 2 x \\(3 \\+ 1\\) times",
 }
 # Configs beyond a family's tiny one, for what it does not reach: case name -> (family, fields over the tiny ones).
 # DeepSeek-V4 with sliding-window layers only: its hyper-connections (the N x N stream mixing included), shared-
@@ -85,6 +83,9 @@ REFUSED: Dict[str, str] = {
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "deepseek_v4_sliding": ("deepseek_v4", dict(num_hidden_layers=2, layer_types=["sliding_attention"] * 2,
                                                 mlp_layer_types=["hash_moe", "moe"], num_key_value_heads=1)),
+    # HRM with three H cycles of two L runs, L_bp_cycles [0, 2] left-padded to [1, 0, 2]: the L stack's layers run
+    # 1 + 0 + 2 = 3 times with gradient and 3 under no_grad (a cycle without any, one with all), the H stack's 3
+    "hrm_text_cycles": ("hrm_text", dict(H_cycles=3, L_cycles=2, L_bp_cycles=[0, 2])),
 }
 # The FLOP count's config where a family's transformers forward runs matmuls that are not the model's FLOPs.
 # Llama 4's text MoE multiplies every routed expert for every token (the router's sigmoid scores are 0 for

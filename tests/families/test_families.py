@@ -112,3 +112,21 @@ def test_per_layer_embedding_tables_are_refused():
     with pytest.raises(ValueError, match=r"layer 0 holds an embedding table \(ple\.ple_embedding\.ngram_embedding\)"):
         model_spec_from_hf("qwen4_exp_text", {**case_fields("qwen4_exp_text"), "ple_layer_ids": [1],
                                               "ple_embed_dim": 32, "ngram_vocab_size_base": 512})
+
+
+@pytest.mark.parametrize("case, runs", [("hrm_text", ((3, 3), (3, 3), (2, 0), (2, 0))),
+                                        ("hrm_text_cycles", ((3, 3), (3, 3), (3, 0), (3, 0)))])
+def test_hrm_stacks_are_held_once_and_run_by_their_cycles(case, runs):
+    """HRM's L and H stacks are four distinct layers (num_hidden_layers counts their 16 or 18 runs), each with its
+    runs with gradient and under no_grad (L_bp_cycles); z_L_init, its frozen initial state, gets no gradient. A
+    pipeline stage cannot hold a stack the model's loop runs again: pp > 1 is refused before launch."""
+    spec = model_spec_from_hf(case, case_fields(case))
+    model = family_meta_model(case)
+    assert model.config.num_hidden_layers == sum(grad + no_grad for grad, no_grad in runs)
+    assert spec.num_layers == 4 and spec.layer_runs == runs
+    assert spec.saved_layer_runs == sum(grad for grad, _ in runs)
+    assert [t.trained for t in spec.last_tensors] == [False, True]  # z_L_init, the untied lm_head
+    refused = make_plan(run_config(case, hf_config=case_fields(case), dp_shard=1, pp=2, grad_accum=2))
+    assert any("weight-shared layers" in error and "pp=2" in error for error in refused.errors), refused.errors
+    checkpointed = make_plan(run_config(case, hf_config=case_fields(case), activation_checkpointing="full"))
+    assert checkpointed.valid, checkpointed.errors

@@ -62,6 +62,8 @@ KNOWN_GAPS = {
     "granite_swa": (1.20, 1.24, EAGER_MASK),
     "granitemoe_swa": (1.13, 1.17, EAGER_MASK),
     "helium": (0.99, 1.03, UNATTRIBUTED),
+    "hrm_text": (1.00, 1.04, "attention's sigmoid output gate, each stack run's parameter-free final norm; its "
+                             "parameter-free layer norms save no normalised copy"),
     "hy_v4": (1.48, 1.52, "N residual streams (hyper-connections): the model counts one"),
     "inkling_text": (1.77, 1.81, "the relative-position bias per head and the short convolutions"),
     "kimi_linear": (6.23, 6.27, KIMI),
@@ -112,7 +114,7 @@ def measured_and_predicted(model_type):
         model(input_ids=ids, labels=ids, use_cache=False)
     tok = token_activations(spec, "hf", "fp32", True, 1, False, False, "none", SEQ_LEN, 1)
     out = tok.outside
-    predicted = (SEQ_LEN * (spec.num_layers * tok.layer + out.first_per_token + out.last_per_token)
+    predicted = (SEQ_LEN * (spec.saved_layer_runs * tok.layer + out.first_per_token + out.last_per_token)
                  + out.per_stage + out.last_constant)
     return meter.peak_bytes, predicted
 
