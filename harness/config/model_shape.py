@@ -86,11 +86,18 @@ def hf_config_object(fields: Mapping[str, Any]):
     # SDPA by default: it keeps attention causal without a mask in every layout (eager without a
     # mask is not). The planner reads the same field for its activation model.
     attn_implementation = fields.pop("attn_implementation", None) or default_attention(model_type)
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"model.hf_config.model_type={model_type!r} is not a transformers model type "
+                         f"(transformers {transformers.__version__})")
     try:
         return AutoConfig.for_model(model_type, attn_implementation=attn_implementation, **fields)
-    except ValueError as error:
-        raise ValueError(f"model.hf_config.model_type={model_type!r} is not a transformers model type "
-                         f"({str(error).splitlines()[0]})") from None
+    except Exception as error:  # the config class's own validation (strict dataclass validators included)
+        cause = error.__cause__ or error
+        raise ValueError(f"model.hf_config ({model_type}): transformers rejects these fields: "
+                         f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0]}") from None
 
 
 def default_attention(model_type: Any) -> str:

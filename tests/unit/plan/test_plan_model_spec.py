@@ -158,3 +158,10 @@ def test_a_composite_config_plans_as_the_text_decoder_transformers_builds_from_i
     lone.get_text_config = lambda: lone
     with pytest.raises(ValueError, match="composite \\(multimodal\\) config without a text decoder config"):
         _decoder_config(lone)
+
+
+def test_fields_transformers_rejects_give_its_reason_not_a_traceback():
+    """dots3's config class validates its own fields (a strict dataclass validator): its reason is the message."""
+    with pytest.raises(ValueError, match=r"\(dots3_note_text\): transformers rejects these fields: ValueError: "
+                                         "num_key_value_heads must match num_attention_heads"):
+        model_spec_from_hf("tiny", {"model_type": "dots3_note_text", "num_attention_heads": 4, "num_key_value_heads": 2})
