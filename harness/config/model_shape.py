@@ -234,10 +234,12 @@ def _layer_kinds(layer_rows: List[List[Any]]) -> Tuple[List[List[Any]], List[int
 def _decoder_config(config: Any) -> Any:
     """The config of the decoder AutoModelForCausalLM builds: the config itself, or, for a composite (multimodal)
     config whose causal LM is its text decoder alone (Llama 4's Llama4ForCausalLM), its text config."""
-    if getattr(config, "num_hidden_layers", None) is not None:
-        return config
     text = config.get_text_config()
-    if text is config or getattr(text, "num_hidden_layers", None) is None:
+    if text is not config and getattr(config, "num_hidden_layers", None) is not None:  # fields beside text_config
+        raise ValueError(f"model.hf_config.model_type={config.model_type!r} is a composite (multimodal) config: its "
+                         "causal LM is built from text_config; give the decoder's fields (num_hidden_layers ...) "
+                         "under model.hf_config.text_config")
+    if getattr(text, "num_hidden_layers", None) is None:
         raise ValueError(f"model.hf_config.model_type={config.model_type!r} is a composite (multimodal) config "
                          "without a text decoder config; give the model type of its text decoder")
     return text

@@ -154,6 +154,9 @@ def test_a_composite_config_plans_as_the_text_decoder_transformers_builds_from_i
     alone = model_spec_from_hf("scout-text", {"model_type": "llama4_text", **text})
     assert (composite.total_params, composite.active_params, composite.num_layers) == (
         alone.total_params, alone.active_params, 2)
+    with pytest.raises(ValueError, match="give the decoder's fields \\(num_hidden_layers ...\\) under "
+                                         "model.hf_config.text_config"):
+        model_spec_from_hf("scout", {"model_type": "llama4", "num_hidden_layers": 2, "text_config": text})
     lone = SimpleNamespace(model_type="imaginary", num_hidden_layers=None)
     lone.get_text_config = lambda: lone
     with pytest.raises(ValueError, match="composite \\(multimodal\\) config without a text decoder config"):
