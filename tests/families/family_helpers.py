@@ -46,6 +46,13 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     # then a MoE one, relative-position banks of 32 (the window) and 48 distances
     "inkling_text": dict(swa_num_attention_heads=8, swa_num_key_value_heads=4, swa_head_dim=8, local_layer_ids=[0],
                          sliding_window_size=32, rel_extent=48, mlp_layer_types=["dense", "sparse"]),
+    # Inkling 2: sliding-window and full layers alternating (dynamic short convolutions of keys and values in the
+    # full ones, whose block attention residual has 3 queries), blocks of 2 layers (the stacked block states grow
+    # at layers 0 and 2: 2, 2, 3 entries before the attention of layers 1..3, 2, 2, 3, 3 before the MLP, 3 before
+    # the final norm); every vocabulary row a real token's (the loss reads the unpadded ones only)
+    "inkling2_text": dict(num_hidden_layers=4, layer_types=["hybrid_sliding", "hybrid"] * 2,
+                          n_layers_per_attn_res_block=2, swa_num_attention_heads=8, swa_num_key_value_heads=4,
+                          swa_head_dim=8, sliding_window_size=32, rel_extent=48, unpadded_vocab_size=256),
     # A Gated DeltaNet layer, then a QSA-indexed attention layer: 4-token key blocks (four complete blocks in
     # the 16-token FLOP count), a 32-token budget (the defaults leave the indexer unset)
     "qwen4_exp_text": dict(layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=2,
@@ -72,9 +79,6 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
 }
 # Families the planner refuses, with the reason its message gives.
 REFUSED: Dict[str, str] = {
-    # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (work torch's
-    # matmul count does not see), and its block attention residuals are not modelled
-    "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
     # recurrent high / low level modules, one set of weights run again and again
     "hrm_text": "two weight-shared stacks \\(H and L modules\\) of 2 layers each are run 2 x \\(3 \\+ 1\\) times",
 }

@@ -65,6 +65,8 @@ KNOWN_GAPS = {
     "jamba": (5.33, 5.37, HYBRID),
     "hy_v4": (1.48, 1.52, "N residual streams (hyper-connections): the model counts one"),
     "inkling_text": (1.77, 1.81, "the relative-position bias per head and the short convolutions"),
+    "inkling2_text": (2.18, 2.22, "as inkling_text, and the block attention residuals' stacked, normed block "
+                                  "states (fp32) and the dynamic convolutions' windows and taps"),
     "kimi_linear": (6.23, 6.27, HYBRID),
     "laguna": (1.06, 1.10, "per-head attention gates"),
     "llama4": (1.47, 1.51, "as llama4_text: the composite config plans as its text decoder"),
