@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 17  # bump when the JSON below changes meaning
+SHAPE_VERSION = 18  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -458,6 +458,8 @@ def _fields(config: Any) -> Dict[str, Any]:
         "ssm_chunk_size": _first_attr(config, "mamba_chunk_size", "chunk_size"),
         "lightning_block_size": _first_attr(config, "block_size"),  # MiniMax's lightning attention blocks
         "zero_experts": int(_first_attr(config, "zero_expert_num", default=0) or 0),  # LongCat-Flash's identity ones
+        # Inkling 2's block attention residuals: layers summed into one block before it joins the stacked states
+        "attention_residual_block": _first_attr(config, "n_layers_per_attn_res_block"),
         "attn_logit_softcapping": _first_attr(config, "attn_logit_softcapping"),
         "final_logit_softcapping": _first_attr(config, "final_logit_softcapping"),
         "attn_implementation": str(getattr(config, "_attn_implementation", None) or "sdpa"),

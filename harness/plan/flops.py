@@ -95,11 +95,15 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     gradient), as for weights.
     Weight-shared stacks run several times a forward (HRM): each run counts, its no_grad runs forward only
     (weight_shared_runs).
+    Inkling 2: its dynamic short convolutions' elementwise contraction (dynamic_conv_flops) and its block attention
+    residuals' QK^T and AV over the stacked block states (block_residual_flops; final_input's with the final norm).
     """
     forward_only = 2.0 * spec.decoder_forward_only_params
     layers = (2.0 * (spec.decoder_active_params - sum(spec.layer_scan_states)) - forward_only
               + 2.0 * sum(spec.layer_stream_mixing) + altup_flops(spec))
-    layers += relative_bias_flops(spec)
+    layers += relative_bias_flops(spec) + dynamic_conv_flops(spec)
+    residuals = block_residual_flops(spec)
+    layers += residuals[0]
     compressor = compressor_flops(spec, seq_len)
     layers, forward_only = layers + compressor[0], forward_only + compressor[1]
     per_layer_attention = attention_flops_per_layer(spec, seq_len, convention)
@@ -109,7 +113,7 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConve
     head = spec.vocab_size * spec.hidden_size if convention.include_lm_head else 0
     excess = (delta_rule_flops(spec, seq_len)[1] + kimi_delta_rule_flops(spec, seq_len)[1]
               + lightning_flops(spec, seq_len)[1] + compressor[2])
-    outside = 2.0 * (spec.input_params + spec.final_norm_params + spec.hyper_connection_params + head)
+    outside = 2.0 * (spec.input_params + spec.final_norm_params + spec.hyper_connection_params + head) + residuals[1]
     runs = weight_shared_runs(spec, per_layer_attention)
     return ForwardFlops(layers + runs[0], attention + runs[1], outside, forward_only, excess, runs[2])
 
@@ -209,6 +213,40 @@ def relative_bias_flops(spec: ModelSpec) -> float:
     the forward, as the 3x convention has it."""
     heads = [shape[0] for shape in spec.attention_shapes()] if spec.layer_relative_banks else []
     return 2.0 * sum((a - 1) * bank for a, bank in zip(heads, spec.layer_relative_banks, strict=True))
+
+
+def dynamic_conv_flops(spec: ModelSpec) -> float:
+    """Forward FLOPs per token of Inkling 2's dynamic short convolutions beyond the 2 per parameter of the weight
+    count (transformers' Inkling2DynamicShortConvolution, keys and values of the full-attention layers).
+
+    Each output channel c of the C = kv heads x head dim sums its K taps over the token's window of the last K
+    inputs, with taps w = static_weight (K x C) + the token's dynamic taps (weight_proj of the layer input, one set
+    of K per kv head, shared by the head's channels): (windows * w).sum(-1), C·K products summed, 2·C·K per token
+    (a contraction, as a matmul of the same pairs counts; the left zero padding adds no outputs). weight_proj is a
+    weight (counted); the static taps are a matrix no token multiplies (they are added to the dynamic ones
+    elementwise): their C·K parameters leave the weight count, -2·C·K. Net 2·C·K - 2·C·K per convolution.
+    Backward, as autograd runs it: the product's gradient reaches the taps' two terms each by one more contraction
+    (summed over the head's channels for the dynamic taps, over the tokens for the static ones, 2·C·K each), the
+    windows theirs elementwise: twice the forward, as the 3x convention has it."""
+    return sum(2.0 * taps - 2.0 * taps for taps in spec.layer_dynamic_convs)
+
+
+def block_residual_flops(spec: ModelSpec) -> Tuple[float, float]:
+    """(in the layers, after the last one) forward FLOPs per token of Inkling 2's block attention residuals
+    (transformers' Inkling2BlockAttentionResidual: attention_input, mlp_input, final_input).
+
+    A residual's q learned queries (1, or 3 for a full layer's q, k and v inputs) attend over its N entries (the
+    stacked block states and the partial one, ModelSpec.layer_block_residuals / final_block_residual), each of the
+    hidden size h, RMS-normed (elementwise): QK^T 2·q·N·h and the softmax-weighted sum AV 2·q·N·h, 4·q·N·h per
+    token. The queries' q·h parameters are an operand of QK^T (counted there), not a weight a token multiplies
+    besides: they leave the 2-per-parameter count, -2·q·h. Backward: the queries, the entries and the weights each
+    get their gradient (dO·V^T, P^T·dO, dS·K, dS^T·Q), twice the forward; the fused kernels' recomputation of
+    the scores is recomputation, not counted here."""
+    def flops(queries: int, entries: int) -> float:
+        return 4.0 * queries * entries * spec.hidden_size - 2.0 * queries * spec.hidden_size
+
+    layers = sum(flops(q, n) for residuals in spec.layer_block_residuals for q, n in residuals)
+    return layers, (flops(*spec.final_block_residual) if spec.final_block_residual else 0.0)
 
 
 def indexer_flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -> float:

@@ -143,6 +143,14 @@ class ModelSpec:
     # Per layer: (runs with gradient, runs under no_grad) in one forward, where layers are weight-shared stacks run
     # several times (HRM's H and L stacks, each distinct layer held once); empty: each layer runs once, with gradient.
     layer_runs: Tuple[Tuple[int, int], ...] = ()
+    # Inkling 2: per layer, the (queries, entries) of each block attention residual it runs (attention_input, then
+    # mlp_input): learned queries attending over the stacked block states and the partial one; empty without.
+    # final_block_residual: the one before the final norm (final_input), () without.
+    layer_block_residuals: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
+    final_block_residual: Tuple[int, ...] = ()
+    # Inkling 2: per layer, C·K summed over its dynamic short convolutions (C channels, K taps: static_weight's
+    # K x C, per-token taps projected by weight_proj), else 0; empty where no layer has one.
+    layer_dynamic_convs: Tuple[int, ...] = ()
     idle_params: int = 0  # held by the first stage, never run by a text forward (encoders of other modalities)
     input_params: int = 0  # run by the first stage on the embeddings besides the tables (an embedding's own norm,
     # Gemma 4's per-layer-input projection and norm)
@@ -472,10 +480,48 @@ def _hyper_connection_fields(fields: Mapping[str, Any], kinds: Sequence[Sequence
 
 
 _RELATIVE_BANK = re.compile(r"(^|\.)rel_logits_proj\.proj$")  # Inkling: (d_rel, E), one bias profile per state
-# Inkling 2's layers: short convolutions whose taps are projected per token and applied elementwise, and block
-# attention residuals (learned queries attending over the outputs of earlier blocks of layers)
+# Inkling 2's short convolutions whose taps are static weights (K, C) plus per-token ones projected from the layer
+# input, applied elementwise
 _DYNAMIC_CONV = re.compile(r"(^|\.)static_weight$")
-_DEPTH_ATTENTION = re.compile(r"(^|\.)(attention_input|mlp_input|final_input)\.query$")
+# Inkling 2's block attention residuals: learned queries, (h,) or (q, h), attending over the stacked block states
+BLOCK_RESIDUAL_QUERY = re.compile(r"(^|\.)(attention_input|mlp_input|final_input)\.query$")
+
+
+def _block_residual_fields(name: str, shape: Mapping[str, Any]) -> Dict[str, Any]:
+    """Inkling 2's block attention residuals and dynamic short convolutions, per layer (empty without).
+
+    Entries (transformers' Inkling2TextModel): the model keeps the stacked block states, none before layer 0; a
+    layer at a block boundary (index % B == 0, B = n_layers_per_attn_res_block) appends its input to them after it
+    runs. Before layer i they hold n_i = #{j < i : j % B == 0} states. The layer's attention_input (none at
+    layer 0) attends over those and the partial block state (its input): n_i + 1 entries; at a boundary the layer
+    appends its input before its mlp_input, which attends over n_i + [i % B == 0] + 1 entries; final_input over
+    n_L + 1. Queries: a (h,) query is 1, a (q, h) one q (the full layers' attention_input: q, k and v inputs)."""
+    fields, kinds, pattern, last = shape["fields"], shape["layer_kinds"], shape["layer_pattern"], shape["last"]
+    hidden = int(fields["hidden_size"])
+
+    def queries(rows: Sequence[Row], module: str) -> List[int]:
+        return [_numel(r[1]) // hidden for r in rows
+                if BLOCK_RESIDUAL_QUERY.search(r[0]) and r[0].endswith(f"{module}.query")]
+
+    out: Dict[str, Any] = {}
+    convs = tuple(sum(_numel(r[1]) for r in kinds[i] if _DYNAMIC_CONV.search(r[0])) for i in pattern)
+    if any(convs):
+        out["layer_dynamic_convs"] = convs
+    if not any(BLOCK_RESIDUAL_QUERY.search(r[0]) for r in [*last, *(r for kind in kinds for r in kind)]):
+        return out
+    block = int(fields.get("attention_residual_block") or 0)
+    if block <= 0:
+        raise ValueError(f"model {name!r} ({shape['model_type']}): block attention residuals without a block size "
+                         "(n_layers_per_attn_res_block) giving the stacked entries they attend over")
+    stacked, layers = 0, []
+    for index, kind in enumerate(pattern):
+        boundary = int(index % block == 0)
+        layers.append(tuple([(q, stacked + 1) for q in queries(kinds[kind], "attention_input")]
+                            + [(q, stacked + boundary + 1) for q in queries(kinds[kind], "mlp_input")]))
+        stacked += boundary
+    final = queries(last, "final_input")
+    return {**out, "layer_block_residuals": tuple(layers),
+            "final_block_residual": (final[0], stacked + 1) if final else ()}
 
 
 def _attention_shape_fields(name: str, model_type: str, fields: Mapping[str, Any],
@@ -496,14 +542,6 @@ def _attention_shape_fields(name: str, model_type: str, fields: Mapping[str, Any
     if any(banks):
         out.update(layer_relative_banks=banks)
     return out
-
-
-def _refuse_unmodelled(name: str, model_type: str, rows: Sequence[Row]) -> None:
-    """Tensors of work the planner has no checked formula for (rows: every tensor, in and outside the layers)."""
-    if any(_DYNAMIC_CONV.search(r[0]) for r in rows) or any(_DEPTH_ATTENTION.search(r[0]) for r in rows):
-        raise ValueError(f"model {name!r} ({model_type}): dynamic short convolutions and block attention residuals "
-                         "are not supported (per-token convolution taps applied elementwise, work torch's matmul "
-                         "count cannot check; learned queries attending over earlier blocks' outputs)")
 
 
 def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
@@ -566,11 +604,8 @@ def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> i
 def _outside_counts(name: str, shape: Mapping[str, Any],
                     per_layer: Sequence[_Layer]) -> Tuple[int, int, int, int, int, int]:
     """(embedding tables, input-side parameters, idle encoders of other modalities, untied lm_head, final norm and
-    the rest, the hyper-connection collapse), once the tensors show nothing the planner refuses and add up to
-    transformers' total."""
+    the rest, the hyper-connection collapse), once they add up to transformers' total."""
     first, inputs, last = shape["first"], shape.get("inputs", []), shape["last"]
-    _refuse_unmodelled(name, shape["model_type"], [r for kind in shape["layer_kinds"] for r in kind] + first + inputs
-                       + last)
     hyper = [bool(HYPER_CONNECTION_OUTSIDE.search(r[0])) for r in last]
     counts = (sum(_numel(r[1]) for r in first), sum(_numel(r[1]) for r in inputs if not OTHER_MODALITY.search(r[0])),
               sum(_numel(r[1]) for r in inputs if OTHER_MODALITY.search(r[0])),
@@ -635,7 +670,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         non_embedding_params=total - embedding, idle_params=idle,
         active_params=embedding + input_params + sum(x.active for x in per_layer) + outside_last,
         input_params=input_params, **_attention_shape_fields(name, shape["model_type"], f, kinds, pattern),
-        layer_altup_streams=_altup_streams(kinds, pattern),
+        layer_altup_streams=_altup_streams(kinds, pattern), **_block_residual_fields(name, shape),
         layer_total_params=tuple(x.total for x in per_layer), layer_active_params=tuple(x.active for x in per_layer),
         **_token_mixing(name, shape["model_type"], f, kinds, pattern), qk_head_dim=f["qk_head_dim"],
         **_hyper_connection_fields(f, kinds, pattern, hyper_outside), v_head_dim=f["v_head_dim"],

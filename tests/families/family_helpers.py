@@ -46,6 +46,13 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
     # then a MoE one, relative-position banks of 32 (the window) and 48 distances
     "inkling_text": dict(swa_num_attention_heads=8, swa_num_key_value_heads=4, swa_head_dim=8, local_layer_ids=[0],
                          sliding_window_size=32, rel_extent=48, mlp_layer_types=["dense", "sparse"]),
+    # Inkling 2: sliding-window and full layers alternating (dynamic short convolutions of keys and values in the
+    # full ones, whose block attention residual has 3 queries), blocks of 2 layers (the stacked block states grow
+    # at layers 0 and 2: 2, 2, 3 entries before the attention of layers 1..3, 2, 2, 3, 3 before the MLP, 3 before
+    # the final norm); every vocabulary row a real token's (the loss reads the unpadded ones only)
+    "inkling2_text": dict(num_hidden_layers=4, layer_types=["hybrid_sliding", "hybrid"] * 2,
+                          n_layers_per_attn_res_block=2, swa_num_attention_heads=8, swa_num_key_value_heads=4,
+                          swa_head_dim=8, sliding_window_size=32, rel_extent=48, unpadded_vocab_size=256),
     # A Gated DeltaNet layer, then a QSA-indexed attention layer: 4-token key blocks (four complete blocks in
     # the 16-token FLOP count), a 32-token budget (the defaults leave the indexer unset)
     "qwen4_exp_text": dict(layer_types=["linear_attention", "indexed_attention"], indexer_n_heads=2,
@@ -70,12 +77,6 @@ FAMILY_FIELDS: Dict[str, Dict[str, Any]] = {
         "sliding_attention": dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
         "full_attention": None}),
 }
-# Families the planner refuses, with the reason its message gives.
-REFUSED: Dict[str, str] = {
-    # Inkling 2's full-attention layers convolve keys and values with per-token taps elementwise (work torch's
-    # matmul count does not see), and its block attention residuals are not modelled
-    "inkling2_text": "dynamic short convolutions and block attention residuals are not supported",
-}
 # Configs beyond a family's tiny one, for what it does not reach: case name -> (family, fields over the tiny ones).
 # DeepSeek-V4 with sliding-window layers only: its hyper-connections (the N x N stream mixing included), shared-
 # key-value attention with sinks, grouped output projection, hash-routed and top-k MoE layers, without the
@@ -95,10 +96,6 @@ FLOP_FIELDS: Dict[str, Dict[str, Any]] = {
     # LongCat-Flash routes among real and zero-computation experts by its router's scores: with every expert
     # picked (k = E + Z) each token reaches all E real ones, k·E / (E + Z) = E, whatever the scores.
     "longcat_flash": {"moe_topk": 8},
-}
-# Families whose tiny config transformers itself rejects (not a planner verdict; their real configs
-# are untested here).
-TINY_CONFIG_REJECTED: Dict[str, str] = {
 }
 
 
@@ -215,8 +212,10 @@ def triangular_solve_flops(a_shape, b_shape, *args, unitriangular=False, out_sha
 
 # transformers' torch fallbacks that contract operands elementwise (a broadcast product, then a sum over a dim)
 # where a fused kernel runs a GEMM: Kimi delta attention's per-channel-decayed scores and the row-by-row inverse
-# of its chunk system. ElementwiseContractions counts them inside these functions only.
-CONTRACTING_FALLBACKS = ("chunk_kimi_delta_attention",)
+# of its chunk system; Inkling 2's dynamic short convolution, (windows * taps).sum(-1) with taps the static
+# weights plus per-token projected ones (a function of the modeling module, or Class.method).
+# ElementwiseContractions counts them inside these functions only.
+CONTRACTING_FALLBACKS = ("chunk_kimi_delta_attention", "Inkling2DynamicShortConvolution.forward")
 
 
 def elementwise_contractions():
@@ -228,7 +227,9 @@ def elementwise_contractions():
     and the muls it multiplies (a·b·c) are marked on their autograd nodes, and in the backward each sum those
     nodes run (torch._C._current_autograd_node names the node running) counts the same way: the reduction over a
     broadcast dim that gives a factor its gradient (a factor of full shape gets its gradient elementwise, no sum,
-    nothing counted)."""
+    nothing counted). A factor that is itself a broadcast sum of terms (aten.add inside the fallback: Inkling 2's
+    static taps plus per-token ones) is marked too: each reduction its backward runs to give a term its gradient
+    (the product's gradient summed over the term's broadcast dims) counts the same way."""
     import weakref
 
     import torch
@@ -239,7 +240,7 @@ def elementwise_contractions():
     class ElementwiseContractions(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.flops, self.inside, self.products = 0, 0, {}
+            self.flops, self.inside, self.products = 0, 0, {}  # id -> (output, its factors; () for a sum)
 
         def product(self, tensor):
             entry = self.products.get(id(tensor))
@@ -247,7 +248,7 @@ def elementwise_contractions():
 
         def mark(self, tensor):
             entry = self.product(tensor)
-            if entry is not None and tensor.grad_fn is not None:
+            if entry is not None and tensor.grad_fn is not None:  # a product, or a sum of broadcast terms (no factors)
                 tensor.grad_fn.metadata[mark] = True
                 for factor in entry[1]:
                     if factor() is not None:
@@ -258,9 +259,12 @@ def elementwise_contractions():
             if self.inside and func is aten.mul.Tensor and all(isinstance(a, torch.Tensor) for a in args[:2]) \
                     and args[0] is not args[1]:
                 self.products[id(out)] = (weakref.ref(out), tuple(weakref.ref(a) for a in args[:2]))
+            elif self.inside and func is aten.add.Tensor and all(isinstance(a, torch.Tensor) for a in args[:2]) \
+                    and args[0].shape != args[1].shape:
+                self.products[id(out)] = (weakref.ref(out), ())
             elif func is aten.sum.dim_IntList:
                 node = torch._C._current_autograd_node()
-                if self.inside and self.product(args[0]) is not None:
+                if self.inside and self.product(args[0]) is not None and self.product(args[0])[1]:
                     self.mark(args[0])
                     self.flops += 2 * args[0].numel()
                 elif node is not None and node.metadata.get(mark):
@@ -289,9 +293,30 @@ def contracting_fallbacks(model, counter):
         return run
 
     for name in CONTRACTING_FALLBACKS:
-        if hasattr(module, name):
-            stack.enter_context(mock.patch.object(module, name, scoped(getattr(module, name))))
+        owner_name, _, attribute = name.rpartition(".")
+        owner = getattr(module, owner_name, None) if owner_name else module
+        if owner is not None and hasattr(owner, attribute):
+            stack.enter_context(mock.patch.object(owner, attribute, scoped(getattr(owner, attribute))))
     return stack
+
+
+def cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """torch's fused CPU attention (F.scaled_dot_product_attention's CPU kernel; Inkling 2's block attention
+    residuals call it directly): its QK^T and AV, as torch counts the CUDA kernels (sdpa_flop_count)."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def cpu_sdpa_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                            **kwargs) -> int:
+    """The fused CPU attention's backward: its gradient products, dO·V^T and P^T·dO (AV's), dS·K and dS^T·Q
+    (QK^T's), twice the forward as for any product whose two operands carry a gradient (the kernel computes all
+    three). The kernel also recomputes the scores Q·K^T from the saved log-sum-exp (torch's CUDA formula,
+    sdpa_backward_flop_count, counts that too): recomputation, which model FLOPs leave out."""
+    b, heads, queries, qk = query_shape
+    keys, v = key_shape[-2], value_shape[-1]
+    return 2 * 2 * b * heads * queries * keys * (qk + v)
 
 
 @lru_cache(maxsize=None)
@@ -313,7 +338,10 @@ def measured_flops(case: str, seq_len: int) -> float:
     contractions = elementwise_contractions()
     with FlopCounterMode(display=False,
                          custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops,
-                                         torch.ops.aten.linalg_solve_triangular: triangular_solve_flops}) as counter, \
+                                         torch.ops.aten.linalg_solve_triangular: triangular_solve_flops,
+                                         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_sdpa_flops,
+                                         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+                                             cpu_sdpa_backward_flops}) as counter, \
             contractions, contracting_fallbacks(model, contractions):
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     return float(counter.get_total_flops() + contractions.flops)
