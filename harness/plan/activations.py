@@ -220,6 +220,45 @@ def gated_delta_rule_activations(spec: ModelSpec, layer: int, e: int, seq_len: i
     return 0.0, per_token + per_sequence / t
 
 
+def kimi_delta_rule_activations(spec: ModelSpec, layer: int, e: int, seq_len: int) -> Tuple[float, float]:
+    """(replicated, sharded) bytes per token a Kimi delta attention layer saves in transformers' torch path
+    (chunk_kimi_delta_attention, chunks of C = 64: Gated DeltaNet's form with a decay per key channel). With H
+    heads of dk / dv dims, K conv taps over the q / k / v channels, c = T / C chunks, all sharded by head (TP
+    splits the projections' outputs): the conv's input and its output with the K - 1 padded steps; beta
+    (sigmoid output, H); fp32: q and k through the L2 norm (2 of H·dk) and their norms (2·H); padded and
+    chunked, beta (H), the normalised keys, k·beta, exp(cumulative decay), k·beta times it, each chunk's
+    exp(decay) and the scaled queries the chunk loop reads (6 of H·dk, one more with c > 1: the decayed k·beta
+    solved, read against a state with a gradient), v, v·beta and each chunk's v_new (3 of H·dv); C x C per
+    chunk: the triangular system and the intra-chunk scores (2·H·C per token); C x C x dk per chunk, the
+    per-channel decays and the two products they weight (k·beta with k, q with k: 3·H·C·dk per token, the sums
+    over dk being elementwise); the row-by-row inverse saves each row i (1 <= i < C) and the i x i block above
+    it, cloned (sum of i² + i = (C² - 1)·C / 3 per chunk: H·(C² - 1) / 3 per token). Per sequence: the
+    recurrent state each chunk reads (H·dk·dv, the zero start included, the last chunk's update dropped with
+    the final state) and, for the c - 1 chunks before the last, the chunk decay (H·dk), the decays to its end
+    and the decayed keys the update multiplies (2 of C·H·dk) and the next chunk's decayed queries (C·H·dk);
+    three C x C causal masks (bools). The forget gate: Kimi Linear's softplus (exp(g), 1 + exp(g), the
+    softplus, 3 of H·dk fp32, its overflow mask H·dk bools; per sequence exp(A_log) and -exp(A_log), 2·H
+    fp32) or Bailing's bounded sigmoid (its input and output, 2 of H·dk fp32; exp(A_log) per sequence, H in
+    the dtype: its unbounded softplus saves -exp(A_log) too); the gated RMSNorm over dv (fp32 input,
+    normalised and weighted copies, the sigmoid gate: 4 of H·dv fp32, an rsqrt per head; in a 16-bit dtype
+    its weight's fp32 copy per sequence) and out_proj's input (H·dv). Replicated: Kimi Linear's low-rank
+    gates keep their rank-wide inner activations (f_a and g_a outputs, f_b / g_b's inputs: 2·rank)."""
+    h, dk, dv, k, chunk = (spec.delta_rule_heads, spec.delta_rule_key_dim, spec.delta_rule_value_dim,
+                           spec.conv_kernel, DELTA_RULE_CHUNK)
+    t = seq_len or chunk
+    c = -(-t // chunk)
+    pad = c * chunk / t
+    channels = conv_channels(spec, layer)
+    rank = spec.delta_rule_gate_rank
+    per_token = (channels * e + channels * e * (t + k - 1) / t + h * e + 2 * 4 * h * dk + 2 * 4 * h
+                 + 4 * h * (1 + (6 if c == 1 else 7) * dk + 3 * dv + 2 * chunk + 3 * chunk * dk
+                            + (chunk * chunk - 1) / 3) * pad
+                 + (13 * h * dk if rank else 2 * 4 * h * dk) + 4 * 4 * h * dv + 4 * h + e * h * dv)
+    per_sequence = (4 * h * c * dk * dv + (c - 1) * 4 * h * (dk + 3 * chunk * dk) + 3 * chunk * chunk
+                    + (2 * 4 * h if rank else e * h) + upcast(e) * dv)
+    return 2.0 * e * rank, per_token + per_sequence / t
+
+
 def lightning_attention_activations(spec: ModelSpec, layer: int, e: int, seq_len: int) -> Tuple[float, float]:
     """(replicated, sharded) bytes per token a lightning-attention layer saves in transformers' torch path
     (MiniMax's block loop). With a heads of d dims, blocks of B tokens, nb = T / B blocks, all sharded by head
@@ -256,7 +295,8 @@ MIXER_ACTIVATIONS = {"lightning_attention": lightning_attention_activations,
                      "short_conv": short_conv_activations,
                      "selective_scan": selective_scan_activations,
                      "state_space_duality": state_space_duality_activations,
-                     "gated_delta_rule": gated_delta_rule_activations}
+                     "gated_delta_rule": gated_delta_rule_activations,
+                     "kimi_delta_rule": kimi_delta_rule_activations}
 
 
 def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_bytes: int, on_cpu: bool = False,
@@ -302,7 +342,7 @@ def mixer_mix(spec: ModelSpec, e: int, seq_len: int, attention: float) -> Tuple[
         if mixer in MIXER_ACTIVATIONS:
             r, s = MIXER_ACTIVATIONS[mixer](spec, layer, e, seq_len)
             replicated, sharded = replicated + r, sharded + s
-        elif mixer != "none":  # softmax attention (and the mixers without a formula of their own yet)
+        elif mixer != "none":  # softmax attention
             sharded += attention
             attention_layers += 1
     n = len(mixers)

@@ -110,6 +110,9 @@ class ModelSpec:
     delta_rule_heads: int = 0
     delta_rule_key_dim: int = 0
     delta_rule_value_dim: int = 0
+    # Kimi delta attention's forget and output gates: the rank of their low-rank factorisation (Kimi Linear's
+    # f_a / g_a projections, a softplus decay), 0 for full-rank gates (Bailing's f_proj / g_proj, a bounded sigmoid)
+    delta_rule_gate_rank: int = 0
     ssd_heads: int = 0  # Mamba-2 layers: heads, head dim, state size and the scan's chunk length
     ssd_head_dim: int = 0
     ssd_state_size: int = 0
@@ -316,6 +319,7 @@ _SCAN_STATE = re.compile(r"(^|\.)A_log$")  # Mamba-1's A, (d_inner, N); Mamba-2 
 _DEPTHWISE_CONV = re.compile(r"(^|\.)(conv1d|conv\.conv)\.weight$")
 _DELTA_RULE_DECAY = re.compile(r"(^|\.)linear_attn\.A_log$")  # Gated DeltaNet: one decay per value head
 _KIMI_DECAY = re.compile(r"(^|\.)forget_gate\.A_log$")  # Kimi delta attention: a decay rate per head
+_KIMI_LOW_RANK_GATE = re.compile(r"(^|\.)forget_gate\.f_a_proj\.weight$")  # Kimi Linear's (rank, hidden)
 _SSD_DECAY = re.compile(r"^(mamba|mixer)\.A_log$")  # Mamba-2: one decay per head
 _MLP_ONLY = ("mlp", "moe")  # layer_types of layers without a token mixer (Nemotron-H)
 _LIGHTNING_GATE = re.compile(r"^self_attn\.output_gate\.weight$")  # MiniMax's lightning attention output gate
@@ -429,6 +433,8 @@ def _token_mixing(name: str, model_type: str, fields: Mapping[str, Any], kinds: 
         mixers.update(delta_rule_heads=int(fields["linear_value_heads"]),
                       delta_rule_key_dim=int(fields["linear_key_head_dim"]),
                       delta_rule_value_dim=int(fields["linear_value_head_dim"]))
+        ranks = [int(r[1][0]) for i in pattern for r in kinds[i] if _KIMI_LOW_RANK_GATE.search(r[0])]
+        mixers.update(delta_rule_gate_rank=max(ranks, default=0))
     if "state_space_duality" in mixers["layer_mixers"]:
         mixers.update(ssd_heads=int(fields["ssm_heads"]), ssd_head_dim=int(fields["ssm_head_dim"]),
                       ssd_state_size=int(fields["ssm_state_size"]), ssd_chunk=int(fields["ssm_chunk_size"]))
