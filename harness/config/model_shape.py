@@ -43,9 +43,10 @@ _OUTPUT_SIDE = re.compile(r"(^|\.)altup_unembed_projections\.\d+\.")
 
 
 def cache_dir() -> Path:
-    """$HARNESS_MODEL_CACHE, else ~/.cache/harness/model_shapes."""
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "harness" / "model_shapes"
-    return Path(os.environ.get("HARNESS_MODEL_CACHE", default))
+    """$HARNESS_MODEL_CACHE, else ~/.cache/harness/model_shapes (an empty variable counts as unset: it must not
+    turn the working directory into the cache)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "harness" / "model_shapes"
+    return Path(os.environ.get("HARNESS_MODEL_CACHE") or default)
 
 
 def shape_key(hf_config: Mapping[str, Any]) -> str:

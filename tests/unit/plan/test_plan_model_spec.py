@@ -168,3 +168,16 @@ def test_fields_transformers_rejects_give_its_reason_not_a_traceback():
     with pytest.raises(ValueError, match=r"\(dots3_note_text\): transformers rejects these fields: ValueError: "
                                          "num_key_value_heads must match num_attention_heads"):
         model_spec_from_hf("tiny", {"model_type": "dots3_note_text", "num_attention_heads": 4, "num_key_value_heads": 2})
+
+
+def test_an_empty_cache_variable_falls_back_to_the_user_cache(monkeypatch, tmp_path):
+    """HARNESS_MODEL_CACHE= (set but empty) must not write shape files into the working directory."""
+    from pathlib import Path
+
+    from harness.config.model_shape import cache_dir
+
+    monkeypatch.setenv("HARNESS_MODEL_CACHE", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "harness" / "model_shapes"
+    monkeypatch.setenv("HARNESS_MODEL_CACHE", str(tmp_path / "shapes"))
+    assert cache_dir() == Path(tmp_path / "shapes")
