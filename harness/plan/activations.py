@@ -112,6 +112,29 @@ def attention_activations(spec: ModelSpec, profile: str, e: int, m: int, on_cpu:
     return e * (q + kv_saved) + 4 * a + e * out, 0.0, share * e
 
 
+def latent_slice_activations(spec: ModelSpec, profile: str, e: int, on_cpu: bool) -> Tuple[float, float]:
+    """(replicated, sharded by head) bytes per token multi-latent attention saves beyond its latents and V, where a
+    tensor saved for backward is a slice of a wider projection output and autograd keeps the whole storage
+    (transformers' modules, the "hf" profile; Megatron's kernels save their own tensors):
+    - a latent norm over a slice of its projection's output (DeepSeek's kv_a_layernorm reads the kv_lora_rank
+      latent of kv_a_proj_with_mqa's latent + rotary key, w = attention_latent_outputs wide): RMSNorm's
+      .to(float32) is a no-op in fp32, so pow saves the whole output, 4·(w - latent) more; in 16 bits it copies
+      the latent alone. Replicated: the latent projections (q_a, kv_a) are outside transformers' TP plans.
+    - V split from kv_b's output a·(qk_nope + v) (attention_value_source): eager's matmul and fused SDPA save V
+      as handed, the whole output, e·(source - a·v) more; math SDPA (the CPU fallback) saves an fp32 copy of V,
+      the view itself in fp32 (4·(source - a·v) more). Sharded: kv_b is column-parallel, by head.
+    Flash-attention's own copies are not counted."""
+    if profile != "hf":
+        return 0.0, 0.0
+    replicated = sum(4 * (w - latent) for latent, w in zip(spec.attention_latent_norms, spec.attention_latent_outputs)
+                     if e == 4)
+    source = spec.attention_value_source
+    values = spec.num_heads * (spec.v_head_dim or spec.head_dim)
+    as_handed = spec.attn_implementation == "eager" or (
+        spec.attn_implementation == "sdpa" and (sdpa_kernel(spec, on_cpu) == "fused" or e == 4))
+    return replicated, (e * (source - values) if source and as_handed else 0.0)
+
+
 def mlp_activations(spec: ModelSpec, hf: bool, e: int, ffn: int) -> float:
     """Bytes one MLP of intermediate size ffn saves per token, after its input."""
     if spec.mlp_kind == "swiglu":
@@ -268,21 +291,25 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     MLP 19·s·b·h (input 2, GeLU input 8, fc2 input 8, mask 1), two LayerNorm inputs 4·s·b·h: in total
     s·b·h·(34 + 5·a·s/h). Written here per token with e = dtype bytes, m = dropout-mask bytes (1 on
     CUDA, e on CPU), so that GQA, SwiGLU, MoE, multi-latent attention and sandwich norms follow: each of the
-    layer's hidden-size norms (spec.layer_norms) saves what a norm saves.
+    layer's hidden-size norms (spec.layer_norms, or their mean over layer_hidden_norms where layers differ) saves
+    what a norm saves.
     """
     e, m, h = dtype_bytes, mask_bytes, spec.hidden_size
     a, kv_heads, q, kv = spec.mean_attention()  # the mean over layers whose heads differ (Gemma 4, Inkling)
     hf = profile == "hf"
-    boundary = spec.layer_norms * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
+    norms = sum(spec.layer_hidden_norms) / len(spec.layer_hidden_norms) if spec.layer_hidden_norms else spec.layer_norms
+    boundary = norms * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
     attention, quadratic, mask = attention_activations(spec, profile, e, m, on_cpu, seq_len)
     if spec.qk_norm:  # per-head RMSNorm on q and k (qwen3): fp32 inputs, rsqrt per head, normalised copies
         attention += (4 + e) * (q + kv) + 4 * (a + kv_heads) if hf else e * (q + kv)
     for latent in spec.attention_latent_norms:  # the latent's norm, then the next projection's input
         attention += (4 + e) * latent + 4 + e * latent if hf else 2 * e * latent
+    latent_slices, value_source = latent_slice_activations(spec, profile, e, on_cpu)
     routing, mlp = moe_and_mlp_activations(spec, hf, e)
+    attention += value_source
     replicated, mixing, inputs, share = mixer_mix(spec, e, seq_len, attention)
-    return LayerActivations(boundary + routing, inputs * e * h + replicated, mixing + mlp, share * quadratic,
-                            e * h, share * mask)
+    return LayerActivations(boundary + routing, inputs * e * h + replicated + share * latent_slices, mixing + mlp,
+                            share * quadratic, e * h, share * mask)
 
 
 def mixer_mix(spec: ModelSpec, e: int, seq_len: int, attention: float) -> Tuple[float, float, float, float]:

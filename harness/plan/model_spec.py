@@ -162,6 +162,9 @@ class ModelSpec:
     # (two in a pre-norm layer, four in Gemma 2's sandwich, one where attention and MLP run in parallel) and the
     # intermediate size of its shared experts together (0 without).
     layer_norms: int = 2
+    # Per layer, its hidden-size norms where layers differ in them (AXK1's MoE layers add a norm after the MLP);
+    # empty where every layer has layer_norms.
+    layer_hidden_norms: Tuple[int, ...] = ()
     shared_ffn_size: int = 0
     # Per layer: (routed experts, one routed expert's intermediate size, intermediate size of what every token
     # runs: the dense MLP or the shared experts), so that dense-first MoE layers save what they run.
@@ -169,6 +172,12 @@ class ModelSpec:
     # Sizes of the norms inside attention over a latent rather than a head (multi-latent attention's q_a and
     # kv_a norms); each is followed by a projection of its output.
     attention_latent_norms: Tuple[int, ...] = ()
+    # Per latent norm, the output width of the projection it normalises (its own size, or wider where the norm
+    # reads a slice: DeepSeek's kv_a output is the kv_lora_rank latent and the rotary key), empty where none.
+    attention_latent_outputs: Tuple[int, ...] = ()
+    # Per token, the output of the projection the values are split from where it holds more than the values
+    # (multi-latent attention's kv_b: a·(qk_nope + v) of which V is a·v), else 0.
+    attention_value_source: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -316,6 +325,8 @@ _SCAN_DT = re.compile(r"(^|\.)dt_proj\.weight$")  # Mamba-1's time-step projecti
 _SCAN_NORM = re.compile(r"(^|\.)(dt|b|c)_layernorm\.weight$")  # Jamba's norms of the time step, B and C
 # Modules of a non-attention token mixer: their norms are the mixer's own, not multi-latent attention's latents
 _MIXER_MODULE = re.compile(r"^(mamba|mixer|linear_attn)\.")
+_LATENT_NORM = re.compile(r"^(.*)_(layer)?norm\.weight$")  # a latent norm P_norm / P_layernorm reads P_proj*'s output
+_VALUE_SOURCE = re.compile(r"(^|\.)kv_b_proj\.weight$")  # multi-latent attention: k_nope and V per head, split
 
 
 def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
@@ -520,7 +531,8 @@ def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
         "qkv_bias": any(r[2] == 0 for r in biases),
         "out_bias": any(r[2] is None and list(r[1]) == [hidden] for r in biases),
         "mlp_bias": any(len(r[1]) == 1 for r in mlp),
-        "qk_norm": any(_QK_NORM.search(r[0]) for r in attention),
+        # an indexer's own key norm (DeepSeek Sparse Attention's indexer.k_norm) is not attention's
+        "qk_norm": any(_QK_NORM.search(r[0]) and not _INDEXER.search(r[0]) for r in attention),
         "norm_kind": "layernorm" if any(r[0].endswith(".bias") for r in norms) else "rmsnorm",
     }
 
@@ -675,12 +687,29 @@ def _activation_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int], f
         return (0, 0, 0) if single and mixer != "none" else mlps[i]
 
     lightning = any(_LIGHTNING_GATE.search(r[0]) for r in flags["attention"])  # its output norm is its own
+    latents = [r for r in flags["attention"] if _is_norm(r) and r[0].endswith("weight") and not _QK_NORM.search(r[0])
+               and not _MIXER_MODULE.match(r[0]) and not lightning]
+    norms = tuple(_hidden_norms(_block_flags(kinds[i], hidden)["norms"], hidden) for i in pattern)
     return {"layer_norms": _hidden_norms(flags["norms"], hidden),
+            "layer_hidden_norms": norms if len(set(norms)) > 1 else (),
             "shared_ffn_size": _always_on_ffn(flags["mlp"], experts, hidden, gated) if experts else 0,
             "layer_mlps": tuple(mlp(layer, i) for layer, i in enumerate(pattern)),
-            "attention_latent_norms": tuple(int(r[1][0]) for r in flags["attention"] if _is_norm(r)
-                                            and r[0].endswith("weight") and not _QK_NORM.search(r[0])
-                                            and not _MIXER_MODULE.match(r[0]) and not lightning)}
+            "attention_latent_norms": tuple(int(r[1][0]) for r in latents),
+            "attention_latent_outputs": tuple(_latent_output(r, flags["attention"]) for r in latents),
+            "attention_value_source": sum(int(r[1][0]) for r in flags["attention"] if _VALUE_SOURCE.search(r[0]))}
+
+
+def _latent_output(norm: Row, attention: Sequence[Row]) -> int:
+    """The output width of the projection a latent norm reads: P_proj*'s rows for the norm P_norm / P_layernorm
+    (DeepSeek's kv_a_layernorm reads the latent slice of kv_a_proj_with_mqa's latent + rotary key), else the norm's
+    own size."""
+    size = int(norm[1][0])
+    match = _LATENT_NORM.match(norm[0])
+    if not match:
+        return size
+    rows = [int(r[1][0]) for r in attention if r[0].startswith(match.group(1) + "_proj") and r[0].endswith("weight")
+            and len(r[1]) == 2 and int(r[1][0]) >= size]
+    return min(rows, default=size)
 
 
 def param_tensors(spec: ModelSpec) -> Tuple[Tuple[ParamTensor, ...], Tuple[ParamTensor, ...], Tuple[ParamTensor, ...]]:
