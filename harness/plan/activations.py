@@ -135,6 +135,61 @@ def latent_slice_activations(spec: ModelSpec, profile: str, e: int, on_cpu: bool
     return replicated, (e * (source - values) if source and as_handed else 0.0)
 
 
+def hyper_connection_activations(spec: ModelSpec, e: int, seq_len: int) -> float:
+    """Bytes per token one layer's hyper-connections save (hyper_connections of them, attention's and the MLP's),
+    with N streams of h, run in fp32 by transformers whatever the dtype. Each collapses the N·h streams into its
+    sub-layer's input and spreads the sub-layer's output back; all are per token over the hidden size, replicated
+    under TP like the boundary (sequence parallelism divides them). `.float()` of the streams is a copy in 16 bits
+    (4·N·h) beside the streams the collapse reads in the dtype (e·N·h), the streams themselves in fp32 (4·N·h).
+    - "pre_post" (HY-V4's HYV4HyperConnection): the fp32 streams the fn projection reads, the unweighted norm's
+      rsqrt, the projection's output and its product with the rsqrt (2N each), the pre and post sigmoids, pre +
+      eps the collapse multiplies (N each); at the spread, post and the sub-layer output in fp32 (N, 4·h).
+    - "sinkhorn" (DeepSeek-V4's mHC): the fp32 streams, the norm's rsqrt and the normalised streams fn reads
+      (4·N·h), fn's output (pre, post, comb: (2 + N)·N), the pre and post sigmoids (N each), comb's softmax
+      (N²) and each of the 2·I - 1 Sinkhorn divisions' numerator (N², the softmax + eps first) and denominator
+      (N), pre + eps (N); at the spread, post and the final comb in the dtype (N, N²: the matmul reads comb^T)
+      and the sub-layer output (e·h).
+    - "gated" (Qwen4's gated residual, rank r): the grouped RMSNorm's fp32 input, rsqrt per stream, normalised
+      copy (4·N·h, 4·N, 4·N·h), the weighted output in the dtype (e·N·h) the projections read, the SiLU's input
+      and output (2·e·r), the sigmoid mix (e·N·h), the injection sigmoid and its double (2·e·N); the sub-layer
+      output the injection multiplies (e·h); per micro-batch the norm's 1 + weight (4·N·h fp32, written per
+      sequence).
+    """
+    n, h, form = spec.hyper_streams, spec.hidden_size, spec.hyper_connection_form
+    if not n or not form:
+        return 0.0
+    streams = 4 * n * h + (e * n * h if e < 4 else 0)
+    if form == "pre_post":
+        one = streams + 4 + 4 * 2 * n * 2 + 4 * n * 3 + 4 * n + 4 * h
+    elif form == "sinkhorn":
+        divisions = 2 * spec.hyper_sinkhorn_iterations - 1
+        one = (streams + 4 + 4 * n * h + 4 * (2 + n) * n + 2 * 4 * n + 4 * n * n + divisions * 4 * (n * n + n)
+               + 4 * n + e * n + e * n * n + e * h)
+    else:
+        r = spec.hyper_connection_rank
+        one = (8 * n * h + 4 * n + 2 * e * n * h + 2 * e * r + 2 * e * n + e * h
+               + (4 * n * h / seq_len if seq_len else 0))
+    return spec.hyper_connections * one
+
+
+def hyper_head_activations(spec: ModelSpec, e: int) -> Tuple[float, float]:
+    """(per token, per micro-batch) bytes the streams' final collapse saves on the last stage, replicated like the
+    final norm: HY-V4's and DeepSeek-V4's hyper head (the fp32 streams, the unweighted norm's rsqrt, fn's output
+    and the pre weights, N each: HY-V4 keeps fn's output and its product with the rsqrt, DeepSeek-V4 the
+    normalised streams fn reads, 4·N·h, and the scaled mixes, sigmoid and pre + eps), Qwen4's mixer (its
+    gated residual without the injection: as hyper_connection_activations' "gated" less 2·e·N and the sub-layer
+    output)."""
+    n, h, form = spec.hyper_streams, spec.hidden_size, spec.hyper_connection_form
+    if not n or not form:
+        return 0.0, 0.0
+    streams = 4 * n * h + (e * n * h if e < 4 else 0)
+    if form == "pre_post":
+        return streams + 4 + 4 * 4 * n, 0.0
+    if form == "sinkhorn":
+        return streams + 4 + 4 * n * h + 4 * 3 * n, 0.0
+    return 8 * n * h + 2 * e * n * h + 2 * e * spec.hyper_connection_rank, 4.0 * n * h
+
+
 def mlp_activations(spec: ModelSpec, hf: bool, e: int, ffn: int) -> float:
     """Bytes one MLP of intermediate size ffn saves per token, after its input."""
     if spec.mlp_kind == "swiglu":
@@ -298,7 +353,8 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     a, kv_heads, q, kv = spec.mean_attention()  # the mean over layers whose heads differ (Gemma 4, Inkling)
     hf = profile == "hf"
     norms = sum(spec.layer_hidden_norms) / len(spec.layer_hidden_norms) if spec.layer_hidden_norms else spec.layer_norms
-    boundary = norms * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
+    boundary = (norms * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
+                + hyper_connection_activations(spec, e, seq_len))
     attention, quadratic, mask = attention_activations(spec, profile, e, m, on_cpu, seq_len)
     if spec.qk_norm:  # per-head RMSNorm on q and k (qwen3): fp32 inputs, rsqrt per head, normalised copies
         attention += (4 + e) * (q + kv) + 4 * (a + kv_heads) if hf else e * (q + kv)
@@ -309,7 +365,7 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     attention += value_source
     replicated, mixing, inputs, share = mixer_mix(spec, e, seq_len, attention)
     return LayerActivations(boundary + routing, inputs * e * h + replicated + share * latent_slices, mixing + mlp,
-                            share * quadratic, e * h, share * mask)
+                            share * quadratic, e * h * max(1, spec.hyper_streams), share * mask)
 
 
 def mixer_mix(spec: ModelSpec, e: int, seq_len: int, attention: float) -> Tuple[float, float, float, float]:
@@ -380,8 +436,11 @@ def outside_layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, m
     e, m, h = dtype_bytes, mask_bytes, spec.hidden_size
     hf = profile == "hf"
     first = (8 if hf else 0) + (m * h / sequence_parallel if spec.embedding_dropout else 0)
-    # final norm (sequence-parallel), lm_head input, fp32 logits (vocab-parallel), int64 labels
-    last = (norm_bytes(spec, profile, e) / sequence_parallel + e * h / linear_input_divisor
+    # final norm (sequence-parallel; none after Qwen4's stream mixer: a hyper-connection model without final-norm
+    # parameters), the streams' final collapse (as the norm), lm_head input, fp32 logits (vocab-parallel), labels
+    final_norm = norm_bytes(spec, profile, e) if not (spec.hyper_streams and not spec.final_norm_params) else 0
+    head, head_constant = hyper_head_activations(spec, e)
+    last = ((final_norm + head) / sequence_parallel + e * h / linear_input_divisor
             + 4 * spec.vocab_size / loss_divisor + (8 if hf else 0))
     if hf and spec.learned_positions:
         per_stage = 8 * seq_len  # GPT-2's position ids (int64)
@@ -390,7 +449,7 @@ def outside_layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, m
     else:
         per_stage = 0
     loss = 4 * spec.vocab_size / loss_divisor + (8 if hf else 0)
-    return OutsideActivations(first, last, per_stage, 4 if hf else 0, loss)
+    return OutsideActivations(first, last, per_stage, (4 if hf else 0) + head_constant, loss)
 
 
 def inflight_microbatches(schedule: str, pp: int, virtual_stages: int, microbatches: int, rank: int) -> float:

@@ -90,6 +90,15 @@ class ModelSpec:
     # Per layer: multiply-adds per token of the stream-mixing products (DeepSeek-V4's N x N `comb` times the N
     # streams, N²·h per hyper-connection), products of two activations, not weights.
     layer_stream_mixing: Tuple[int, ...] = ()
+    # What the hyper-connections save: their modules per layer (attention's and the MLP's), their form -
+    # "pre_post" (HY-V4: sigmoid pre and post weights from one projection of the N·h streams), "sinkhorn"
+    # (DeepSeek-V4: pre, post and an N x N comb made doubly stochastic by hyper_sinkhorn_iterations rounds of
+    # Sinkhorn-Knopp) or "gated" (Qwen4: a gated residual whose per-channel mix goes through a rank
+    # hyper_connection_rank bottleneck) - and those sizes.
+    hyper_connections: int = 0
+    hyper_connection_form: str = ""
+    hyper_connection_rank: int = 0
+    hyper_sinkhorn_iterations: int = 0
     layer_forward_only_params: Tuple[int, ...] = ()  # per layer: parameters of FORWARD_ONLY modules
     # Per layer, the token mixer: "attention" (softmax attention of the layer's window / chunk),
     # "selective_scan" (Mamba-1, Gu & Dao 2023: a state of d_inner x N per token, no keys) or
@@ -264,6 +273,7 @@ FORWARD_ONLY = re.compile(r"(^|\.)indexer\.")
 # A decoder layer's hyper-connection modules (DeepSeek-V4 / HY-V4 attn_hc, ffn_hc; Qwen4 *_hyper_connection)
 _HYPER = re.compile(r"^([^.]*_hc|[^.]*hyper_connection[^.]*)\.")
 _HYPER_FN = re.compile(r"^[^.]*_hc\.fn$")  # DeepSeek-V4 / HY-V4: the (pre, post[, comb]) weights' projection
+_HYPER_MIX_DOWN = re.compile(r"^[^.]*hyper_connection[^.]*\.input_mix_weight_down\.weight$")  # Qwen4: (r, N·h)
 _INDEXER = re.compile(r"(^|\.)indexer\.")
 # Gemma 3n's per-layer modules beside attention and MLP: AltUp's predict / correct coefficients and router,
 # the Laurel low-rank residual, the per-layer-input gate and projection.
@@ -478,8 +488,15 @@ def _hyper_connection_fields(fields: Mapping[str, Any], kinds: Sequence[Sequence
         return sum(streams * streams * hidden for r in rows
                    if _HYPER_FN.match(r[0]) and int(r[1][0]) == (2 + streams) * streams)
 
+    rows = kinds[pattern[0]] if pattern else ()
+    fns = [int(r[1][0]) for r in rows if _HYPER_FN.match(r[0])]
+    downs = [int(r[1][0]) for r in rows if _HYPER_MIX_DOWN.match(r[0])]
+    form = ("gated" if downs else "sinkhorn" if (2 + streams) * streams in fns else "pre_post" if fns else "")
     return {"hyper_streams": streams, "hyper_connection_params": outside,
-            "layer_stream_mixing": tuple(mixing(kinds[i]) for i in pattern)}
+            "layer_stream_mixing": tuple(mixing(kinds[i]) for i in pattern),
+            "hyper_connections": len(fns) + len(downs), "hyper_connection_form": form,
+            "hyper_connection_rank": max(downs, default=0),
+            "hyper_sinkhorn_iterations": int(fields.get("hyper_sinkhorn_iters") or 0) if form == "sinkhorn" else 0}
 
 
 _RELATIVE_BANK = re.compile(r"(^|\.)rel_logits_proj\.proj$")  # Inkling: (d_rel, E), one bias profile per state
@@ -537,10 +554,12 @@ def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
     }
 
 
-def _hidden_norms(norms: Sequence[Row], hidden: int) -> int:
+def _hidden_norms(norms: Sequence[Row], hidden: int, hyper: Sequence[Row] = ()) -> int:
     """Norm modules over the hidden size outside attention (one weight each; a LayerNorm's bias is not a
-    second norm). A non-parametric norm (OLMo's) leaves no tensor: a layer without any is taken as pre-norm."""
-    return sum(1 for r in norms if r[0].endswith("weight") and list(r[1]) == [hidden]) or 2
+    second norm). A non-parametric norm (OLMo's) leaves no tensor: a layer without any is taken as pre-norm,
+    unless its hyper-connections hold the layer's norms (Qwen4's hc_norm over the N·h streams: none of h)."""
+    count = sum(1 for r in norms if r[0].endswith("weight") and list(r[1]) == [hidden])
+    return count or (0 if any(_is_norm(r) for r in hyper) else 2)
 
 
 def _always_on_ffn(mlp: Sequence[Row], experts: int, hidden: int, gated: bool) -> int:
@@ -689,8 +708,9 @@ def _activation_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int], f
     lightning = any(_LIGHTNING_GATE.search(r[0]) for r in flags["attention"])  # its output norm is its own
     latents = [r for r in flags["attention"] if _is_norm(r) and r[0].endswith("weight") and not _QK_NORM.search(r[0])
                and not _MIXER_MODULE.match(r[0]) and not lightning]
-    norms = tuple(_hidden_norms(_block_flags(kinds[i], hidden)["norms"], hidden) for i in pattern)
-    return {"layer_norms": _hidden_norms(flags["norms"], hidden),
+    layer_flags = [_block_flags(kinds[i], hidden) for i in pattern]
+    norms = tuple(_hidden_norms(layer["norms"], hidden, layer["hyper"]) for layer in layer_flags)
+    return {"layer_norms": _hidden_norms(flags["norms"], hidden, flags["hyper"]),
             "layer_hidden_norms": norms if len(set(norms)) > 1 else (),
             "shared_ffn_size": _always_on_ffn(flags["mlp"], experts, hidden, gated) if experts else 0,
             "layer_mlps": tuple(mlp(layer, i) for layer, i in enumerate(pattern)),
