@@ -135,6 +135,14 @@ def latent_slice_activations(spec: ModelSpec, profile: str, e: int, on_cpu: bool
     return replicated, (e * (source - values) if source and as_handed else 0.0)
 
 
+def grouped_output_activations(spec: ModelSpec, e: int) -> float:
+    """Bytes per token a grouped output projection saves beyond its input (counted as attention's projection input):
+    DeepSeek-V4's o_a_proj maps each of o_groups groups of heads to o_lora_rank (a bmm over the groups, its input
+    the attention output) and o_b_proj saves its o_groups·o_lora_rank input (attention_output_latent, in the compute
+    dtype). Sharded: each group's intermediate belongs to its heads."""
+    return e * spec.attention_output_latent
+
+
 def hyper_connection_activations(spec: ModelSpec, e: int, seq_len: int) -> float:
     """Bytes per token one layer's hyper-connections save (hyper_connections of them, attention's and the MLP's),
     with N streams of h, run in fp32 by transformers whatever the dtype. Each collapses the N·h streams into its
@@ -362,7 +370,7 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
         attention += (4 + e) * latent + 4 + e * latent if hf else 2 * e * latent
     latent_slices, value_source = latent_slice_activations(spec, profile, e, on_cpu)
     routing, mlp = moe_and_mlp_activations(spec, hf, e)
-    attention += value_source
+    attention += value_source + grouped_output_activations(spec, e)
     replicated, mixing, inputs, share = mixer_mix(spec, e, seq_len, attention)
     return LayerActivations(boundary + routing, inputs * e * h + replicated + share * latent_slices, mixing + mlp,
                             share * quadratic, e * h * max(1, spec.hyper_streams), share * mask)

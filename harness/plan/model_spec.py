@@ -187,6 +187,9 @@ class ModelSpec:
     # Per token, the output of the projection the values are split from where it holds more than the values
     # (multi-latent attention's kv_b: a·(qk_nope + v) of which V is a·v), else 0.
     attention_value_source: int = 0
+    # Per token, the intermediate of a grouped output projection (DeepSeek-V4: o_a_proj maps each of o_groups head
+    # groups to o_lora_rank, o_b_proj reads the o_groups·o_lora_rank concatenation), else 0.
+    attention_output_latent: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -337,6 +340,7 @@ _SCAN_NORM = re.compile(r"(^|\.)(dt|b|c)_layernorm\.weight$")  # Jamba's norms o
 _MIXER_MODULE = re.compile(r"^(mamba|mixer|linear_attn)\.")
 _LATENT_NORM = re.compile(r"^(.*)_(layer)?norm\.weight$")  # a latent norm P_norm / P_layernorm reads P_proj*'s output
 _VALUE_SOURCE = re.compile(r"(^|\.)kv_b_proj\.weight$")  # multi-latent attention: k_nope and V per head, split
+_GROUPED_OUTPUT = re.compile(r"(^|\.)o_a_proj\.weight$")  # DeepSeek-V4: (o_groups·o_lora_rank, heads·d / o_groups)
 
 
 def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
@@ -716,7 +720,8 @@ def _activation_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int], f
             "layer_mlps": tuple(mlp(layer, i) for layer, i in enumerate(pattern)),
             "attention_latent_norms": tuple(int(r[1][0]) for r in latents),
             "attention_latent_outputs": tuple(_latent_output(r, flags["attention"]) for r in latents),
-            "attention_value_source": sum(int(r[1][0]) for r in flags["attention"] if _VALUE_SOURCE.search(r[0]))}
+            "attention_value_source": sum(int(r[1][0]) for r in flags["attention"] if _VALUE_SOURCE.search(r[0])),
+            "attention_output_latent": sum(int(r[1][0]) for r in flags["attention"] if _GROUPED_OUTPUT.search(r[0]))}
 
 
 def _latent_output(norm: Row, attention: Sequence[Row]) -> int:
