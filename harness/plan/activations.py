@@ -148,7 +148,8 @@ def hyper_connection_activations(spec: ModelSpec, e: int, seq_len: int) -> float
     with N streams of h, run in fp32 by transformers whatever the dtype. Each collapses the N·h streams into its
     sub-layer's input and spreads the sub-layer's output back; all are per token over the hidden size, replicated
     under TP like the boundary (sequence parallelism divides them). `.float()` of the streams is a copy in 16 bits
-    (4·N·h) beside the streams the collapse reads in the dtype (e·N·h), the streams themselves in fp32 (4·N·h).
+    (4·N·h) beside the streams the collapse reads in the dtype (e·N·h), the streams themselves in fp32 (4·N·h);
+    in 16 bits `fn.float()` also copies the projection (rows x N·h fp32 per micro-batch, written per sequence).
     - "pre_post" (HY-V4's HYV4HyperConnection): the fp32 streams the fn projection reads, the unweighted norm's
       rsqrt, the projection's output and its product with the rsqrt (2N each), the pre and post sigmoids, pre +
       eps the collapse multiplies (N each); at the spread, post and the sub-layer output in fp32 (N, 4·h).
@@ -167,12 +168,13 @@ def hyper_connection_activations(spec: ModelSpec, e: int, seq_len: int) -> float
     if not n or not form:
         return 0.0
     streams = 4 * n * h + (e * n * h if e < 4 else 0)
+    fn_copy = 4 * n * h / seq_len if e < 4 and seq_len else 0.0  # per fn row
     if form == "pre_post":
-        one = streams + 4 + 4 * 2 * n * 2 + 4 * n * 3 + 4 * n + 4 * h
+        one = streams + 4 + 4 * 2 * n * 2 + 4 * n * 3 + 4 * n + 4 * h + 2 * n * fn_copy
     elif form == "sinkhorn":
         divisions = 2 * spec.hyper_sinkhorn_iterations - 1
         one = (streams + 4 + 4 * n * h + 4 * (2 + n) * n + 2 * 4 * n + 4 * n * n + divisions * 4 * (n * n + n)
-               + 4 * n + e * n + e * n * n + e * h)
+               + 4 * n + e * n + e * n * n + e * h + (2 + n) * n * fn_copy)
     else:
         r = spec.hyper_connection_rank
         one = (8 * n * h + 4 * n + 2 * e * n * h + 2 * e * r + 2 * e * n + e * h
@@ -186,15 +188,16 @@ def hyper_head_activations(spec: ModelSpec, e: int) -> Tuple[float, float]:
     and the pre weights, N each: HY-V4 keeps fn's output and its product with the rsqrt, DeepSeek-V4 the
     normalised streams fn reads, 4·N·h, and the scaled mixes, sigmoid and pre + eps), Qwen4's mixer (its
     gated residual without the injection: as hyper_connection_activations' "gated" less 2·e·N and the sub-layer
-    output)."""
+    output). In 16 bits the fp32 copy of the hyper head's N x N·h projection is kept per micro-batch."""
     n, h, form = spec.hyper_streams, spec.hidden_size, spec.hyper_connection_form
     if not n or not form:
         return 0.0, 0.0
     streams = 4 * n * h + (e * n * h if e < 4 else 0)
+    fn_copy = 4.0 * n * n * h if e < 4 else 0.0
     if form == "pre_post":
-        return streams + 4 + 4 * 4 * n, 0.0
+        return streams + 4 + 4 * 4 * n, fn_copy
     if form == "sinkhorn":
-        return streams + 4 + 4 * n * h + 4 * 3 * n, 0.0
+        return streams + 4 + 4 * n * h + 4 * 3 * n, fn_copy
     return 8 * n * h + 2 * e * n * h + 2 * e * spec.hyper_connection_rank, 4.0 * n * h
 
 
