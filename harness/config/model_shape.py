@@ -446,6 +446,7 @@ def _fields(config: Any) -> Dict[str, Any]:
         "index_head_dim": _first_attr(config, "index_head_dim", "indexer_head_dim"),
         "index_block": _first_attr(config, "indexer_compress_ratio"),  # QSA: keys pooled in blocks of c
         "hyper_streams": _first_attr(config, "hc_mult", "hc_count"),  # hyper-connections' residual streams
+        "hyper_sinkhorn_iters": _first_attr(config, "hc_sinkhorn_iters"),  # DeepSeek-V4's comb normalisation
         "layer_types": list(layer_types) if layer_types else None,
         # Gated DeltaNet layers (qwen3_next, qwen3_5, olmo_hybrid): value heads, key and value head dims; Kimi delta
         # attention (kimi_linear, bailing_hybrid): its heads, one head dim for keys and values

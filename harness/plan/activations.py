@@ -112,6 +112,95 @@ def attention_activations(spec: ModelSpec, profile: str, e: int, m: int, on_cpu:
     return e * (q + kv_saved) + 4 * a + e * out, 0.0, share * e
 
 
+def latent_slice_activations(spec: ModelSpec, profile: str, e: int, on_cpu: bool) -> Tuple[float, float]:
+    """(replicated, sharded by head) bytes per token multi-latent attention saves beyond its latents and V, where a
+    tensor saved for backward is a slice of a wider projection output and autograd keeps the whole storage
+    (transformers' modules, the "hf" profile; Megatron's kernels save their own tensors):
+    - a latent norm over a slice of its projection's output (DeepSeek's kv_a_layernorm reads the kv_lora_rank
+      latent of kv_a_proj_with_mqa's latent + rotary key, w = attention_latent_outputs wide): RMSNorm's
+      .to(float32) is a no-op in fp32, so pow saves the whole output, 4·(w - latent) more; in 16 bits it copies
+      the latent alone. Replicated: the latent projections (q_a, kv_a) are outside transformers' TP plans.
+    - V split from kv_b's output a·(qk_nope + v) (attention_value_source): eager's matmul and fused SDPA save V
+      as handed, the whole output, e·(source - a·v) more; math SDPA (the CPU fallback) saves an fp32 copy of V,
+      the view itself in fp32 (4·(source - a·v) more). Sharded: kv_b is column-parallel, by head.
+    Flash-attention's own copies are not counted."""
+    if profile != "hf":
+        return 0.0, 0.0
+    replicated = sum(4 * (w - latent) for latent, w in zip(spec.attention_latent_norms, spec.attention_latent_outputs)
+                     if e == 4)
+    source = spec.attention_value_source
+    values = spec.num_heads * (spec.v_head_dim or spec.head_dim)
+    as_handed = spec.attn_implementation == "eager" or (
+        spec.attn_implementation == "sdpa" and (sdpa_kernel(spec, on_cpu) == "fused" or e == 4))
+    return replicated, (e * (source - values) if source and as_handed else 0.0)
+
+
+def grouped_output_activations(spec: ModelSpec, e: int) -> float:
+    """Bytes per token a grouped output projection saves beyond its input (counted as attention's projection input):
+    DeepSeek-V4's o_a_proj maps each of o_groups groups of heads to o_lora_rank (a bmm over the groups, its input
+    the attention output) and o_b_proj saves its o_groups·o_lora_rank input (attention_output_latent, in the compute
+    dtype). Sharded: each group's intermediate belongs to its heads."""
+    return e * spec.attention_output_latent
+
+
+def hyper_connection_activations(spec: ModelSpec, e: int, seq_len: int) -> float:
+    """Bytes per token one layer's hyper-connections save (hyper_connections of them, attention's and the MLP's),
+    with N streams of h, run in fp32 by transformers whatever the dtype. Each collapses the N·h streams into its
+    sub-layer's input and spreads the sub-layer's output back; all are per token over the hidden size, replicated
+    under TP like the boundary (sequence parallelism divides them). `.float()` of the streams is a copy in 16 bits
+    (4·N·h) beside the streams the collapse reads in the dtype (e·N·h), the streams themselves in fp32 (4·N·h);
+    in 16 bits `fn.float()` also copies the projection (rows x N·h fp32 per micro-batch, written per sequence).
+    - "pre_post" (HY-V4's HYV4HyperConnection): the fp32 streams the fn projection reads, the unweighted norm's
+      rsqrt, the projection's output and its product with the rsqrt (2N each), the pre and post sigmoids, pre +
+      eps the collapse multiplies (N each); at the spread, post and the sub-layer output in fp32 (N, 4·h).
+    - "sinkhorn" (DeepSeek-V4's mHC): the fp32 streams, the norm's rsqrt and the normalised streams fn reads
+      (4·N·h), fn's output (pre, post, comb: (2 + N)·N), the pre and post sigmoids (N each), comb's softmax
+      (N²) and each of the 2·I - 1 Sinkhorn divisions' numerator (N², the softmax + eps first) and denominator
+      (N), pre + eps (N); at the spread, post and the final comb in the dtype (N, N²: the matmul reads comb^T)
+      and the sub-layer output (e·h).
+    - "gated" (Qwen4's gated residual, rank r): the grouped RMSNorm's fp32 input, rsqrt per stream, normalised
+      copy (4·N·h, 4·N, 4·N·h), the weighted output in the dtype (e·N·h) the projections read, the SiLU's input
+      and output (2·e·r), the sigmoid mix (e·N·h), the injection sigmoid and its double (2·e·N); the sub-layer
+      output the injection multiplies (e·h); per micro-batch the norm's 1 + weight (4·N·h fp32, written per
+      sequence).
+    """
+    n, h, form = spec.hyper_streams, spec.hidden_size, spec.hyper_connection_form
+    if not n or not form:
+        return 0.0
+    streams = 4 * n * h + (e * n * h if e < 4 else 0)
+    fn_copy = 4 * n * h / seq_len if e < 4 and seq_len else 0.0  # per fn row
+    if form == "pre_post":
+        one = streams + 4 + 4 * 2 * n * 2 + 4 * n * 3 + 4 * n + 4 * h + 2 * n * fn_copy
+    elif form == "sinkhorn":
+        divisions = 2 * spec.hyper_sinkhorn_iterations - 1
+        one = (streams + 4 + 4 * n * h + 4 * (2 + n) * n + 2 * 4 * n + 4 * n * n + divisions * 4 * (n * n + n)
+               + 4 * n + e * n + e * n * n + e * h + (2 + n) * n * fn_copy)
+    else:
+        r = spec.hyper_connection_rank
+        one = (8 * n * h + 4 * n + 2 * e * n * h + 2 * e * r + 2 * e * n + e * h
+               + (4 * n * h / seq_len if seq_len else 0))
+    return spec.hyper_connections * one
+
+
+def hyper_head_activations(spec: ModelSpec, e: int) -> Tuple[float, float]:
+    """(per token, per micro-batch) bytes the streams' final collapse saves on the last stage, replicated like the
+    final norm: HY-V4's and DeepSeek-V4's hyper head (the fp32 streams, the unweighted norm's rsqrt, fn's output
+    and the pre weights, N each: HY-V4 keeps fn's output and its product with the rsqrt, DeepSeek-V4 the
+    normalised streams fn reads, 4·N·h, and the scaled mixes, sigmoid and pre + eps), Qwen4's mixer (its
+    gated residual without the injection: as hyper_connection_activations' "gated" less 2·e·N and the sub-layer
+    output). In 16 bits the fp32 copy of the hyper head's N x N·h projection is kept per micro-batch."""
+    n, h, form = spec.hyper_streams, spec.hidden_size, spec.hyper_connection_form
+    if not n or not form:
+        return 0.0, 0.0
+    streams = 4 * n * h + (e * n * h if e < 4 else 0)
+    fn_copy = 4.0 * n * n * h if e < 4 else 0.0
+    if form == "pre_post":
+        return streams + 4 + 4 * 4 * n, fn_copy
+    if form == "sinkhorn":
+        return streams + 4 + 4 * n * h + 4 * 3 * n, fn_copy
+    return 8 * n * h + 2 * e * n * h + 2 * e * spec.hyper_connection_rank, 4.0 * n * h
+
+
 def mlp_activations(spec: ModelSpec, hf: bool, e: int, ffn: int) -> float:
     """Bytes one MLP of intermediate size ffn saves per token, after its input."""
     if spec.mlp_kind == "swiglu":
@@ -308,21 +397,26 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
     MLP 19·s·b·h (input 2, GeLU input 8, fc2 input 8, mask 1), two LayerNorm inputs 4·s·b·h: in total
     s·b·h·(34 + 5·a·s/h). Written here per token with e = dtype bytes, m = dropout-mask bytes (1 on
     CUDA, e on CPU), so that GQA, SwiGLU, MoE, multi-latent attention and sandwich norms follow: each of the
-    layer's hidden-size norms (spec.layer_norms) saves what a norm saves.
+    layer's hidden-size norms (spec.layer_norms, or their mean over layer_hidden_norms where layers differ) saves
+    what a norm saves.
     """
     e, m, h = dtype_bytes, mask_bytes, spec.hidden_size
     a, kv_heads, q, kv = spec.mean_attention()  # the mean over layers whose heads differ (Gemma 4, Inkling)
     hf = profile == "hf"
-    boundary = spec.layer_norms * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
+    norms = sum(spec.layer_hidden_norms) / len(spec.layer_hidden_norms) if spec.layer_hidden_norms else spec.layer_norms
+    boundary = (norms * norm_bytes(spec, profile, e) + (2 * m * h if spec.hidden_dropout else 0)
+                + hyper_connection_activations(spec, e, seq_len))
     attention, quadratic, mask = attention_activations(spec, profile, e, m, on_cpu, seq_len)
     if spec.qk_norm:  # per-head RMSNorm on q and k (qwen3): fp32 inputs, rsqrt per head, normalised copies
         attention += (4 + e) * (q + kv) + 4 * (a + kv_heads) if hf else e * (q + kv)
     for latent in spec.attention_latent_norms:  # the latent's norm, then the next projection's input
         attention += (4 + e) * latent + 4 + e * latent if hf else 2 * e * latent
+    latent_slices, value_source = latent_slice_activations(spec, profile, e, on_cpu)
     routing, mlp = moe_and_mlp_activations(spec, hf, e)
+    attention += value_source + grouped_output_activations(spec, e)
     replicated, mixing, inputs, share = mixer_mix(spec, e, seq_len, attention)
-    return LayerActivations(boundary + routing, inputs * e * h + replicated, mixing + mlp, share * quadratic,
-                            e * h, share * mask)
+    return LayerActivations(boundary + routing, inputs * e * h + replicated + share * latent_slices, mixing + mlp,
+                            share * quadratic, e * h * max(1, spec.hyper_streams), share * mask)
 
 
 def mixer_mix(spec: ModelSpec, e: int, seq_len: int, attention: float) -> Tuple[float, float, float, float]:
@@ -393,8 +487,11 @@ def outside_layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, m
     e, m, h = dtype_bytes, mask_bytes, spec.hidden_size
     hf = profile == "hf"
     first = (8 if hf else 0) + (m * h / sequence_parallel if spec.embedding_dropout else 0)
-    # final norm (sequence-parallel), lm_head input, fp32 logits (vocab-parallel), int64 labels
-    last = (norm_bytes(spec, profile, e) / sequence_parallel + e * h / linear_input_divisor
+    # final norm (sequence-parallel; none after Qwen4's stream mixer: a hyper-connection model without final-norm
+    # parameters), the streams' final collapse (as the norm), lm_head input, fp32 logits (vocab-parallel), labels
+    final_norm = norm_bytes(spec, profile, e) if not (spec.hyper_streams and not spec.final_norm_params) else 0
+    head, head_constant = hyper_head_activations(spec, e)
+    last = ((final_norm + head) / sequence_parallel + e * h / linear_input_divisor
             + 4 * spec.vocab_size / loss_divisor + (8 if hf else 0))
     if hf and spec.learned_positions:
         per_stage = 8 * seq_len  # GPT-2's position ids (int64)
@@ -403,7 +500,7 @@ def outside_layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, m
     else:
         per_stage = 0
     loss = 4 * spec.vocab_size / loss_divisor + (8 if hf else 0)
-    return OutsideActivations(first, last, per_stage, 4 if hf else 0, loss)
+    return OutsideActivations(first, last, per_stage, (4 if hf else 0) + head_constant, loss)
 
 
 def inflight_microbatches(schedule: str, pp: int, virtual_stages: int, microbatches: int, rank: int) -> float:

@@ -90,6 +90,15 @@ class ModelSpec:
     # Per layer: multiply-adds per token of the stream-mixing products (DeepSeek-V4's N x N `comb` times the N
     # streams, N²·h per hyper-connection), products of two activations, not weights.
     layer_stream_mixing: Tuple[int, ...] = ()
+    # What the hyper-connections save: their modules per layer (attention's and the MLP's), their form -
+    # "pre_post" (HY-V4: sigmoid pre and post weights from one projection of the N·h streams), "sinkhorn"
+    # (DeepSeek-V4: pre, post and an N x N comb made doubly stochastic by hyper_sinkhorn_iterations rounds of
+    # Sinkhorn-Knopp) or "gated" (Qwen4: a gated residual whose per-channel mix goes through a rank
+    # hyper_connection_rank bottleneck) - and those sizes.
+    hyper_connections: int = 0
+    hyper_connection_form: str = ""
+    hyper_connection_rank: int = 0
+    hyper_sinkhorn_iterations: int = 0
     layer_forward_only_params: Tuple[int, ...] = ()  # per layer: parameters of FORWARD_ONLY modules
     # Per layer, the token mixer: "attention" (softmax attention of the layer's window / chunk),
     # "selective_scan" (Mamba-1, Gu & Dao 2023: a state of d_inner x N per token, no keys) or
@@ -173,6 +182,9 @@ class ModelSpec:
     # (two in a pre-norm layer, four in Gemma 2's sandwich, one where attention and MLP run in parallel) and the
     # intermediate size of its shared experts together (0 without).
     layer_norms: int = 2
+    # Per layer, its hidden-size norms where layers differ in them (AXK1's MoE layers add a norm after the MLP);
+    # empty where every layer has layer_norms.
+    layer_hidden_norms: Tuple[int, ...] = ()
     shared_ffn_size: int = 0
     # Per layer: (routed experts, one routed expert's intermediate size, intermediate size of what every token
     # runs: the dense MLP or the shared experts), so that dense-first MoE layers save what they run.
@@ -180,6 +192,15 @@ class ModelSpec:
     # Sizes of the norms inside attention over a latent rather than a head (multi-latent attention's q_a and
     # kv_a norms); each is followed by a projection of its output.
     attention_latent_norms: Tuple[int, ...] = ()
+    # Per latent norm, the output width of the projection it normalises (its own size, or wider where the norm
+    # reads a slice: DeepSeek's kv_a output is the kv_lora_rank latent and the rotary key), empty where none.
+    attention_latent_outputs: Tuple[int, ...] = ()
+    # Per token, the output of the projection the values are split from where it holds more than the values
+    # (multi-latent attention's kv_b: a·(qk_nope + v) of which V is a·v), else 0.
+    attention_value_source: int = 0
+    # Per token, the intermediate of a grouped output projection (DeepSeek-V4: o_a_proj maps each of o_groups head
+    # groups to o_lora_rank, o_b_proj reads the o_groups·o_lora_rank concatenation), else 0.
+    attention_output_latent: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -266,6 +287,7 @@ FORWARD_ONLY = re.compile(r"(^|\.)indexer\.")
 # A decoder layer's hyper-connection modules (DeepSeek-V4 / HY-V4 attn_hc, ffn_hc; Qwen4 *_hyper_connection)
 _HYPER = re.compile(r"^([^.]*_hc|[^.]*hyper_connection[^.]*)\.")
 _HYPER_FN = re.compile(r"^[^.]*_hc\.fn$")  # DeepSeek-V4 / HY-V4: the (pre, post[, comb]) weights' projection
+_HYPER_MIX_DOWN = re.compile(r"^[^.]*hyper_connection[^.]*\.input_mix_weight_down\.weight$")  # Qwen4: (r, N·h)
 _INDEXER = re.compile(r"(^|\.)indexer\.")
 # Gemma 3n's per-layer modules beside attention and MLP: AltUp's predict / correct coefficients and router,
 # the Laurel low-rank residual, the per-layer-input gate and projection.
@@ -328,6 +350,9 @@ _SCAN_DT = re.compile(r"(^|\.)dt_proj\.weight$")  # Mamba-1's time-step projecti
 _SCAN_NORM = re.compile(r"(^|\.)(dt|b|c)_layernorm\.weight$")  # Jamba's norms of the time step, B and C
 # Modules of a non-attention token mixer: their norms are the mixer's own, not multi-latent attention's latents
 _MIXER_MODULE = re.compile(r"^(mamba|mixer|linear_attn)\.")
+_LATENT_NORM = re.compile(r"^(.*)_(layer)?norm\.weight$")  # a latent norm P_norm / P_layernorm reads P_proj*'s output
+_VALUE_SOURCE = re.compile(r"(^|\.)kv_b_proj\.weight$")  # multi-latent attention: k_nope and V per head, split
+_GROUPED_OUTPUT = re.compile(r"(^|\.)o_a_proj\.weight$")  # DeepSeek-V4: (o_groups·o_lora_rank, heads·d / o_groups)
 
 
 def _mixer(rows: Sequence[Row], layer_type: Optional[str]) -> str:
@@ -481,8 +506,15 @@ def _hyper_connection_fields(fields: Mapping[str, Any], kinds: Sequence[Sequence
         return sum(streams * streams * hidden for r in rows
                    if _HYPER_FN.match(r[0]) and int(r[1][0]) == (2 + streams) * streams)
 
+    rows = kinds[pattern[0]] if pattern else ()
+    fns = [int(r[1][0]) for r in rows if _HYPER_FN.match(r[0])]
+    downs = [int(r[1][0]) for r in rows if _HYPER_MIX_DOWN.match(r[0])]
+    form = ("gated" if downs else "sinkhorn" if (2 + streams) * streams in fns else "pre_post" if fns else "")
     return {"hyper_streams": streams, "hyper_connection_params": outside,
-            "layer_stream_mixing": tuple(mixing(kinds[i]) for i in pattern)}
+            "layer_stream_mixing": tuple(mixing(kinds[i]) for i in pattern),
+            "hyper_connections": len(fns) + len(downs), "hyper_connection_form": form,
+            "hyper_connection_rank": max(downs, default=0),
+            "hyper_sinkhorn_iterations": int(fields.get("hyper_sinkhorn_iters") or 0) if form == "sinkhorn" else 0}
 
 
 _RELATIVE_BANK = re.compile(r"(^|\.)rel_logits_proj\.proj$")  # Inkling: (d_rel, E), one bias profile per state
@@ -564,15 +596,18 @@ def _block_flags(rows: Sequence[Row], hidden: int) -> Dict[str, Any]:
         "qkv_bias": any(r[2] == 0 for r in biases),
         "out_bias": any(r[2] is None and list(r[1]) == [hidden] for r in biases),
         "mlp_bias": any(len(r[1]) == 1 for r in mlp),
-        "qk_norm": any(_QK_NORM.search(r[0]) for r in attention),
+        # an indexer's own key norm (DeepSeek Sparse Attention's indexer.k_norm) is not attention's
+        "qk_norm": any(_QK_NORM.search(r[0]) and not _INDEXER.search(r[0]) for r in attention),
         "norm_kind": "layernorm" if any(r[0].endswith(".bias") for r in norms) else "rmsnorm",
     }
 
 
-def _hidden_norms(norms: Sequence[Row], hidden: int) -> int:
+def _hidden_norms(norms: Sequence[Row], hidden: int, hyper: Sequence[Row] = ()) -> int:
     """Norm modules over the hidden size outside attention (one weight each; a LayerNorm's bias is not a
-    second norm). A non-parametric norm (OLMo's) leaves no tensor: a layer without any is taken as pre-norm."""
-    return sum(1 for r in norms if r[0].endswith("weight") and list(r[1]) == [hidden]) or 2
+    second norm). A non-parametric norm (OLMo's) leaves no tensor: a layer without any is taken as pre-norm,
+    unless its hyper-connections hold the layer's norms (Qwen4's hc_norm over the N·h streams: none of h)."""
+    count = sum(1 for r in norms if r[0].endswith("weight") and list(r[1]) == [hidden])
+    return count or (0 if any(_is_norm(r) for r in hyper) else 2)
 
 
 def _always_on_ffn(mlp: Sequence[Row], experts: int, hidden: int, gated: bool) -> int:
@@ -716,12 +751,31 @@ def _activation_fields(kinds: Sequence[Sequence[Row]], pattern: Sequence[int], f
         return (0, 0, 0) if single and mixer != "none" else mlps[i]
 
     lightning = any(_LIGHTNING_GATE.search(r[0]) for r in flags["attention"])  # its output norm is its own
-    return {"layer_norms": _hidden_norms(flags["norms"], hidden),
+    latents = [r for r in flags["attention"] if _is_norm(r) and r[0].endswith("weight") and not _QK_NORM.search(r[0])
+               and not _MIXER_MODULE.match(r[0]) and not lightning]
+    layer_flags = [_block_flags(kinds[i], hidden) for i in pattern]
+    norms = tuple(_hidden_norms(layer["norms"], hidden, layer["hyper"]) for layer in layer_flags)
+    return {"layer_norms": _hidden_norms(flags["norms"], hidden, flags["hyper"]),
+            "layer_hidden_norms": norms if len(set(norms)) > 1 else (),
             "shared_ffn_size": _always_on_ffn(flags["mlp"], experts, hidden, gated) if experts else 0,
             "layer_mlps": tuple(mlp(layer, i) for layer, i in enumerate(pattern)),
-            "attention_latent_norms": tuple(int(r[1][0]) for r in flags["attention"] if _is_norm(r)
-                                            and r[0].endswith("weight") and not _QK_NORM.search(r[0])
-                                            and not _MIXER_MODULE.match(r[0]) and not lightning)}
+            "attention_latent_norms": tuple(int(r[1][0]) for r in latents),
+            "attention_latent_outputs": tuple(_latent_output(r, flags["attention"]) for r in latents),
+            "attention_value_source": sum(int(r[1][0]) for r in flags["attention"] if _VALUE_SOURCE.search(r[0])),
+            "attention_output_latent": sum(int(r[1][0]) for r in flags["attention"] if _GROUPED_OUTPUT.search(r[0]))}
+
+
+def _latent_output(norm: Row, attention: Sequence[Row]) -> int:
+    """The output width of the projection a latent norm reads: P_proj*'s rows for the norm P_norm / P_layernorm
+    (DeepSeek's kv_a_layernorm reads the latent slice of kv_a_proj_with_mqa's latent + rotary key), else the norm's
+    own size."""
+    size = int(norm[1][0])
+    match = _LATENT_NORM.match(norm[0])
+    if not match:
+        return size
+    rows = [int(r[1][0]) for r in attention if r[0].startswith(match.group(1) + "_proj") and r[0].endswith("weight")
+            and len(r[1]) == 2 and int(r[1][0]) >= size]
+    return min(rows, default=size)
 
 
 def param_tensors(spec: ModelSpec) -> Tuple[Tuple[ParamTensor, ...], Tuple[ParamTensor, ...], Tuple[ParamTensor, ...]]:
