@@ -215,6 +215,29 @@ def mlp_activations(spec: ModelSpec, hf: bool, e: int, ffn: int) -> float:
 DELTA_RULE_CHUNK = 64
 
 
+class DeltaRuleGeometry(NamedTuple):
+    """A delta-rule layer's shape as its chunked torch path runs it."""
+
+    heads: int
+    key_dim: int
+    value_dim: int
+    conv_taps: int
+    chunk: int
+    tokens: int  # the sequence (one chunk when unknown)
+    chunks: int  # ceil(tokens / chunk)
+    padding: float  # chunks·chunk / tokens: the padded tokens per real one
+    conv_channels: int
+
+
+def delta_rule_geometry(spec: ModelSpec, layer: int, seq_len: int) -> DeltaRuleGeometry:
+    """Gated DeltaNet's and Kimi delta attention's chunking of a seq_len-token sequence into DELTA_RULE_CHUNK."""
+    t = seq_len or DELTA_RULE_CHUNK
+    c = -(-t // DELTA_RULE_CHUNK)
+    return DeltaRuleGeometry(spec.delta_rule_heads, spec.delta_rule_key_dim, spec.delta_rule_value_dim,
+                             spec.conv_kernel, DELTA_RULE_CHUNK, t, c, c * DELTA_RULE_CHUNK / t,
+                             conv_channels(spec, layer))
+
+
 def conv_channels(spec: ModelSpec, layer: int) -> int:
     """Channels of a layer's causal depthwise convolution (layer_conv_padding is C·K·(K - 1))."""
     k = spec.conv_kernel
@@ -292,12 +315,7 @@ def gated_delta_rule_activations(spec: ModelSpec, layer: int, e: int, seq_len: i
     over dv (input, normalised and weighted copies, the gate and its SiLU: H·dv·(3·4 + 2·e), an rsqrt per
     head) and out_proj's input (H·dv). Per micro-batch (written per sequence): exp(A_log) and -A (2·H fp32), the
     C x C causal mask (bools)."""
-    h, dk, dv, k, chunk = (spec.delta_rule_heads, spec.delta_rule_key_dim, spec.delta_rule_value_dim,
-                           spec.conv_kernel, DELTA_RULE_CHUNK)
-    t = seq_len or chunk
-    c = -(-t // chunk)
-    pad = c * chunk / t
-    channels = conv_channels(spec, layer)
+    h, dk, dv, k, chunk, t, c, pad, channels = delta_rule_geometry(spec, layer, seq_len)
     # One chunk: the chunked matmuls' operands are views (5 H·dk copies fewer), and the last chunk's state
     # update, dropped with the final state, frees the decayed keys, their decays and the chunk decay.
     single = c == 1
@@ -332,12 +350,7 @@ def kimi_delta_rule_activations(spec: ModelSpec, layer: int, e: int, seq_len: in
     normalised and weighted copies, the sigmoid gate: 4 of H·dv fp32, an rsqrt per head; in a 16-bit dtype
     its weight's fp32 copy per sequence) and out_proj's input (H·dv). Replicated: Kimi Linear's low-rank
     gates keep their rank-wide inner activations (f_a and g_a outputs, f_b / g_b's inputs: 2·rank)."""
-    h, dk, dv, k, chunk = (spec.delta_rule_heads, spec.delta_rule_key_dim, spec.delta_rule_value_dim,
-                           spec.conv_kernel, DELTA_RULE_CHUNK)
-    t = seq_len or chunk
-    c = -(-t // chunk)
-    pad = c * chunk / t
-    channels = conv_channels(spec, layer)
+    h, dk, dv, k, chunk, t, c, pad, channels = delta_rule_geometry(spec, layer, seq_len)
     rank = spec.delta_rule_gate_rank
     per_token = (channels * e + channels * e * (t + k - 1) / t + h * e + 2 * 4 * h * dk + 2 * 4 * h
                  + 4 * h * (1 + (6 if c == 1 else 7) * dk + 3 * dv + 2 * chunk + 3 * chunk * dk
