@@ -281,14 +281,15 @@ Row = Sequence[Any]  # [name inside the layer, shape, tp_dim, routed expert]
 _ATTENTION = re.compile(r"^(?![^.]*norm)([^.]*(attn|attention|mamba)[^.]*|conv)\.")
 _QK_NORM = re.compile(r"(^|\.)(q|k|query|key)_(norm|layernorm)\.")
 _POSITIONS = re.compile(r"(wpe|pos)")
-# Modules transformers runs under torch.no_grad inside a training forward: DeepSeek Sparse Attention's
-# lightning indexer (deepseek_v32, glm_moe_dsa). Their parameters get no gradient from the loss.
-FORWARD_ONLY = re.compile(r"(^|\.)indexer\.")
+# A sparse-attention indexer (DeepSeek Sparse Attention's lightning indexer, Qwen4's QSA, DeepSeek-V4's CSA).
+_INDEXER = re.compile(r"(^|\.)indexer\.")
+# Modules transformers runs under torch.no_grad inside a training forward: the indexers (deepseek_v32,
+# glm_moe_dsa ...). Their parameters get no gradient from the loss.
+FORWARD_ONLY = _INDEXER
 # A decoder layer's hyper-connection modules (DeepSeek-V4 / HY-V4 attn_hc, ffn_hc; Qwen4 *_hyper_connection)
 _HYPER = re.compile(r"^([^.]*_hc|[^.]*hyper_connection[^.]*)\.")
 _HYPER_FN = re.compile(r"^[^.]*_hc\.fn$")  # DeepSeek-V4 / HY-V4: the (pre, post[, comb]) weights' projection
 _HYPER_MIX_DOWN = re.compile(r"^[^.]*hyper_connection[^.]*\.input_mix_weight_down\.weight$")  # Qwen4: (r, N·h)
-_INDEXER = re.compile(r"(^|\.)indexer\.")
 # Gemma 3n's per-layer modules beside attention and MLP: AltUp's predict / correct coefficients and router,
 # the Laurel low-rank residual, the per-layer-input gate and projection.
 _LAYER_EXTRAS = re.compile(r"^(altup|laurel|per_layer_input_gate|per_layer_projection|post_per_layer_input_norm)\.")
