@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from rich.console import Console, Group
 from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 from harness.launch import slurm_commands
 from harness.launch.job_records import read_job_record, read_submission
@@ -409,7 +410,7 @@ def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[
     cells of MEASURED_HEADERS per run name; Slurm's columns only where a run has a Slurm job."""
     active = [v for v in views if v.state != PRUNED]
     done = sum(v.final for v in active)
-    table = Table(title=title)
+    table = Table(title=Text(title, style="table.title"))
     on_slurm = any(view.job_key for view in views)
     columns = ["run", "layout", "state", *(MEASURED_HEADERS if measured is not None else ()),
                *(("slurm job", "slurm state") if on_slurm else ()), "reason"]
@@ -420,13 +421,14 @@ def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[
               RUNNING: "cyan", PENDING: "white", PRUNED: "dim", CORRUPT: "magenta"}
     for view in views:
         name = view.run_dir.name
-        cells = [name, (labels or {}).get(name, ""), f"[{styles.get(view.state, 'white')}]{view.state}[/]"]
+        # Text, not markup: a reason quotes a rank's error, which may hold brackets ("[.../pair.cc:553]").
+        cells = [Text(name), Text((labels or {}).get(name, "")), Text(view.state, style=styles.get(view.state, "white"))]
         if measured is not None:
-            cells += list(measured.get(name, ("-",) * len(MEASURED_HEADERS)))
+            cells += [Text(c) for c in measured.get(name, ("-",) * len(MEASURED_HEADERS))]
         if on_slurm:
-            cells += [view.job_key or "-", view.slurm_state or "-"]
-        table.add_row(*cells, view.reason or "")
+            cells += [Text(view.job_key or "-"), Text(view.slurm_state or "-")]
+        table.add_row(*cells, Text(view.reason or ""))
     bar = ProgressBar(total=max(len(active), 1), completed=done, width=50)
     summary = Table.grid(padding=(0, 1))
-    summary.add_row(bar, f"{one_line(views)}")
+    summary.add_row(bar, Text(one_line(views)))
     Console(width=200).print(Group(table, summary))

@@ -146,6 +146,7 @@ def print_plan_table(points: Sequence[PlannedPoint], console: Any = None) -> Non
     from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
     columns = table_columns(points)
@@ -155,12 +156,12 @@ def print_plan_table(points: Sequence[PlannedPoint], console: Any = None) -> Non
     worlds = _world_sizes(points)
     title = (f"{len(points)} layout(s)" + (f" on {worlds.pop()} ranks" if len(worlds) == 1 else "") + ": "
              + ", ".join(f"{counts[k]} {k}" for k in FIT_ORDER if k in counts))
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
+    table = Table(title=Text(title, style="table.title"), box=box.SIMPLE_HEAD, show_edge=False)
     for index, column_width in widths.items():
         table.add_column(columns[index][0], no_wrap=True, overflow="ellipsis", width=column_width,
                          justify="left" if index < 2 or index == len(columns) - 1 else "right")
     for row in cells:
-        table.add_row(*(row[index] for index in widths))
+        table.add_row(*(Text(row[index]) for index in widths))
     console.print(table)
 
 

@@ -322,13 +322,14 @@ def measured_cells(frame: pd.DataFrame) -> Dict[str, tuple]:
 def print_table(frame: pd.DataFrame, title: str = "") -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     columns = [c for c in TERMINAL_COLUMNS if c[0] in frame and (c[0] != "series" or frame["series"].nunique() > 1)]
-    table = Table(title=title or None)
+    table = Table(title=Text(title, style="table.title") if title else None)
     for _, header, _ in columns:
         table.add_column(header, overflow="fold", max_width=60 if header == "reason" else None)
-    for _, row in frame.iterrows():
-        table.add_row(*(_cell(row.get(column), fmt) for column, _, fmt in columns))
+    for _, row in frame.iterrows():  # Text, not markup: cells quote run names and ranks' errors
+        table.add_row(*(Text(_cell(row.get(column), fmt)) for column, _, fmt in columns))
     Console(width=240).print(table)
 
 
@@ -351,11 +352,12 @@ def print_rows(rows: List[Dict[str, Any]], title: str = "") -> None:
     """Any list of uniform dicts as a terminal table (used by `harness plan`)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title or None)
+    table = Table(title=Text(title, style="table.title") if title else None)
     columns = list(rows[0]) if rows else []
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*(_cell(row.get(column)) for column in columns))
+        table.add_row(*(Text(_cell(row.get(column))) for column in columns))
     Console(width=240).print(table)
