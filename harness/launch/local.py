@@ -19,16 +19,12 @@ from harness.launch.run_lock import RunLock, live_holder
 from harness.launch.watchdog import EXIT_TIMEOUT
 from harness.rundir import (
     COMPLETED,
-    CORRUPT,
     FAILED,
     LAUNCH_LOG,
     OOM,
     RUNNING,
     TIMEOUT,
-    CorruptFile,
-    error_file,
     metrics_written,
-    read_errors,
     read_status,
     state_from_files,
     write_status,
@@ -89,38 +85,17 @@ def classify(run_dir: Path, returncode: Optional[int], oom_kills: int = 0) -> Tu
         return TIMEOUT, read_status(run_dir).reason or "local time limit reached (launcher.timeout_s)"
     if returncode == 0 and metrics_written(run_dir):
         return COMPLETED, ""
-    first = first_failure(run_dir)
-    if first is not None:
-        return first
-    # A non-zero exit after metrics.json is still a failure here (the launcher saw a rank die).
-    from_files = state_from_files(run_dir, metrics_count=returncode == 0)
+    # The ranks' records, root cause first. A non-zero exit after metrics.json is still a failure here
+    # (the launcher saw a rank die). A rank killed by a signal writes nothing itself: the watchdog writes
+    # its record, dated when the rank was last seen alive, so it sorts before its peers' "connection closed
+    # by peer" that its death caused.
+    from_files = state_from_files(run_dir, metrics_count=False)
     if from_files is not None:
         return from_files
     written = "after writing metrics.json" if metrics_written(run_dir) else "and no metrics.json"
     how = f"launcher exited with code {returncode} {written}"
     oom = host_oom(KillEvidence(exit_code=returncode, cgroup_oom_kills=oom_kills))
     return (OOM, f"{oom}; {how}") if oom else (FAILED, f"{how} (see {LOG_FILE})")
-
-
-def first_failure(run_dir: Path) -> Optional[Tuple[str, str]]:
-    """The root cause among the ranks' error records: an out-of-memory record, else the earliest one.
-
-    A rank killed by a signal writes nothing; the watchdog writes its record, dated when the rank was last
-    seen alive, so it sorts before its peers' "connection closed by peer" that its death caused.
-    """
-    try:
-        errors = read_errors(run_dir)
-    except CorruptFile as error:
-        return CORRUPT, f"corrupt run directory: {error}"
-    if not errors:
-        return None
-    when = {error.rank: (run_dir / error_file(error.rank)).stat().st_mtime for error in errors}
-    # Ranks last seen alive in the same sample tie; the launcher's SIGTERM of the survivors comes after.
-    cleanup = {"SIGTERM": 2, "killed": 1}
-    ordered = sorted(errors, key=lambda error: (not error.out_of_memory, when[error.rank],
-                                                cleanup.get(error.type, 0), error.rank))
-    root = ordered[0]
-    return (OOM if root.out_of_memory else FAILED), root.reason()
 
 
 def _run_watched(run_dir: Path, argv: List[str], env: Dict[str, str], timeout_s: int) -> int:

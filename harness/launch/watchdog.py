@@ -22,7 +22,16 @@ from typing import Dict, List, Optional
 import psutil
 
 from harness.launch.oom import KillEvidence, cgroup_oom_kills, host_oom
-from harness.rundir import CANCELLED, LAUNCH_LOG, TIMEOUT, RankError, error_file, write_json, write_status
+from harness.rundir import (
+    CANCELLED,
+    LAUNCH_LOG,
+    TIMEOUT,
+    RankError,
+    error_file,
+    fatal_report_file,
+    write_json,
+    write_status,
+)
 from harness.runtime.lifecycle import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
 # Exit codes the harness reads back (beside the launcher's own, which is passed through).
@@ -131,7 +140,7 @@ def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int,
     for seen in gone:
         path = run_dir / error_file(seen.rank)
         status = seen.exit_status
-        if path.exists() or (status is not None and os.WIFEXITED(status)):
+        if path.exists() or (status is not None and os.WIFEXITED(status)) or _reported_fatal(run_dir, seen.rank):
             continue
         signum = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
         name = signal.Signals(signum).name if signum else "killed"
@@ -143,6 +152,14 @@ def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int,
         message = f"{how}{evidence}" + (f"; {oom}" if oom else "")
         write_json(path, RankError(seen.rank, name, message, oom is not None).to_dict())
         os.utime(path, (seen.last_alive, seen.last_alive))
+
+
+def _reported_fatal(run_dir: Path, rank: int) -> bool:
+    """The rank wrote its own fatal-signal report (harness.runtime.fatal_report): it says more than ours."""
+    try:
+        return (run_dir / fatal_report_file(rank)).stat().st_size > 0
+    except OSError:
+        return False
 
 
 def supervise(run_dir: Path, harness_pid: int, timeout_s: float, argv: List[str]) -> int:

@@ -203,7 +203,7 @@ def _footer(frame: pd.DataFrame, roots: Sequence[Path]) -> str:
              "Memory measured: per rank, parameters + gradients + optimizer states + saved activations (the "
              "largest rank), and the device allocator's peak where there is one (CUDA).",
              "Read from each run directory's status.json, config.json, plan.json, metrics.json and "
-             "errors/rank*.json only.",
+             "errors/rank*.json / rank*.fatal only.",
              "Sweep directories: " + ", ".join(str(r) for r in roots) + "."]
     return "<footer>" + "".join(f"<p>{escape(item)}</p>" for item in items) + "</footer>"
 

@@ -11,7 +11,7 @@ PLAN_FILE = "plan.json"  # the planner's verdict and prediction
 RENDERED_FILE = "rendered.json"  # the launch command the engine rendered (read back by resume)
 STATUS_FILE = "status.json"  # the run's state; its presence makes a directory a run directory
 METRICS_FILE = "metrics.json"  # the measurement (rank 0), written once the run completed
-ERRORS_DIR = "errors"  # one record per failing rank: errors/rank<N>.json
+ERRORS_DIR = "errors"  # one record per failing rank: errors/rank<N>.json (or rank<N>.fatal)
 LAUNCH_LOG = "launch.log"  # the local launcher's combined output
 WANDB_DIR = "wandb"  # every W&B file of the run stays below here
 JOB_SCRIPT = "job.sbatch"  # the Slurm batch script of the run
@@ -40,6 +40,11 @@ WANDB_REPORT_URL = "wandb_report.url"  # where a published report lives
 def error_file(rank: int) -> str:
     """The error record of one rank, relative to the run directory."""
     return f"{ERRORS_DIR}/rank{rank}.json"
+
+
+def fatal_report_file(rank: int) -> str:
+    """Where a rank's faulthandler writes its Python stack if a fatal signal (SIGSEGV, SIGABRT...) kills it."""
+    return f"{ERRORS_DIR}/rank{rank}.fatal"
 
 
 def slurm_log(job: str) -> str:

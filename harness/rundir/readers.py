@@ -59,19 +59,56 @@ def read_metrics(run_dir: PathLike) -> Optional[RunResult]:
 
 
 def read_errors(run_dir: PathLike) -> List[RankError]:
-    """The failing ranks' records, by rank; CorruptFile when one is unreadable."""
+    """The failing ranks' records, by rank, each dated by its file; CorruptFile when one is unreadable.
+
+    A rank's own exception record (rank<N>.json) wins over its fatal-signal report (rank<N>.fatal), which
+    then only tells how the failing rank went down; an empty report is a rank that did not die that way."""
     folder = Path(run_dir) / ERRORS_DIR
-    paths = sorted(folder.glob("rank*.json"), key=lambda p: (len(p.name), p.name)) if folder.is_dir() else []
-    return [record for record in (_record(path, RankError.from_dict) for path in paths) if record is not None]
+    records: Dict[int, RankError] = {}
+    for path in sorted(folder.glob("rank*.fatal")) if folder.is_dir() else []:
+        rank = _rank_of(path)
+        try:
+            record = RankError.from_fatal_report(rank, path.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue  # removed by its rank as it ended normally
+        if record is not None:
+            records[rank] = _dated(record, path)
+    for path in sorted(folder.glob("rank*.json")) if folder.is_dir() else []:
+        record = _record(path, RankError.from_dict)
+        if record is not None:
+            records[record.rank] = _dated(record, path)
+    return [records[rank] for rank in sorted(records)]
+
+
+def _rank_of(path: Path) -> int:
+    try:
+        return int(path.stem.removeprefix("rank"))
+    except ValueError:
+        raise CorruptFile(path, "not named rank<N>") from None
+
+
+def _dated(record: RankError, path: Path) -> RankError:
+    try:
+        record.time = path.stat().st_mtime
+    except OSError:
+        pass
+    return record
+
+
+# Errors a launcher's cleanup causes after the root failure (the watchdog's names, harness.launch.watchdog):
+# they sort after a failure recorded at the same time.
+CLEANUP_ERRORS = {"SIGTERM": 2, "killed": 1}
 
 
 def rank_failure(errors: Sequence[RankError]) -> Optional[Tuple[RunState, str]]:
-    """What the ranks' error records say: an out-of-memory record wins (its peers' errors are consequences),
-    then the first failing rank."""
-    for error in errors:
-        if error.out_of_memory:
-            return OOM, error.reason()
-    return (FAILED, errors[0].reason()) if errors else None
+    """The root cause among the ranks' records: an out-of-memory record (its peers' errors are
+    consequences), else the earliest one (a rank's death makes its peers fail after it, "Connection closed
+    by peer"), cleanup after a failure last among records of the same time, then the lowest rank."""
+    if not errors:
+        return None
+    root = min(errors, key=lambda error: (not error.out_of_memory, error.time if error.time is not None else 0.0,
+                                          CLEANUP_ERRORS.get(error.type, 0), error.rank))
+    return (OOM if root.out_of_memory else FAILED), root.reason()
 
 
 def metrics_written(run_dir: PathLike) -> bool:

@@ -6,6 +6,7 @@ import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional
 
+from harness.rundir.files import fatal_report_file
 from harness.rundir.states import RunState
 
 SCHEMA_VERSION = 1
@@ -52,17 +53,39 @@ class Status:
         return cls(**known)
 
 
+# faulthandler's names of the fatal signals it reports (CPython Python/faulthandler.c).
+FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                 "Floating-point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
+FATAL_FRAMES = 3  # innermost frames of the crashing thread named in a fatal record's message
+
+
 @dataclass
 class RankError:
-    """errors/rank<N>.json: one failing rank's exception, so a failure is classified without reading logs."""
+    """errors/rank<N>.json: one failing rank's exception, so a failure is classified without reading logs.
+    `time`: when the record was written (its file's modification time), set by the reader, not stored."""
 
     rank: int
     type: str
     message: str
     out_of_memory: bool = False
+    time: Optional[float] = field(default=None, compare=False)
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        return {key: value for key, value in asdict(self).items() if key != "time"}
+
+    @classmethod
+    def from_fatal_report(cls, rank: int, text: str) -> Optional["RankError"]:
+        """The record of a rank that died of a fatal signal, from the stack faulthandler wrote as it died
+        (errors/rank<N>.fatal); None when the report is empty (the rank did not die that way)."""
+        lines = text.splitlines()
+        if not lines:
+            return None
+        what = lines[0].removeprefix("Fatal Python error: ").strip()
+        current = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), len(lines))
+        frames = [line.strip() for line in lines[current + 1:] if line.strip().startswith("File ")]
+        where = " < ".join(frames[:FATAL_FRAMES]) or "no Python frame in the crashing thread"
+        stacks = f"every thread's stack in {fatal_report_file(rank)}"
+        return cls(rank, FATAL_SIGNALS.get(what, "fatal error"), f"{what} ({stacks}) at {where}")
 
     @classmethod
     def from_exception(cls, rank: int, error: BaseException) -> "RankError":

@@ -36,6 +36,7 @@ from harness.rundir import (
     write_status,
 )
 from harness.runtime.data import micro_batches, token_source
+from harness.runtime.fatal_report import FatalReport
 from harness.runtime.lifecycle import die_with_parent
 from harness.runtime.meter import (
     SavedActivationMeter,
@@ -260,12 +261,14 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
 def main() -> int:
     die_with_parent()
     run_dir = Path(sys.argv[1])
-    try:
-        return run(run_dir)
-    except BaseException as error:
-        traceback.print_exc()
-        write_error(run_dir, int(os.environ.get("RANK", "0")), error)
-        raise
+    rank = int(os.environ.get("RANK", "0"))
+    with FatalReport(run_dir, rank):
+        try:
+            return run(run_dir)
+        except BaseException as error:
+            traceback.print_exc()
+            write_error(run_dir, rank, error)
+            raise
 
 
 def exit_without_teardown(code: int) -> None:

@@ -1,7 +1,8 @@
 """A rank of a fake training job started by the real torchrun: no torch work, just the shapes of failure.
 
-Every rank writes its pid to pids/rank<N> and sleeps. Rank 0 watches rank 1 and, when it disappears, fails
-the way a gloo collective does when its peer dies ("Connection closed by peer"), writing its error record.
+Every rank arms its fatal-signal report as the real ranks do, writes its pid to pids/rank<N> and sleeps.
+Rank 0 watches rank 1 and, when it disappears, fails the way a gloo collective does when its peer dies
+("Connection closed by peer"), writing its error record.
 """
 
 import os
@@ -10,9 +11,11 @@ import time
 from pathlib import Path
 
 from harness.rundir import write_error
+from harness.runtime.fatal_report import FatalReport
 
 run_dir = Path(sys.argv[1])
 rank = int(os.environ["RANK"])
+FatalReport(run_dir, rank).arm()  # disarmed by no one: a rank that exits leaves an empty report
 pids = run_dir / "pids"
 pids.mkdir(exist_ok=True)
 (pids / f"rank{rank}").write_text(str(os.getpid()))

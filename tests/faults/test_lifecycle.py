@@ -15,7 +15,7 @@ from harness.engines.rendered import RenderedRun
 from harness.launch.local import launch_local
 from harness.launch.run_lock import LOCK_FILE, RunLock, live_holder
 from harness.launch.watchdog import RankSeen, record_signal_deaths
-from harness.rundir import read_errors, read_status
+from harness.rundir import rank_failure, read_errors, read_status
 from tests.faults.procs import fake_job, running, wait_for_ranks, wait_until_gone
 
 HARNESS = "import sys; from pathlib import Path; from harness.engines.rendered import RenderedRun; " \
@@ -60,6 +60,26 @@ def test_kill9_of_one_rank_names_that_rank_not_its_peer(fake_run):
     # Rank 0's own record (the peer's symptom) is kept, but it is not the reason.
     assert {error.rank for error in read_errors(fake_run)} == {0, 1}
     assert read_status(fake_run).reason == reason
+    assert wait_until_gone(ranks, timeout_s=10) == []
+
+
+def test_a_rank_killed_by_sigsegv_is_named_with_its_stack_not_its_peer(fake_run):
+    """faulthandler's report (errors/rank1.fatal, written as the rank dies) is the rank's record, so the
+    reason is the same whether the local watchdog saw the death or not (a Slurm job has no watchdog)."""
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(out=launch_local(fake_job(fake_run), 120, {})))
+    worker.start()
+    ranks = wait_for_ranks(fake_run)
+    time.sleep(1.0)
+    os.kill(ranks[1], signal.SIGSEGV)
+    worker.join(timeout=90)
+    state, reason = result["out"]
+    assert state == "FAILED", reason
+    assert reason.startswith("rank 1: SIGSEGV: Segmentation fault (every thread's stack in errors/rank1.fatal) at "
+                             'File "'), reason
+    assert "fake_rank.py" in reason, reason
+    assert not (fake_run / "errors" / "rank1.json").exists()  # the watchdog left the rank's own record
+    assert rank_failure(read_errors(fake_run)) == ("FAILED", reason)
     assert wait_until_gone(ranks, timeout_s=10) == []
 
 
