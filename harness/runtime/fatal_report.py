@@ -5,7 +5,8 @@ nothing else records how it ended: its peers then fail with "Connection closed b
 would be named the cause. faulthandler writes every thread's Python stack, async-signal-safely, into a
 file opened here before the run starts; the file is errors/rank<N>.fatal, dated when the rank died, and the
 run directory's reader turns it into the rank's record (harness.rundir.records.RankError.from_fatal_report).
-A rank that ends any other way removes the empty file.
+A rank that returns or raises removes the empty file; one killed by SIGTERM or SIGKILL leaves it empty, and
+the reader ignores an empty report.
 """
 
 from __future__ import annotations
