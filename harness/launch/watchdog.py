@@ -28,7 +28,7 @@ from harness.rundir import (
     TIMEOUT,
     RankError,
     error_file,
-    fatal_report_file,
+    read_fatal_report,
     write_json,
     write_status,
 )
@@ -140,8 +140,10 @@ def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int,
     for seen in gone:
         path = run_dir / error_file(seen.rank)
         status = seen.exit_status
-        if path.exists() or (status is not None and os.WIFEXITED(status)) or _reported_fatal(run_dir, seen.rank):
+        if path.exists() or (status is not None and os.WIFEXITED(status)):
             continue
+        if read_fatal_report(run_dir, seen.rank) is not None:
+            continue  # the rank wrote its own stack as the signal killed it (harness.runtime.fatal_report)
         signum = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
         name = signal.Signals(signum).name if signum else "killed"
         oom = host_oom(KillEvidence(signal=signum, cgroup_oom_kills=oom_kills, host_available=seen.available,
@@ -152,14 +154,6 @@ def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int,
         message = f"{how}{evidence}" + (f"; {oom}" if oom else "")
         write_json(path, RankError(seen.rank, name, message, oom is not None).to_dict())
         os.utime(path, (seen.last_alive, seen.last_alive))
-
-
-def _reported_fatal(run_dir: Path, rank: int) -> bool:
-    """The rank wrote its own fatal-signal report (harness.runtime.fatal_report): it says more than ours."""
-    try:
-        return (run_dir / fatal_report_file(rank)).stat().st_size > 0
-    except OSError:
-        return False
 
 
 def supervise(run_dir: Path, harness_pid: int, timeout_s: float, argv: List[str]) -> int:

@@ -12,6 +12,7 @@ from harness.rundir.readers import (  # noqa: F401
     metrics_written,
     rank_failure,
     read_errors,
+    read_fatal_report,
     read_metrics,
     read_run,
     read_status,

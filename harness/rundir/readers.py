@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from harness.rundir.files import CONFIG_FILE, ERRORS_DIR, METRICS_FILE, PLAN_FILE, STATUS_FILE
+from harness.rundir.files import CONFIG_FILE, ERRORS_DIR, METRICS_FILE, PLAN_FILE, STATUS_FILE, fatal_report_file
 from harness.rundir.records import RankError, RecordError, RunResult, Status
 from harness.rundir.states import COMPLETED, CORRUPT, FAILED, OOM, RunState
 
@@ -66,18 +66,25 @@ def read_errors(run_dir: PathLike) -> List[RankError]:
     folder = Path(run_dir) / ERRORS_DIR
     records: Dict[int, RankError] = {}
     for path in sorted(folder.glob("rank*.fatal")) if folder.is_dir() else []:
-        rank = _rank_of(path)
-        try:
-            record = RankError.from_fatal_report(rank, path.read_text(encoding="utf-8", errors="replace"))
-        except OSError:
-            continue  # removed by its rank as it ended normally
+        record = read_fatal_report(run_dir, _rank_of(path))
         if record is not None:
-            records[rank] = _dated(record, path)
+            records[record.rank] = record
     for path in sorted(folder.glob("rank*.json")) if folder.is_dir() else []:
         record = _record(path, RankError.from_dict)
         if record is not None:
             records[record.rank] = _dated(record, path)
     return [records[rank] for rank in sorted(records)]
+
+
+def read_fatal_report(run_dir: PathLike, rank: int) -> Optional[RankError]:
+    """A rank's fatal-signal report as its record, dated; None while it is empty or once it is removed
+    (the rank did not die of a fatal signal)."""
+    path = Path(run_dir) / fatal_report_file(rank)
+    try:
+        record = RankError.from_fatal_report(rank, path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+    return _dated(record, path) if record is not None else None
 
 
 def _rank_of(path: Path) -> int:
