@@ -200,6 +200,7 @@ def standin_point(flags: List[str], overrides: List[str]) -> Optional[List[str]]
 def run_command(args: List[str]) -> int:
     import hydra
 
+    import harness.plan  # noqa: F401  (installs the model.init rule a stand-in follows: standin=cpu)
     from harness.config.compose import CONFIG_DIR, PRIMARY_CONFIG, SEARCHPATH_OVERRIDE, register_schemas
 
     register_schemas()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -22,6 +22,21 @@ PRIMARY_CONFIG = "config"
 SEARCHPATH_OVERRIDE = f"hydra.searchpath=[file://{REPO_ROOT}]"
 # `standin=cpu`: the CPU stand-in of the composed recipe (harness/config/standin.py).
 STANDIN_KEY, STANDIN_CHOICES = "standin", ("cpu",)
+# How a composed recipe's ranks build its model (`full` or `meta`: model.init with `auto` decided at the
+# recipe's own size), which its stand-in follows. The rule is the planner's
+# (harness.plan.construction.resolved_model_init); the planner, a layer above this one, installs it when
+# it is imported (harness/plan/__init__.py).
+_MODEL_INIT_RULE: List[Callable[[RunConfig], str]] = []
+
+
+def install_model_init_rule(rule: Callable[[RunConfig], str]) -> None:
+    _MODEL_INIT_RULE[:] = [rule]
+
+
+def recipe_model_init(cfg: RunConfig) -> str:
+    if not _MODEL_INIT_RULE:
+        raise RuntimeError("standin=cpu needs the planner's model.init rule: import harness.plan first")
+    return _MODEL_INIT_RULE[0](cfg)
 
 
 def register_schemas() -> None:
@@ -65,7 +80,7 @@ def expand_standin(overrides: List[str]) -> List[str]:
     recipes = [text.split("=", 1)[1] for text in before if text.startswith("recipes=")]
     cfg = to_run_config(compose_config(before))
     recipe = recipes[-1] if recipes else f"{cfg.engine.name}/{cfg.layout.name}"
-    return [*before, *make_standin(recipe, cfg).overrides, *after]
+    return [*before, *make_standin(recipe, cfg, recipe_model_init(cfg)).overrides, *after]
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

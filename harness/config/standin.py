@@ -4,14 +4,18 @@ The stand-in keeps the recipe's engine, launcher, parallel axes, pipeline schedu
 uneven stage split, ZeRO stage, offload, activation checkpointing and precision (bf16 runs on CPU), and
 runs through the same Slurm job template on the local cluster of slurm/local (2 nodes of 4 CPUs and
 8 GiB: slurm/local/slurm.conf.in). What CPU cannot execute is named in `not_executed`, never dropped
-silently. Pure: no torch, no Hydra, no I/O.
+silently. It builds the model the way the recipe resolves `model.init` (on the meta device where the
+recipe does, `auto` decided at the recipe's own size). Every field where its resolved config departs from
+the recipe's is either a shrink field (SHRINK_FIELDS) or named by one of its `gaps`, and
+tests/unit/config/test_standin_fidelity.py holds every GPU recipe to that. Pure: no torch, no Hydra, no I/O.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from fnmatch import fnmatchcase
+from typing import Any, Dict, List, Mapping, Tuple
 
 # The local Slurm cluster of slurm/local/up.sh: two virtual nodes, 4 CPUs each (one rank per CPU).
 STANDIN_NODES, CPUS_PER_NODE = 2, 4
@@ -21,6 +25,34 @@ MAX_RANKS = STANDIN_NODES * CPUS_PER_NODE
 # took 2 s per 64-token forward and backward on one core), so the widths stay at the smallest that splits.
 HEAD_DIM, VOCAB, SEQ_LEN, STEPS = 8, 256, 64, 2
 AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
+# The hf_config keys tiny_model shrinks (widths, depth, vocabulary, expert count).
+TINY_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size",
+             "head_dim", "vocab_size", "num_local_experts", "num_experts", "moe_intermediate_size")
+# What a stand-in shrinks by construction, as patterns over the dotted keys of a resolved config (the
+# RunConfig with model.init resolved): the size a CPU cluster forces, nothing the engine decides. Any other
+# field that differs from the recipe's must be named by one of the stand-in's gaps (its not_executed list).
+# - cluster.*, launcher.*: the local Slurm cluster (slurm/local) and its launcher. What the engines render
+#   differently for its `cpu` accelerator is compared apart (resolved_departures) and must be named too.
+# - the parallel degrees: the smallest degree that still splits (standin_degree). A degree is a shrink
+#   only while the axis keeps splitting (or stays unsplit): an axis that stops or starts splitting is a gap.
+# - the batch (seq_len, micro_batch, grad_accum), the uneven stage split, the model's widths and depth
+#   (TINY_KEYS), the steps, and the names and the stand-in record itself.
+DEGREE_FIELDS = tuple(f"layout.{axis}" for axis in AXES)
+SHRINK_FIELDS = (
+    "cluster.*", "launcher.*", *DEGREE_FIELDS,
+    "layout.pp_stage_layers", "layout.seq_len", "layout.micro_batch", "layout.grad_accum", "layout.name",
+    "model.name", "model.hub_id", *[f"model.hf_config.{key}" for key in TINY_KEYS],
+    "bench.warmup_steps", "bench.steps", "sweep_name", "standin.*",
+)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One thing the stand-in does not execute: why (`text`, printed and recorded with the metrics) and the
+    keys of the resolved config where that shows (`fields`; none where it shows only at run time)."""
+
+    text: str
+    fields: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -32,11 +64,15 @@ class Standin:
     degrees: Dict[str, int]
     nodes: int
     ranks_per_node: int
-    not_executed: List[str] = field(default_factory=list)
+    gaps: List[Gap] = field(default_factory=list)
 
     @property
     def world(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def not_executed(self) -> List[str]:
+        return [gap.text for gap in self.gaps]
 
 
 def standin_degree(degree: int) -> int:
@@ -44,7 +80,7 @@ def standin_degree(degree: int) -> int:
     return 2 if degree > 1 else 1
 
 
-def standin_degrees(layout: Any, engine: str) -> Tuple[Dict[str, int], List[str]]:
+def standin_degrees(layout: Any, engine: str) -> Tuple[Dict[str, int], List[Gap]]:
     """Every axis at its smallest splitting degree; the axes a library refuses on CPU are named."""
     degrees = {axis: standin_degree(getattr(layout, axis)) for axis in AXES}
     missing = []
@@ -52,13 +88,22 @@ def standin_degrees(layout: Any, engine: str) -> Tuple[Dict[str, int], List[str]
         # The cp ranks shard parameters with the data axis (FSDP over dp_shard x cp): they stay as
         # dp_shard ranks, so the world and the sharding are kept; ring attention itself is CUDA-only.
         degrees["cp"], degrees["dp_shard"] = 1, degrees["dp_shard"] * 2
-        missing.append(f"cp={layout.cp} context-parallel ring attention (torch has no CPU sharding rule for "
-                       "SDPA); its ranks run as FSDP data-parallel shards")
+        missing.append(Gap(f"cp={layout.cp} context-parallel ring attention (torch has no CPU sharding rule for "
+                           "SDPA); its ranks run as FSDP data-parallel shards", ("layout.cp", "layout.dp_shard")))
     if degrees["tp"] > 1 and engine == "fsdp":
         degrees["tp"] = 1
-        missing.append(f"tp={layout.tp} through Accelerate's ParallelismConfig (Accelerate refuses a MULTI_CPU "
-                       "state); the FSDP data axis runs")
+        missing.append(Gap(f"tp={layout.tp} through Accelerate's ParallelismConfig (Accelerate refuses a "
+                           "MULTI_CPU state); the FSDP data axis runs", ("layout.tp",)))
     return degrees, missing
+
+
+def standin_layout_name(degrees: Dict[str, int], recipe_layout: str) -> str:
+    """The degrees the stand-in runs, then the layout it stands in for: `tp2_pp2_dp2-standin-of-nd_tp8_pp4`
+    (one rank: `1rank-standin-of-...`). Short axis names as in run labels (harness.config.naming)."""
+    short = {"dp_replicate": "rep", "dp_shard": "dp"}
+    split = [f"{short.get(axis, axis)}{degrees[axis]}" for axis in ("tp", "pp", "cp", "ep", "dp_replicate",
+                                                                      "dp_shard") if degrees[axis] > 1]
+    return f"{'_'.join(split) or '1rank'}-standin-of-{recipe_layout}"
 
 
 def world_of(degrees: Dict[str, int]) -> int:
@@ -119,17 +164,51 @@ def pipeline_micro_batches(schedule: str, pp: int) -> int:
     return 2 * pp if schedule == "DualPipeV" else pp
 
 
-def precision_of(precision: str) -> Tuple[str, List[str]]:
+def precision_of(precision: str) -> Tuple[str, List[Gap]]:
     if precision == "fp16":
-        return "fp32", ["precision=fp16 (CPU kernels have no fp16 training path); runs fp32"]
+        return "fp32", [Gap("precision=fp16 (CPU kernels have no fp16 training path); runs fp32",
+                            ("layout.precision",))]
     return precision, []
 
 
-def common_not_executed(cluster_accelerator: str) -> List[str]:
-    """What no CPU run executes, whatever the layout."""
-    return ["NCCL collectives (gloo carries the same collectives on CPU)",
-            f"CUDA memory statistics (state and activation bytes are measured exactly; the "
-            f"{cluster_accelerator} allocator's reserved and peak figures are not)"]
+def common_not_executed(cluster_accelerator: str) -> List[Gap]:
+    """What no CPU run executes, whatever the layout: the device, as the engines render it (nd's mesh,
+    DeepSpeed's accelerator), and its allocator."""
+    return [Gap("NCCL collectives on CUDA devices (ranks compute on the CPU and gloo carries the same "
+                "collectives)", ("nd_plan.json:mesh.device_type", "env.DS_ACCELERATOR")),
+            Gap(f"CUDA memory statistics (state and activation bytes are measured exactly; the "
+                f"{cluster_accelerator} allocator's reserved and peak figures are not)")]
+
+
+def engine_not_executed(cfg: Any, model_init: str) -> List[Gap]:
+    """What an engine does otherwise on a CPU accelerator: in the files it renders (harness/engines) and at
+    run time, and the options a CPU stand-in turns off itself."""
+    layout, engine = cfg.layout, cfg.engine
+    gaps = []
+    if engine.name == "nd" and model_init == "meta":
+        # torch.distributed.tensor._random: the offset-based tracker exists for CUDA-like meshes only
+        # (is_rng_supported_mesh); harness/engines/materialize.py seeds every rank alike either way.
+        gaps.append(Gap("DTensor's offset-based RNG tracker in the sharded random init (CUDA meshes only: on a "
+                        "CPU mesh each shard draws the same local stream, so shards repeat values; allocation "
+                        "and initialisation of the local shards run)"))
+    if engine.name == "deepspeed" and layout.zero_stage >= 2:
+        # deepspeed/accelerator/cpu_accelerator.py: Stream() is None, stream() a no-op context.
+        gaps.append(Gap("DeepSpeed overlap_comm (the gradient reduction on a side CUDA stream during backward; "
+                        "the CPU accelerator has no streams: it reduces in line)",
+                        ("ds_config.json:zero_optimization.overlap_comm",)))
+    offloaded = [key for key, target in (("offload_optimizer", layout.offload_optimizer),
+                                         ("offload_param", layout.offload_params)) if target != "none"]
+    if offloaded and engine.name == "deepspeed":
+        gaps.append(Gap("page-locked (pinned) host buffers of the offloaded states, DeepSpeed pin_memory "
+                        "(nothing is page-locked without a CUDA device)",
+                        tuple(f"ds_config.json:zero_optimization.{key}.pin_memory" for key in offloaded)))
+    elif offloaded:
+        gaps.append(Gap("page-locked (pinned) host buffers of the offloaded states, FSDP2 CPUOffloadPolicy "
+                        "pin_memory (nothing is page-locked without a CUDA device)"))
+    if getattr(engine, "compiled_ops", False):
+        gaps.append(Gap("DeepSpeed's compiled CPU Adam (a JIT build of minutes); torch's AdamW steps the same "
+                        "offloaded optimizer states", ("engine.compiled_ops",)))
+    return gaps
 
 
 def standin_banner(of: str, not_executed: List[str]) -> str:
@@ -138,8 +217,9 @@ def standin_banner(of: str, not_executed: List[str]) -> str:
                       *[f"[standin]   - {item}" for item in not_executed]])
 
 
-def make_standin(recipe: str, cfg: Any) -> Standin:
-    """The stand-in of a composed recipe `cfg` (a RunConfig)."""
+def make_standin(recipe: str, cfg: Any, model_init: str) -> Standin:
+    """The stand-in of a composed recipe `cfg` (a RunConfig) whose model.init resolves to `model_init`
+    (`full` or `meta`, decided at the recipe's size: a tiny model would resolve `auto` to `full`)."""
     layout, engine = cfg.layout, cfg.engine.name
     degrees, missing = standin_degrees(layout, engine)
     world = world_of(degrees)
@@ -155,27 +235,53 @@ def make_standin(recipe: str, cfg: Any) -> Standin:
         "layout.micro_batch": min(layout.micro_batch, 2),
         "layout.grad_accum": pipeline_micro_batches(layout.pp_schedule, degrees["pp"]) if pipelined
         else min(layout.grad_accum, 2),
-        "layout.name": f"{layout.name}-standin",
+        "layout.name": standin_layout_name(degrees, layout.name),
     }
     model = tiny_model(cfg.model.hf_config, degrees, layers_needed(layout, degrees, split))
     overrides = [
         "cluster=local_slurm", "launcher=slurm_local",
         f"cluster.nodes={nodes}", f"cluster.accelerators_per_node={per_node}",
-        f"model.name={cfg.model.name}_standin", "model.hub_id=null",
+        f"model.name={cfg.model.name}_standin", "model.hub_id=null", f"model.init={model_init}",
         *[f"model.hf_config.{key}={json.dumps(value)}" for key, value in sorted(model.items())
           if value != cfg.model.hf_config.get(key)],
         *[f"{key}={json.dumps(value)}" for key, value in layout_overrides.items()],
         "bench.warmup_steps=2", f"bench.steps={STEPS}",
         f"sweep_name={cfg.sweep_name}-standin",
     ]
-    not_executed = [*missing, *precision_missing, *common_not_executed(cfg.cluster.accelerator)]
     if getattr(cfg.engine, "compiled_ops", False):
         # DeepSpeed JIT-builds its CPU Adam on first use: minutes of compiling on every fresh machine.
         overrides.append("engine.compiled_ops=false")
-        not_executed.append("DeepSpeed's compiled CPU Adam (a JIT build of minutes); torch's AdamW steps the same "
-                            "offloaded optimizer states")
+    gaps = [*missing, *precision_missing, *engine_not_executed(cfg, model_init),
+            *common_not_executed(cfg.cluster.accelerator)]
     if engine == "megatron_lm":
-        not_executed.insert(0, "Megatron-LM training (export only: its generated script runs as far as "
-                               "Megatron's own argument and config validation)")
-    overrides += [f"standin.of={recipe}", f"standin.not_executed={json.dumps(not_executed)}"]
-    return Standin(recipe, overrides, degrees, nodes, per_node, not_executed)
+        gaps.insert(0, Gap("Megatron-LM training (export only: its generated script runs as far as "
+                           "Megatron's own argument and config validation)"))
+    overrides += [f"standin.of={recipe}", f"standin.not_executed={json.dumps([gap.text for gap in gaps])}"]
+    return Standin(recipe, overrides, degrees, nodes, per_node, gaps)
+
+
+def is_shrink(key: str, recipe_value: Any, standin_value: Any) -> bool:
+    """A difference SHRINK_FIELDS allows: a degree while the axis keeps (not) splitting, any other field
+    matching one of the patterns."""
+    if key in DEGREE_FIELDS:
+        return isinstance(recipe_value, int) and isinstance(standin_value, int) and \
+            (recipe_value > 1) == (standin_value > 1)
+    return any(fnmatchcase(key, pattern) for pattern in SHRINK_FIELDS)
+
+
+def unlisted_differences(recipe: Mapping[str, Any], standin: Mapping[str, Any], gaps: List[Gap]) -> List[str]:
+    """The keys of two flat resolved configs that differ and that neither SHRINK_FIELDS nor a gap names,
+    as `key: recipe value -> stand-in value` lines."""
+    named = {name for gap in gaps for name in gap.fields}
+    missing = object()
+    return [f"{key}: {recipe.get(key)!r} -> {standin.get(key)!r}" for key in sorted({*recipe, *standin})
+            if recipe.get(key, missing) != standin.get(key, missing) and key not in named
+            and not is_shrink(key, recipe.get(key), standin.get(key))]
+
+
+def unfounded_gaps(recipe: Mapping[str, Any], standin: Mapping[str, Any], gaps: List[Gap]) -> List[str]:
+    """The fields gaps name where the two resolved configs agree: not_executed must not list what runs.
+    A gap's field absent from both (another engine's file) is not a claim about this recipe."""
+    missing = object()
+    return [name for gap in gaps for name in gap.fields if (name in recipe or name in standin)
+            and recipe.get(name, missing) == standin.get(name, missing)]

@@ -4,8 +4,9 @@ materialising only its own share (models whose full fp32 copy per local rank wou
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Tuple
+from typing import Any, Tuple
 
+from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.support import ENGINE_SUPPORT
 
 GIB = 2**30
@@ -45,6 +46,13 @@ def model_init_mode(engine: str, zero_stage: int, requested: str, total_params: 
             offload_params == "nvme" or _crowds_host(total_params, ranks_per_node, host_memory_gib)):
         return "meta"
     return "full"
+
+
+def resolved_model_init(cfg: Any) -> str:
+    """`full` or `meta` for a composed RunConfig: model_init_mode at its model's size, on its cluster."""
+    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    return model_init_mode(cfg.engine.name, cfg.layout.zero_stage, cfg.model.init, spec.total_params,
+                           cfg.cluster.accelerators_per_node, cfg.cluster.host_memory_gib, cfg.layout.offload_params)
 
 
 @lru_cache(maxsize=None)

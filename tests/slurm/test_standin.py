@@ -3,13 +3,19 @@ the recipe's own job template: COMPLETED, losses like one process, every rank's 
 
 The stand-ins are submitted at once, so Slurm runs them side by side on the two virtual nodes: one
 through `harness run` (a one-point submission, followed until its job ends) and the others as one
-`harness sweep` (one array per resource shape). Each test then reads its run directory.
+`harness sweep` (one array per resource shape). Each test then reads its run directory. Only the selected
+tests' stand-ins are submitted (`-k gpu_llama70b_nd` runs that one alone).
+
+Each stand-in builds its model as its recipe resolves model.init: the 70B, 405B and Mixtral nd recipes and
+the Qwen3 ZeRO-3 recipe on the meta device (nd_session allocates each rank's shards and initialises them as
+DTensors; DeepSpeed partitions inside zero.Init).
 
 The loss reference is plain torch in this process, as tests/integration does it: the same seeded model,
 every data-parallel rank's micro-batches as one batch, AdamW and clipping as the engines configure them,
 and bf16 by hand (fp32 master weights, a bf16 copy for forward and backward, fp32 gradients). A model
-built inside DeepSpeed's zero.Init (`model.init: meta`) draws different weights, so its losses are those
-of an initialised model on uniform tokens, ln(vocab), as tests/integration/test_meta_init.py checks.
+built on the meta device (`model.init: meta`: zero.Init, or nd's per-shard initialisation) draws different
+weights, so its losses are those of an initialised model on uniform tokens, ln(vocab), as
+tests/integration/test_meta_init.py checks.
 """
 
 from __future__ import annotations
@@ -49,31 +55,52 @@ def harness_popen(env, args, log: Path) -> subprocess.Popen:
                             stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
 
 
+def selected_recipes(session) -> list:
+    """The recipes of the tests this session runs (`harness run` covers BY_RUN, and its own test)."""
+    chosen = {item.callspec.params["recipe"] for item in session.items
+              if item.module.__name__ == __name__ and hasattr(item, "callspec") and "recipe" in item.callspec.params}
+    if any(item.name == "test_harness_run_prints_what_the_standin_does_not_execute" for item in session.items):
+        chosen.add(BY_RUN)
+    return sorted(chosen)
+
+
 @pytest.fixture(scope="module")
-def standins(slurm_cluster, tmp_path_factory) -> dict:
-    """{recipe: run directory}, every stand-in settled; the harness commands' output beside them."""
+def standins(slurm_cluster, tmp_path_factory, request) -> dict:
+    """{recipe: run directory}, every selected stand-in settled; the harness commands' output beside them."""
     results = tmp_path_factory.mktemp("standin")
     env = dict(slurm_cluster)
-    swept = [r for r in RECIPES if r != BY_RUN]
+    recipes = selected_recipes(request.session)
+    swept = [r for r in recipes if r != BY_RUN]
     start = time.monotonic()
-    procs = {
-        "sweep": harness_popen(env, ["sweep", f"recipes={','.join(swept)}", "standin=cpu", *COMMON,
-                                     "sweep_name=standin", f"results_dir={results / 'sweep'}"], results / "sweep.log"),
-        "run": harness_popen(env, ["run", f"recipes={BY_RUN}", "standin=cpu", *COMMON,
-                                   f"results_dir={results / 'run'}"], results / "run.log"),
-    }
+    procs = {}
+    if swept:
+        procs["sweep"] = harness_popen(env, ["sweep", f"recipes={','.join(swept)}", "standin=cpu", *COMMON,
+                                             "sweep_name=standin", f"results_dir={results / 'sweep'}"],
+                                       results / "sweep.log")
+    if BY_RUN in recipes:
+        procs["run"] = harness_popen(env, ["run", f"recipes={BY_RUN}", "standin=cpu", *COMMON,
+                                           f"results_dir={results / 'run'}"], results / "run.log")
     for name, proc in procs.items():
         proc.wait(timeout=TIMEOUT_S)
         log = (results / f"{name}.log").read_text()
         assert proc.returncode == 0, f"harness {name} exited {proc.returncode}\n{log[-6000:]}"
-    print(f"\nstand-ins: {len(RECIPES)} recipes on Slurm in {time.monotonic() - start:.0f} s wall")
+    print(f"\nstand-ins: {len(recipes)} recipes on Slurm in {time.monotonic() - start:.0f} s wall")
     runs = {}
     for run_dir in sorted(p.parent for p in results.rglob("status.json")):
         recipe = json.loads((run_dir / "config.json").read_text())["standin"]["of"]
         runs[recipe] = run_dir
-    assert sorted(runs) == RECIPES
-    runs["_run_log"] = (results / "run.log").read_text()
+    assert sorted(runs) == recipes
+    if "run" in procs:
+        runs["_run_log"] = (results / "run.log").read_text()
     return runs
+
+
+def recipe_model_init(recipe: str) -> str:
+    """How the recipe itself builds its model (model.init resolved at its own size, on its own cluster)."""
+    from harness.config.compose import compose_run_config
+    from harness.plan.construction import resolved_model_init
+
+    return resolved_model_init(compose_run_config([f"recipes={recipe}"]))
 
 
 def reference(cfg, n_steps: int):
@@ -123,7 +150,10 @@ def test_standin_completes_and_trains_like_one_process(recipe, standins, record_
         assert {key: record.get(key, 0) for key in planned} == planned, f"rank {rank}"
     losses = measured["losses"]
     assert len(losses) == cfg.bench.warmup_steps + cfg.bench.steps
-    if json.loads((run_dir / "plan.json").read_text())["model_init"] == "meta":
+    # The stand-in builds the model as its recipe does (the nd recipes: meta, at their real size).
+    model_init = json.loads((run_dir / "plan.json").read_text())["model_init"]
+    assert model_init == recipe_model_init(recipe)
+    if model_init == "meta":
         assert losses == pytest.approx([math.log(cfg.model.hf_config["vocab_size"])] * len(losses),
                                        rel=META_INIT_RTOL)
         return

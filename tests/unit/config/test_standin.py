@@ -20,6 +20,8 @@ from harness.config.standin import (
     tiny_model,
 )
 from harness.engines import engine_module
+from harness.plan.construction import resolved_model_init
+from harness.plan.parallel_dims import ParallelDims
 from harness.plan.planner import make_plan
 
 GPU_RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes").glob("gpu_*.yaml"))
@@ -50,7 +52,7 @@ def test_tiny_model_keeps_the_gqa_ratio_and_enough_experts():
 @pytest.mark.parametrize("recipe", GPU_RECIPES)
 def test_every_gpu_recipe_has_a_valid_standin(recipe, tmp_path):
     cfg = compose_run_config([f"recipes={recipe}"])
-    standin = make_standin(recipe, cfg)
+    standin = make_standin(recipe, cfg, resolved_model_init(cfg))
     small = compose_run_config([f"recipes={recipe}", *standin.overrides])
     layout = small.layout
     # Same engine, launcher, schedule, virtual stages, ZeRO stage, offload, checkpointing, precision.
@@ -78,12 +80,22 @@ def test_every_gpu_recipe_has_a_valid_standin(recipe, tmp_path):
     assert not engine.check(small)[0]
 
 
+def test_the_layout_name_says_what_the_standin_runs_and_what_it_stands_in_for():
+    small = compose_run_config(["recipes=gpu_llama70b_nd_tp8_pp4", "standin=cpu"])
+    dims = ParallelDims.of(small.layout)
+    assert (small.layout.tp, small.layout.pp, dims.dp) == (2, 2, 2)
+    assert small.layout.name == "tp2_pp2_dp2-standin-of-nd_tp8_pp4_fsdp2"
+    one_rank = compose_run_config(["recipes=gpu_llama8b_zero3_offload_1gpu", "standin=cpu"])
+    assert one_rank.layout.name == "1rank-standin-of-zero3_offload_1gpu"
+
+
 # The switch: `standin=cpu` on the command line (run, plan, sweep: every composition goes through it).
 
 
 def test_the_switch_applies_the_standin_overrides_after_the_recipe():
     recipe = "gpu_llama70b_nd_tp8_pp4"
-    standin = make_standin(recipe, compose_run_config([f"recipes={recipe}"]))
+    cfg = compose_run_config([f"recipes={recipe}"])
+    standin = make_standin(recipe, cfg, resolved_model_init(cfg))
     expected = compose_run_config([f"recipes={recipe}", *standin.overrides])
     assert compose_run_config([f"recipes={recipe}", "standin=cpu"]) == expected
 
