@@ -32,7 +32,8 @@ TINY_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", 
 # RunConfig with model.init resolved): the size a CPU cluster forces, nothing the engine decides. Any other
 # field that differs from the recipe's must be named by one of the stand-in's gaps (its not_executed list).
 # - cluster.*, launcher.*: the local Slurm cluster (slurm/local) and its launcher. What the engines render
-#   differently for its `cpu` accelerator is compared apart (resolved_departures) and must be named too.
+#   differently for its `cpu` accelerator (the stand-in rendered as it is and with the recipe's accelerator,
+#   tests/unit/config/test_standin_fidelity.py) must be named too.
 # - the parallel degrees: the smallest degree that still splits (standin_degree). A degree is a shrink
 #   only while the axis keeps splitting (or stays unsplit): an axis that stops or starts splitting is a gap.
 # - the batch (seq_len, micro_batch, grad_accum), the uneven stage split, the model's widths and depth
