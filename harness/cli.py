@@ -116,6 +116,13 @@ _VALUED_WITH_EQUALS = {"--shell-completion", "-sc"}
 # starting with `-` is refused before Hydra starts.
 HYDRA_FLAGS = _VALUED_FLAGS | {"--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r",
                                "--multirun", "-m"}
+# Hydra's flags with a closed set of values (hydra/_internal/utils.py get_args_parser).
+FLAG_CHOICES = {"--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all"),
+                "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
+                "-i": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")}
+# Hydra's mutually exclusive modes (hydra/_internal/utils.py run_hydra: "Only one of ... can be specified").
+MODE_FLAGS = {"--run": "run", "-r": "run", "--multirun": "multirun", "-m": "multirun", "--cfg": "cfg", "-c": "cfg",
+              "--info": "info", "-i": "info", "--shell-completion": "sc", "-sc": "sc"}
 # Flags that only print (a config, help, a completion script): nothing is composed into a run directory.
 PRINT_ONLY_FLAGS = {"--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--hydra-help", "--version",
                     "--help", "-h"}
@@ -184,11 +191,33 @@ def refuse_unknown_flags(command: str, flags: List[str], known=HYDRA_FLAGS) -> N
     from harness.config.arguments import CommandLineError
     from harness.config.errors import nearest
 
-    values = {flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag in _VALUED_FLAGS}
-    unknown = [flag for flag in flags if flag not in known and flag not in values]
+    values = {i + 1 for i, flag in enumerate(flags[:-1]) if flag in _VALUED_FLAGS}
+    unknown = [flag for i, flag in enumerate(flags) if flag not in known and i not in values]
     if unknown:
         raise CommandLineError(f"harness {command}: unknown option {unknown[0]}{nearest(unknown[0], known)} "
                                f"(see `harness {command} --help`)")
+    for i, flag in enumerate(flags):
+        value = flags[i + 1] if i + 1 in values else None
+        choices = FLAG_CHOICES.get(flag)
+        missing = value is None and flag not in ("--info", "-i")  # Hydra's --info alone means --info all
+        if flag in _VALUED_FLAGS and (missing or (value is not None and choices and value not in choices)):
+            rule = f"must be one of {', '.join(choices)}" if choices else "needs a value"
+            raise CommandLineError(f"harness {command}: {flag}={value or ''!r} {rule} (see `harness {command} "
+                                   "--help`)")
+    modes = [flag for flag in flags if flag in MODE_FLAGS]
+    if len({MODE_FLAGS[flag] for flag in modes}) > 1:
+        raise CommandLineError(f"harness {command}: {' and '.join(modes)} cannot be given together: Hydra takes one "
+                               "of --run, --multirun, --cfg, --info, --shell-completion")
+
+
+def with_info_value(flags: List[str]) -> List[str]:
+    """Hydra's `--info` alone is `--info all`; written out, so that no override is read as its value."""
+    out = []
+    for i, flag in enumerate(flags):
+        out.append(flag)
+        if flag in ("--info", "-i") and (i + 1 == len(flags) or flags[i + 1] not in FLAG_CHOICES[flag]):
+            out.append("all")
+    return out
 
 
 # The points of a `harness run -m` grid, in Hydra's order: their directory names are those of
@@ -238,9 +267,11 @@ def run_command(args: List[str]) -> int:
     from harness.config.compose import CONFIG_DIR, PRIMARY_CONFIG, register_schemas, searchpath_override
 
     register_schemas()
+    _failed_runs.clear()
     args = _take_run_options(args)
     flags, overrides = split_hydra_flags(args)
     refuse_unknown_flags("run", flags)
+    flags = with_info_value(flags)
     # Hydra creates the run directory before the task runs: refuse bad input before Hydra starts.
     if not check_points("run", flags, overrides, writes=not PRINT_ONLY_FLAGS & set(flags)):
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -42,9 +43,15 @@ def searchpath_override(overrides: Sequence[str], config_dirs: Sequence[str] = (
     for text in overrides:
         key, _, value = text.partition("=")
         if key.lstrip("+") == "hydra.searchpath":
-            user += [entry.strip().strip("'\"") for entry in value.strip().strip("[]").split(",") if entry.strip()]
+            # Hydra's grammar escapes `:` and friends with a backslash (a grid point reads `file\:///x`).
+            user += [re.sub(r"\\(.)", r"\1", entry.strip().strip("'\""))
+                     for entry in value.strip().strip("[]").split(",") if entry.strip()]
         else:
             rest.append(text)
+    for flag, folder in [*(("--config-dir", folder) for folder in config_dirs),
+                         *(("hydra.searchpath", entry[len("file://"):]) for entry in user if entry.startswith("file://"))]:
+        if not Path(folder).is_dir():  # Hydra only warns, then says the preset is missing
+            raise ConfigRejected(flag, folder, "is not a folder of config groups")
     paths = [f"file://{REPO_ROOT}", *(f"file://{Path(folder).resolve()}" for folder in config_dirs), *user]
     return f"hydra.searchpath=[{','.join(paths)}]", rest
 
