@@ -282,7 +282,7 @@ def run_command(args: List[str]) -> int:
 
     OmegaConf.register_new_resolver(POINT_NAME_RESOLVER, _point_name, replace=True)
     searchpath, overrides = searchpath_override(overrides)
-    sys.argv = ["harness run", *flags, searchpath, POINT_SUBDIR, *overrides]
+    sys.argv = [completion_program(flags), *flags, searchpath, POINT_SUBDIR, *overrides]
     try:
         hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
     except KeyboardInterrupt:
@@ -292,6 +292,20 @@ def run_command(args: List[str]) -> int:
         print(f"[harness] not completed: {', '.join(_failed_runs)}", file=sys.stderr)
         return 1
     return 0
+
+
+def completion_program(flags: List[str]) -> str:
+    """The program name Hydra gives the shell. Its completion script registers `harness` and asks
+    `harness --shell-completion query=bash` with the line typed so far (COMP_LINE); the command word after
+    `harness` is not an override, so the query sees the line without it."""
+    import os
+
+    if not {"--shell-completion", "-sc"} & set(flags):
+        return "harness run"
+    words = os.environ.get("COMP_LINE", "").split(" ")
+    if len(words) > 1 and words[1] in COMMANDS:
+        os.environ["COMP_LINE"] = " ".join([words[0], *words[2:]])
+    return "harness"
 
 
 def plan_command(args: List[str]) -> int:
@@ -393,6 +407,8 @@ def main() -> int:
         print(USAGE)
         return 0
     command, rest = args[0], args[1:]
+    if command in ("--shell-completion", "-sc"):  # the completion script's own call: Hydra's, through run
+        command, rest = "run", args
     if command not in COMMANDS:
         from harness.config.errors import nearest
 

@@ -180,9 +180,13 @@ def test_plan_prints_the_composed_config_with_cfg_job(monkeypatch, capsys):
     assert code == 0 and "zero_stage: 3" in out and "hydra:" not in out, err
 
 
-def test_run_prints_the_shell_completion_script(monkeypatch, capsys):
+def test_shell_completion_installs_for_harness_and_completes_after_the_command(monkeypatch, capsys):
     code, out, err = harness(monkeypatch, capsys, "run", "--shell-completion", "install=bash")
-    assert code == 0 and "hydra_bash_completion" in out, err
+    assert code == 0 and out.rstrip().endswith("-F hydra_bash_completion harness"), err
+    # what the installed script asks while `harness run layout.zero_st<TAB>` is typed
+    monkeypatch.setenv("COMP_LINE", "harness run layout.zero_st")
+    code, out, err = harness(monkeypatch, capsys, "-sc", "query=bash")
+    assert code == 0 and out.split() == ["layout.zero_stage="], err
 
 
 def test_plan_exits_one_when_any_layout_is_refused(monkeypatch, capsys):
@@ -198,3 +202,17 @@ def test_every_command_has_help_that_describes_its_options(monkeypatch, capsys):
     for command in ("calibrate", "sync", "doctor", "run", "plan", "sweep", "report"):
         code, out, _ = harness(monkeypatch, capsys, command, "--help")
         assert code == 0 and out.startswith("usage") and f"harness {command}" in out
+
+
+def test_report_into_a_folder_it_cannot_write_is_one_line(tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    import harness.report.build as build
+
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setattr(build, "summary_frame", lambda roots: pd.DataFrame([{"run": "000-x"}]))
+    code, _, err = harness(monkeypatch, capsys, "report", str(tmp_path / "sweep"), "--out", str(tmp_path / "afile" / "r"))
+    assert code == 2 and err.strip() == (f"harness report: the report folder {tmp_path / 'afile' / 'r'} lies under "
+                                         f"{tmp_path / 'afile'}, which is a file")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["afile", "sweep"]
