@@ -48,8 +48,9 @@ def searchpath_override(overrides: Sequence[str], config_dirs: Sequence[str] = (
                      for entry in value.strip().strip("[]").split(",") if entry.strip()]
         else:
             rest.append(text)
-    for flag, folder in [*(("--config-dir", folder) for folder in config_dirs),
-                         *(("hydra.searchpath", entry[len("file://"):]) for entry in user if entry.startswith("file://"))]:
+    folders = [*(("--config-dir", folder) for folder in config_dirs),
+               *(("hydra.searchpath", entry[len("file://"):]) for entry in user if entry.startswith("file://"))]
+    for flag, folder in folders:
         if not Path(folder).is_dir():  # Hydra only warns, then says the preset is missing
             raise ConfigRejected(flag, folder, "is not a folder of config groups")
     paths = [f"file://{REPO_ROOT}", *(f"file://{Path(folder).resolve()}" for folder in config_dirs), *user]

@@ -169,7 +169,9 @@ for line in ("--nodes=8", "-N 8", "-N8", "--ntasks-per-node=16", "-n64", "--cpus
 
 
 def _tree(folder: Path) -> List[Tuple[str, int]]:
-    return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns) for p in folder.rglob("*")) if folder.exists() else []
+    if not folder.exists():
+        return []
+    return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns) for p in folder.rglob("*"))
 
 
 @pytest.fixture

@@ -113,7 +113,8 @@ def test_the_nvme_check_and_doctor_ask_deepspeed_the_same_question(monkeypatch):
 @pytest.mark.parametrize("line, instead", [
     ("--nodes=8", "cluster.nodes"), ("-N 8", "cluster.nodes"), ("-N8", "cluster.nodes"),
     ("--nodes 8", "cluster.nodes"), ("--ntasks-per-node=16", "cluster.accelerators_per_node"),
-    ("-n64", "cluster.nodes and cluster.accelerators_per_node"), ("--cpus-per-task=64", "cluster.accelerators_per_node"),
+    ("-n64", "cluster.nodes and cluster.accelerators_per_node"),
+    ("--cpus-per-task=64", "cluster.accelerators_per_node"),
     ("-c 4", "cluster.accelerators_per_node"), ("--mincpus=99", "cluster.accelerators_per_node"),
     ("--time=99:00:00", "launcher.time_limit"), ("-t60", "launcher.time_limit"),
     ("--gres=gpu:8", "launcher.gpus_per_node_gres"), ("--gpus=8", "launcher.gpus_per_node_gres"),
@@ -212,7 +213,8 @@ def test_report_into_a_folder_it_cannot_write_is_one_line(tmp_path, monkeypatch,
     (tmp_path / "sweep").mkdir()
     (tmp_path / "afile").write_text("")
     monkeypatch.setattr(build, "summary_frame", lambda roots: pd.DataFrame([{"run": "000-x"}]))
-    code, _, err = harness(monkeypatch, capsys, "report", str(tmp_path / "sweep"), "--out", str(tmp_path / "afile" / "r"))
+    out_dir = tmp_path / "afile" / "r"
+    code, _, err = harness(monkeypatch, capsys, "report", str(tmp_path / "sweep"), "--out", str(out_dir))
     assert code == 2 and err.strip() == (f"harness report: the report folder {tmp_path / 'afile' / 'r'} lies under "
                                          f"{tmp_path / 'afile'}, which is a file")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["afile", "sweep"]
