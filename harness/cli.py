@@ -109,7 +109,23 @@ def say(text: str) -> None:
 
 # Hydra flags that take a value; argparse wants all flags before the overrides.
 _VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                 "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
+                 "--config-dir", "-cd", "--experimental-rerun", "--info", "-i", "--shell-completion", "-sc"}
+# Hydra's flags whose value holds `=` (`--shell-completion install=bash`), so it is not an override.
+_VALUED_WITH_EQUALS = {"--shell-completion", "-sc"}
+# Every flag Hydra's own parser knows (hydra/_internal/utils.py get_args_parser, Hydra 1.3); anything else
+# starting with `-` is refused before Hydra starts.
+HYDRA_FLAGS = _VALUED_FLAGS | {"--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r",
+                               "--multirun", "-m"}
+# Hydra's flags with a closed set of values (hydra/_internal/utils.py get_args_parser).
+FLAG_CHOICES = {"--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all"),
+                "--info": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
+                "-i": ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")}
+# Hydra's mutually exclusive modes (hydra/_internal/utils.py run_hydra: "Only one of ... can be specified").
+MODE_FLAGS = {"--run": "run", "-r": "run", "--multirun": "multirun", "-m": "multirun", "--cfg": "cfg", "-c": "cfg",
+              "--info": "info", "-i": "info", "--shell-completion": "sc", "-sc": "sc"}
+# Flags that only print (a config, help, a completion script): nothing is composed into a run directory.
+PRINT_ONLY_FLAGS = {"--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--hydra-help", "--version",
+                    "--help", "-h"}
 
 
 def split_hydra_flags(args: List[str]) -> Tuple[List[str], List[str]]:
@@ -119,7 +135,8 @@ def split_hydra_flags(args: List[str]) -> Tuple[List[str], List[str]]:
         token = args[index]
         if token.startswith("-") and "=" not in token:
             flags.append(token)
-            takes_value = token in _VALUED_FLAGS and index + 1 < len(args) and "=" not in args[index + 1]
+            takes_value = token in _VALUED_FLAGS and index + 1 < len(args) and (
+                "=" not in args[index + 1] or token in _VALUED_WITH_EQUALS)
             if takes_value:
                 flags.append(args[index + 1])
                 index += 1
@@ -136,26 +153,71 @@ COMMAND_USAGE = {
            "  ends (Ctrl-C cancels the job; --no-wait only submits; `harness sweep status DIR` follows).",
     "plan": "usage: harness plan [hydra overrides...]   (comma lists expand to a grid)\n\n"
             "  Predict memory, FLOPs and validity per layout; nothing is launched. Exit 1 if any is refused.",
-    "report": "usage: harness report [SWEEP_DIR ...]\n\n"
-              "  Build summary.csv/.parquet, report.html and the W&B report spec (newest sweep by default).",
+    "report": "usage: harness report [SWEEP_DIR ...] [--out DIR]\n\n"
+              "  Build summary.csv/.parquet, report.html and the W&B report spec (newest sweep by default;\n"
+              "  several sweeps: a comparison, written under compare/ or into --out DIR).",
 }
 
 
-def check_points(command: str, flags: List[str], overrides: List[str]) -> bool:
-    """Compose and check every point before anything is written; one line per refusal on stderr."""
+def check_points(command: str, flags: List[str], overrides: List[str], writes: bool = True) -> bool:
+    """Compose and check every point before anything is written; one line per refusal on stderr. A command
+    that `writes` also needs a results_dir it can write into."""
+    from harness.config.arguments import unwritable_folder
     from harness.config.compose import compose_run_config
-    from harness.config.errors import explain
+    from harness.config.errors import ConfigRejected, explain
     from harness.config.grid import expand_grid
 
     try:
         points = expand_grid(overrides) if {"-m", "--multirun"} & set(flags) else [overrides]
         for point in points:
-            compose_run_config(point)
+            run = compose_run_config(point, config_dirs(flags))
+            problem = unwritable_folder(Path(run.results_dir)) if writes else None
+            if problem:
+                raise ConfigRejected("results_dir", run.results_dir, problem)
     except Exception as error:  # every composition and value error becomes one line
         print(f"harness {command}: {explain(error)}", file=sys.stderr)
         return False
     _grid_points[:] = points
     return True
+
+
+def config_dirs(flags: List[str]) -> List[str]:
+    """The folders Hydra's `--config-dir DIR` (`-cd DIR`) adds to the search path."""
+    return [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag in ("--config-dir", "-cd")]
+
+
+def refuse_unknown_flags(command: str, flags: List[str], known=HYDRA_FLAGS) -> None:
+    """A flag neither Hydra nor the command knows is named before anything is composed."""
+    from harness.config.arguments import CommandLineError
+    from harness.config.errors import nearest
+
+    values = {i + 1 for i, flag in enumerate(flags[:-1]) if flag in _VALUED_FLAGS}
+    unknown = [flag for i, flag in enumerate(flags) if flag not in known and i not in values]
+    if unknown:
+        raise CommandLineError(f"harness {command}: unknown option {unknown[0]}{nearest(unknown[0], known)} "
+                               f"(see `harness {command} --help`)")
+    for i, flag in enumerate(flags):
+        value = flags[i + 1] if i + 1 in values else None
+        choices = FLAG_CHOICES.get(flag)
+        missing = value is None and flag not in ("--info", "-i")  # Hydra's --info alone means --info all
+        if flag in _VALUED_FLAGS and (missing or (value is not None and choices and value not in choices)):
+            rule = f"must be one of {', '.join(choices)}" if choices else "needs a value"
+            raise CommandLineError(f"harness {command}: {flag}={value or ''!r} {rule} (see `harness {command} "
+                                   "--help`)")
+    modes = [flag for flag in flags if flag in MODE_FLAGS]
+    if len({MODE_FLAGS[flag] for flag in modes}) > 1:
+        raise CommandLineError(f"harness {command}: {' and '.join(modes)} cannot be given together: Hydra takes one "
+                               "of --run, --multirun, --cfg, --info, --shell-completion")
+
+
+def with_info_value(flags: List[str]) -> List[str]:
+    """Hydra's `--info` alone is `--info all`; written out, so that no override is read as its value."""
+    out = []
+    for i, flag in enumerate(flags):
+        out.append(flag)
+        if flag in ("--info", "-i") and (i + 1 == len(flags) or flags[i + 1] not in FLAG_CHOICES[flag]):
+            out.append("all")
+    return out
 
 
 # The points of a `harness run -m` grid, in Hydra's order: their directory names are those of
@@ -173,12 +235,14 @@ def _point_name(num: int, default: str) -> str:
 
 def _take_run_options(args: List[str]) -> List[str]:
     """--no-wait (submit a Slurm run and return) and --poll=SECONDS; the rest is Hydra's."""
+    from harness.config.arguments import poll_seconds
+
     rest = []
     for arg in args:
         if arg == "--no-wait":
             _run_options["wait"] = False
         elif arg.startswith("--poll="):
-            _run_options["poll_s"] = float(arg.split("=", 1)[1])
+            _run_options["poll_s"] = poll_seconds(arg, "harness run")
         else:
             rest.append(arg)
     return rest
@@ -201,13 +265,16 @@ def run_command(args: List[str]) -> int:
     import hydra
 
     import harness.plan  # noqa: F401  (installs the model.init rule a stand-in follows: standin=cpu)
-    from harness.config.compose import CONFIG_DIR, PRIMARY_CONFIG, SEARCHPATH_OVERRIDE, register_schemas
+    from harness.config.compose import CONFIG_DIR, PRIMARY_CONFIG, register_schemas, searchpath_override
 
     register_schemas()
+    _failed_runs.clear()
     args = _take_run_options(args)
     flags, overrides = split_hydra_flags(args)
+    refuse_unknown_flags("run", flags)
+    flags = with_info_value(flags)
     # Hydra creates the run directory before the task runs: refuse bad input before Hydra starts.
-    if not check_points("run", flags, overrides):
+    if not check_points("run", flags, overrides, writes=not PRINT_ONLY_FLAGS & set(flags)):
         return 2
     overrides = standin_point(flags, overrides)
     if overrides is None:
@@ -215,7 +282,8 @@ def run_command(args: List[str]) -> int:
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver(POINT_NAME_RESOLVER, _point_name, replace=True)
-    sys.argv = ["harness run", *flags, SEARCHPATH_OVERRIDE, POINT_SUBDIR, *overrides]
+    searchpath, overrides = searchpath_override(overrides)
+    sys.argv = [completion_program(flags), *flags, searchpath, POINT_SUBDIR, *overrides]
     try:
         hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
     except KeyboardInterrupt:
@@ -227,13 +295,51 @@ def run_command(args: List[str]) -> int:
     return 0
 
 
-def plan_command(args: List[str]) -> int:
-    from harness.report.plan_view import plan_main
+def completion_program(flags: List[str]) -> str:
+    """The program name Hydra gives the shell. Its completion script registers `harness` and asks
+    `harness --shell-completion query=bash` with the line typed so far (COMP_LINE); the command word after
+    `harness` is not an override, so the query sees the line without it."""
+    import os
 
-    # Flags (--why, --json, --csv) are the plan view's; every other argument is an override.
-    if not check_points("plan", ["-m"], [arg for arg in args if not arg.startswith("-")]):
+    if not {"--shell-completion", "-sc"} & set(flags):
+        return "harness run"
+    words = os.environ.get("COMP_LINE", "").split(" ")
+    if len(words) > 1 and words[1] in COMMANDS:
+        os.environ["COMP_LINE"] = " ".join([words[0], *words[2:]])
+    return "harness"
+
+
+def plan_command(args: List[str]) -> int:
+    from harness.report.plan_view import PLAN_FLAGS, plan_main
+
+    # The plan view's own flags (--why, --json, --csv) and Hydra's --cfg / --config-dir; the rest are overrides.
+    own = [arg for arg in args if arg in PLAN_FLAGS]
+    flags, overrides = split_hydra_flags([arg for arg in args if arg not in PLAN_FLAGS])
+    refuse_unknown_flags("plan", flags, known={"--cfg", "-c", "--config-dir", "-cd"})
+    if not check_points("plan", [*flags, "-m"], overrides, writes=False):
         return 2
-    return plan_main(args)
+    if {"--cfg", "-c"} & set(flags):
+        return print_composed("plan", flags, overrides)
+    return plan_main([*own, *overrides], config_dirs(flags))
+
+
+def print_composed(command: str, flags: List[str], overrides: List[str]) -> int:
+    """`--cfg job|hydra|all`: the composed config as YAML (Hydra's own flag), each grid point in turn."""
+    from omegaconf import OmegaConf
+
+    from harness.config.arguments import CommandLineError
+    from harness.config.compose import compose_config
+    from harness.config.grid import expand_grid
+
+    at = max(i for i, flag in enumerate(flags) if flag in ("--cfg", "-c"))
+    part = flags[at + 1] if at + 1 < len(flags) else ""
+    if part not in ("job", "hydra", "all"):
+        raise CommandLineError(f"harness {command}: --cfg={part!r} must be one of job, hydra, all")
+    for point in expand_grid(overrides):
+        cfg = compose_config(point, return_hydra_config=part != "job", config_dirs=config_dirs(flags))
+        node = cfg.hydra if part == "hydra" else cfg
+        print(OmegaConf.to_yaml(node, resolve=part == "job"))
+    return 0
 
 
 def sweep_command(args: List[str]) -> int:
@@ -247,10 +353,13 @@ def sweep_command(args: List[str]) -> int:
 
 
 def report_command(args: List[str]) -> int:
+    from harness.config.arguments import CommandLineError
     from harness.report.build import report_main
 
-    roots = [Path(arg) for arg in args] or [_newest_sweep(Path("results"))]
-    return report_main(roots)
+    unknown = [arg for arg in args if arg.startswith("-") and arg != "--out"]
+    if unknown:
+        raise CommandLineError(f"harness report: unknown option {unknown[0]} (see `harness report --help`)")
+    return report_main([Path(arg) for arg in args] or [_newest_sweep(Path("results"))])
 
 
 def _newest_sweep(results: Path) -> Path:
@@ -295,16 +404,39 @@ COMMANDS = {"run": run_command, "plan": plan_command, "sweep": sweep_command, "r
 
 def main() -> int:
     args = sys.argv[1:]
-    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
+    if not args or args[0] in ("-h", "--help"):
         print(USAGE)
-        return 0 if not args or args[0] in ("-h", "--help") else 2
+        return 0
     command, rest = args[0], args[1:]
+    if command in ("--shell-completion", "-sc"):  # the completion script's own call: Hydra's, through run
+        command, rest = "run", args
+    if command not in COMMANDS:
+        from harness.config.errors import nearest
+
+        print(f"harness: unknown command {command!r}{nearest(command, COMMANDS)}: one of {', '.join(COMMANDS)} "
+              "(see `harness --help`)", file=sys.stderr)
+        return 2
     if command in COMMAND_USAGE and {"-h", "--help"} & set(rest):
         print(COMMAND_USAGE[command])
         return 0
     # SIGTERM (a scheduler, `kill`) stops a run the way Ctrl-C does: cancelled, summarised, exit 130.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    return COMMANDS[command](rest)
+    return _guarded(command, rest)
+
+
+def _guarded(command: str, rest: List[str]) -> int:
+    """One line for a command line the command refuses, and for a file it cannot write."""
+    from harness.config.arguments import CommandLineError
+
+    try:
+        return COMMANDS[command](rest)
+    except CommandLineError as error:
+        print(str(error), file=sys.stderr)
+        return 2
+    except OSError as error:  # a results folder that is a file, read-only, full: the path and the reason
+        where = f": {error.filename}" if error.filename else ""
+        print(f"harness {command}: {error.strerror or error}{where}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

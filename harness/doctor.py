@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import platform
 import re
@@ -38,7 +36,6 @@ GPU_NAME_RULES: Sequence[Tuple[str, str]] = (
     (r"MI325X", "mi325x"),
     (r"MI355X", "mi355x"),
 )
-DEEPSPEED_OPS = ("CPUAdamBuilder", "FusedAdamBuilder", "AsyncIOBuilder")
 
 
 @dataclass(frozen=True)
@@ -112,16 +109,14 @@ def torch_facts() -> List[Fact]:
 
 def deepspeed_facts() -> List[Fact]:
     """Whether each JIT op could build here (DeepSpeed's own is_compatible, its chatter silenced)."""
-    facts = []
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        from deepspeed.ops import op_builder
+    from harness.engines.deepspeed_ops import DEEPSPEED_OPS, op_compatible
 
-        for name in DEEPSPEED_OPS:
-            builder = getattr(op_builder, name)()
-            ok = builder.is_compatible(verbose=False)
-            facts.append(Fact(PASS if ok else WARN, f"deepspeed op {builder.NAME}",
-                              "compatible (JIT-built on first use)" if ok else "not compatible on this machine"
-                              + (" (NVMe offload; needs Debian's libaio-dev)" if builder.NAME == "async_io" else "")))
+    facts = []
+    for builder in DEEPSPEED_OPS:
+        name, ok = op_compatible(builder)
+        facts.append(Fact(PASS if ok else WARN, f"deepspeed op {name}",
+                          "compatible (JIT-built on first use)" if ok else "not compatible on this machine"
+                          + (" (NVMe offload; needs Debian's libaio-dev)" if name == "async_io" else "")))
     return facts
 
 
@@ -142,11 +137,20 @@ def slurm_facts(timeout_s: float = 5.0) -> List[Fact]:
     return [Fact(PASS if rows else WARN, "slurm", f"reachable: {summary}")]
 
 
+# The values wandb's Settings.mode accepts (wandb/sdk/wandb_settings.py, wandb 0.2x: a Literal); wandb.init
+# fails on any other WANDB_MODE.
+WANDB_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")
+
+
 def wandb_facts(environ: Optional[Dict[str, str]] = None) -> List[Fact]:
     """Mode and whether an online run could log in; the key is only ever read from the environment."""
     environ = dict(os.environ if environ is None else environ)
-    mode = environ.get("WANDB_MODE") or "offline (tracking=wandb_offline, the default)"
-    facts = [Fact(PASS, "wandb mode", mode)]
+    mode = environ.get("WANDB_MODE")
+    if mode and mode not in WANDB_MODES:
+        facts = [Fact(WARN, "wandb mode", f"WANDB_MODE={mode!r} is not one of {', '.join(WANDB_MODES)}: "
+                                          "wandb.init will fail; unset it or pick one")]
+    else:
+        facts = [Fact(PASS, "wandb mode", mode or "offline (tracking=wandb_offline, the default)")]
     if environ.get("WANDB_API_KEY"):
         facts.append(Fact(PASS, "wandb login", "WANDB_API_KEY is set: tracking=wandb_online can log"))
     else:
@@ -188,6 +192,11 @@ def doctor_main(args: List[str]) -> int:
     from rich.console import Console
     from rich.text import Text
 
+    from harness.config.arguments import OneLineParser
+
+    OneLineParser(prog="harness doctor", description="Environment facts, one line each, PASS or WARN: versions, "
+                  "CUDA / NCCL, GPUs, DeepSpeed ops, Slurm, W&B. Exit 0: the doctor informs, it never blocks."
+                  ).parse_args(list(args))
     facts = gather()
     console = Console()
     for fact, line in zip(facts, fact_lines(facts, console.width)):

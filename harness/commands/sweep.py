@@ -10,7 +10,8 @@ from typing import Dict, List, Sequence, Tuple
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.config.errors import ConfigRejected, explain
+from harness.config.arguments import CommandLineError, poll_seconds
+from harness.config.errors import ConfigRejected, explain, nearest
 from harness.launch import sweep as orchestrate
 from harness.launch.grid import UsageError
 from harness.launch.points import expand
@@ -65,17 +66,18 @@ def parse_args(args: Sequence[str]) -> Options:
         elif arg == "--no-wait":
             opts.wait = False
         elif arg.startswith("--poll="):
-            opts.poll_s = float(arg.split("=", 1)[1])
-        elif arg.startswith("--"):
-            raise UsageError(f"unknown option {arg}")
+            opts.poll_s = poll_seconds(arg, "harness sweep")
+        elif arg.startswith("-"):
+            raise UsageError(f"harness sweep: unknown option {arg}{nearest(arg, [*FLAGS, '--no-wait', '--poll='])} "
+                             "(see `harness sweep --help`)")
         else:
             rest.append(arg)
     if rest and rest[0] in SUBCOMMANDS:
         if len(rest) != 2:
-            raise UsageError(f"`harness sweep {rest[0]}` takes one sweep directory")
+            raise UsageError(f"harness sweep {rest[0]}: takes one sweep directory (see `harness sweep --help`)")
         opts.command, opts.target = rest[0], Path(rest[1])
         if not (opts.target / SWEEP_FILE).exists():
-            raise UsageError(f"{opts.target} is not a sweep directory (no {SWEEP_FILE})")
+            raise UsageError(f"harness sweep {rest[0]}: {opts.target} is not a sweep directory (no {SWEEP_FILE})")
     else:
         opts.overrides = tuple(rest)
     return opts
@@ -119,8 +121,8 @@ def dispatch(opts: Options) -> int:
 def main(args: List[str]) -> int:
     try:
         opts = parse_args(args)
-    except UsageError as error:
-        print(f"{error}\n\n{USAGE}" if str(error) else USAGE, file=sys.stderr if str(error) else sys.stdout)
+    except (UsageError, CommandLineError) as error:
+        print(str(error) if str(error) else USAGE, file=sys.stderr if str(error) else sys.stdout)
         return 2 if str(error) else 0
     try:
         return dispatch(opts)

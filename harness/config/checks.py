@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from harness.config.data_file import data_file_problem
 from harness.config.errors import ConfigRejected, nearest
@@ -40,10 +40,33 @@ HF_COUNTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
              "intermediate_size", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions",
              "num_local_experts", "num_experts_per_tok", "head_dim")
 
-# sbatch options the harness writes itself (logs, array, job name, working directory, environment).
-OWNED_SBATCH = {"--output": "-o", "--error": "-e", "--array": "-a", "--job-name": "-J", "--chdir": "-D",
-                "--export": None, "--open-mode": None}
-SBATCH_LONG = re.compile(r"--([A-Za-z][A-Za-z0-9-]*)(=\S*)?")
+# sbatch options the harness writes itself, as (short form, what sets it instead): the job's files, array,
+# name and environment (None: the harness alone), and its shape and placement, written from config fields
+# (harness.launch.sbatch.resource_directives; slurm/templates/job.sbatch.j2). An `extra_sbatch` line after
+# the harness's own would win, and the run would no longer be the layout that was planned. Short forms and
+# meanings from sbatch(1), Slurm 23.11.
+OwnedOption = Tuple[Optional[str], Optional[str]]
+OWNED_SBATCH: Dict[str, OwnedOption] = {
+    "--output": ("-o", None), "--error": ("-e", None), "--array": ("-a", None), "--job-name": ("-J", None),
+    "--chdir": ("-D", None), "--export": (None, None), "--open-mode": (None, None), "--requeue": (None, None),
+    "--nodes": ("-N", "cluster.nodes"),
+    "--ntasks": ("-n", "cluster.nodes and cluster.accelerators_per_node (one task per node)"),
+    "--ntasks-per-node": (None, "cluster.accelerators_per_node (one task per node starts its ranks)"),
+    "--cpus-per-task": ("-c", "cluster.accelerators_per_node"),
+    "--mincpus": (None, "cluster.accelerators_per_node"),
+    "--gres": (None, "launcher.gpus_per_node_gres"),
+    "--gpus": ("-G", "launcher.gpus_per_node_gres"),
+    "--gpus-per-node": (None, "launcher.gpus_per_node_gres"),
+    "--gpus-per-task": (None, "launcher.gpus_per_node_gres"),
+    "--time": ("-t", "launcher.time_limit"),
+    "--partition": ("-p", "launcher.partition"),
+    "--account": ("-A", "launcher.account"),
+    "--qos": ("-q", "launcher.qos"),
+    "--constraint": ("-C", "launcher.constraint"),
+    "--exclusive": (None, "launcher.exclusive"),
+    "--nodelist": ("-w", "launcher.partition and launcher.constraint (Slurm picks the nodes)"),
+}
+SBATCH_LONG = re.compile(r"--([A-Za-z][A-Za-z0-9-]*)(=\S*| \S+)?")
 SBATCH_SHORT = re.compile(r"-([A-Za-z])(\s*\S+)?")
 # NCCL_SOCKET_IFNAME / NCCL_IB_HCA: a comma-separated list of interface or adapter[:port] names, optionally
 # prefixed by `^` (exclude) and `=` (exact names), as NCCL's documentation writes them; nothing a shell reads.
@@ -144,41 +167,48 @@ def _launcher_problems(run: RunConfig) -> Iterator[Problem]:
                    "'_.:-'), optionally starting with '^' (exclude) and '=' (exact match)")
 
 
-def sbatch_option_problems(lines: Sequence[str]) -> Iterator[Problem]:
-    """Each `launcher.extra_sbatch` entry is one sbatch option and sets none the harness owns.
+def sbatch_option_problems(lines: Sequence[str], owned: Optional[Dict[str, OwnedOption]] = None,
+                           field: str = "launcher.extra_sbatch") -> Iterator[Problem]:
+    """Each `launcher.extra_sbatch` entry is one sbatch option and sets none the harness owns (`owned`:
+    OWNED_SBATCH, or a command's own table).
 
-    sbatch accepts any unique prefix of a long option (`--out=` is `--output`) and a short option with
-    its value attached (`-ofile`), so both spellings are matched; `%` patterns are expanded by sbatch in
-    file names, and a space would let one entry carry a second option.
+    sbatch accepts any unique prefix of a long option (`--out=` is `--output`), a long option's value after
+    `=` or a space, and a short option with its value attached or apart (`-N8`, `-N 8`), so every spelling is
+    matched; `%` patterns are expanded by sbatch in file names, and a second space would let one entry carry
+    a second option.
     """
+    owned = OWNED_SBATCH if owned is None else owned
     for index, line in enumerate(lines):
-        field = f"launcher.extra_sbatch[{index}]"
-        option = _sbatch_option(line)
+        where = f"{field}[{index}]"
+        option = _sbatch_option(line, owned)
         if option is None:
-            yield field, line, "must be one sbatch option such as '--mem=0' or '-c 4' (one option, no spaces)"
-        elif option in OWNED_SBATCH:
-            yield field, line, f"sets {option}, which the harness writes itself"
+            yield where, line, "must be one sbatch option such as '--mem=0' or '--mail-type=END' (one option)"
+        elif option in owned:
+            instead = owned[option][1]
+            yield where, line, (f"sets {option}, which the harness writes from {instead}: set that instead"
+                                if instead else f"sets {option}, which the harness writes itself")
         elif "%" in line:
-            yield field, line, "may not hold a '%' pattern (sbatch expands it)"
+            yield where, line, "may not hold a '%' pattern (sbatch expands it)"
 
 
-def _sbatch_option(line: str) -> Optional[str]:
-    """The canonical owned option a line sets, the line's own option name, or None when malformed."""
+def _sbatch_option(line: str, owned: Dict[str, OwnedOption]) -> Optional[str]:
+    """The owned option a line sets (exact name first, then as a unique prefix), the line's own option
+    name, or None when malformed."""
     if not isinstance(line, str):
         return None
     long_form = SBATCH_LONG.fullmatch(line)
     if long_form:
         name = "--" + long_form.group(1)
-        owned = [option for option in OWNED_SBATCH if option.startswith(name)]
-        return owned[0] if owned else name
+        if name in owned:
+            return name
+        prefixed = [option for option in owned if option.startswith(name)]
+        return prefixed[0] if prefixed else name
     short_form = SBATCH_SHORT.fullmatch(line)
     if short_form and " " not in line.strip()[2:].strip():
         flag = "-" + short_form.group(1)
-        owned = [option for option, short in OWNED_SBATCH.items() if short == flag]
-        return owned[0] if owned else flag
+        matches = [option for option, (short, _) in owned.items() if short == flag]
+        return matches[0] if matches else flag
     return None
-
-
 def unknown_choice(field: str, value: str, choices: Sequence[str], what: str) -> List[Problem]:
     """A value missing from a table, with the nearest entry suggested."""
     if value in choices:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional
+import re
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -48,15 +50,39 @@ def register_schemas() -> None:
         store.store(group="engine", name=f"{engine.value}_schema", node=options)
 
 
-def compose_config(overrides: Iterable[str] = (), return_hydra_config: bool = False) -> DictConfig:
+def searchpath_override(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> Tuple[str, List[str]]:
+    """One `hydra.searchpath` override holding the repository root (for recipes/), the `--config-dir` folders
+    and the user's own `hydra.searchpath` entries (a later override would replace, not extend, the list);
+    and the other overrides."""
+    user, rest = [], []
+    for text in overrides:
+        key, _, value = text.partition("=")
+        if key.lstrip("+") == "hydra.searchpath":
+            # Hydra's grammar escapes `:` and friends with a backslash (a grid point reads `file\:///x`).
+            user += [re.sub(r"\\(.)", r"\1", entry.strip().strip("'\""))
+                     for entry in value.strip().strip("[]").split(",") if entry.strip()]
+        else:
+            rest.append(text)
+    folders = [*(("--config-dir", folder) for folder in config_dirs),
+               *(("hydra.searchpath", entry[len("file://"):]) for entry in user if entry.startswith("file://"))]
+    for flag, folder in folders:
+        if not Path(folder).is_dir():  # Hydra only warns, then says the preset is missing
+            raise ConfigRejected(flag, folder, "is not a folder of config groups")
+    paths = [f"file://{REPO_ROOT}", *(f"file://{Path(folder).resolve()}" for folder in config_dirs), *user]
+    return f"hydra.searchpath=[{','.join(paths)}]", rest
+
+
+def compose_config(overrides: Iterable[str] = (), return_hydra_config: bool = False,
+                   config_dirs: Sequence[str] = ()) -> DictConfig:
     """Compose the primary config with command-line style overrides (used by tests and `plan`/`sweep`);
     `return_hydra_config` keeps the `hydra` node (a sweep preset's axes and sweep directory), resolved
-    while Hydra is still initialised."""
+    while Hydra is still initialised; `config_dirs` are searched too, as Hydra's `--config-dir` does."""
     overrides = expand_standin(list(overrides))
+    searchpath, overrides = searchpath_override(overrides, config_dirs)
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="harness"):
-        cfg = compose(config_name=PRIMARY_CONFIG, overrides=[*overrides, SEARCHPATH_OVERRIDE],
+        cfg = compose(config_name=PRIMARY_CONFIG, overrides=[*overrides, searchpath],
                       return_hydra_config=return_hydra_config)
         if return_hydra_config:
             for node in (cfg.hydra.sweep, cfg.hydra.sweeper):
@@ -111,8 +137,8 @@ def run_config_to_dict(run: RunConfig) -> Dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(run), resolve=True)
 
 
-def compose_run_config(overrides: Optional[List[str]] = None) -> RunConfig:
-    return to_run_config(compose_config(overrides or []))
+def compose_run_config(overrides: Optional[List[str]] = None, config_dirs: Sequence[str] = ()) -> RunConfig:
+    return to_run_config(compose_config(overrides or [], config_dirs=config_dirs))
 
 
 def _without_hydra(cfg: DictConfig) -> Dict[str, Any]:

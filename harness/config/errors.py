@@ -46,7 +46,7 @@ def explain(error: BaseException) -> str:
         return str(error)
     chain = list(_causes(error))
     for item in chain:
-        text = _omegaconf_line(item)
+        text = _yaml_line(item) or _omegaconf_line(item)
         if text:
             return text
     first = _first_line(chain[-1]) if chain else str(error)
@@ -96,6 +96,18 @@ def _omegaconf_line(error: BaseException) -> Optional[str]:
     if converted:
         return f"{key}={converted.group(1)!r} must be {'an' if converted.group(2)[0] in 'AEIOU' else 'a'} {converted.group(2).lower()}"
     return f"{key}: {message}" if key else message
+
+
+def _yaml_line(error: BaseException) -> Optional[str]:
+    """A config file that is not YAML: the file, line and column of the fault, as an editor reads them."""
+    import yaml
+
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return None
+    mark = error.problem_mark or error.context_mark
+    where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}: " if mark else ""
+    what = " ".join(part for part in (error.problem, error.context) if part)
+    return f"{where}not valid YAML: {what}"
 
 
 def _known_keys(error: BaseException) -> List[str]:

@@ -4,20 +4,26 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import List, Sequence
 
-from harness.config.checks import sbatch_option_problems
+from harness.config.arguments import OneLineParser, slug, unwritable_file, whole_number
+from harness.config.checks import OWNED_SBATCH, sbatch_option_problems
 from harness.engines.rendered import PORT_BASE, PORT_SPAN
 from harness.launch.sbatch import template
 from harness.launch.slurm_commands import SlurmError, slurm_command
 from harness.plan.hardware import load_profile, profile_path
 from harness.rundir import write_text
 
-# the job's shape, written from --nodes / --tasks-per-node (long options by any unique prefix, as sbatch reads them)
-JOB_SHAPE = re.compile(r"^(--nod|--ntask|-N|-n)")
+# The options slurm/templates/calibrate.sbatch.j2 writes: its files and name (the harness alone) and the
+# job's shape (from --nodes / --tasks-per-node); the short forms are those of OWNED_SBATCH.
+CALIBRATE_OWNED = {
+    **{option: owner for option, owner in OWNED_SBATCH.items() if owner[1] is None},
+    "--nodes": (OWNED_SBATCH["--nodes"][0], "--nodes"),
+    "--ntasks": (OWNED_SBATCH["--ntasks"][0], "--nodes and --tasks-per-node"),
+    "--ntasks-per-node": (None, "--tasks-per-node"),
+}
 WAIT_S = 3600  # the benchmarks take about a minute; the job may queue first
 
 
@@ -30,21 +36,22 @@ def render_calibrate_script(script: Path, out: Path, name: str, nodes: int, task
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="harness calibrate --slurm")
+    parser = OneLineParser(prog="harness calibrate --slurm")
     parser.add_argument("--slurm", action="store_true", required=True)
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--tasks-per-node", type=int, default=1)
+    parser.add_argument("--nodes", type=whole_number, default=2, help="nodes of the job (default 2)")
+    parser.add_argument("--tasks-per-node", type=whole_number, default=1, help="ranks per node (default 1)")
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
-    parser.add_argument("--name", default="cluster", help="profile name (default file: the profile cache)")
-    parser.add_argument("--out", default="")
+    parser.add_argument("--name", type=slug, default="cluster",
+                        help="profile name, the file name in the profile cache (default cluster)")
+    parser.add_argument("--out", default="", help="write the profile here instead of the profile cache")
     parser.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                         help="an extra #SBATCH option, e.g. --sbatch=--partition=gpu (repeatable)")
     args = parser.parse_args(list(argv))
-    problems: List[str] = [f"--{k.replace('_', '-')}={getattr(args, k)} must be >= 1"
-                           for k in ("nodes", "tasks_per_node") if getattr(args, k) < 1]
-    problems += [f"--sbatch={value!r} {rule}" for _, value, rule in sbatch_option_problems(args.sbatch)]
-    problems += [f"--sbatch={line!r} sets the job's shape, which --nodes and --tasks-per-node give"
-                 for line in args.sbatch if JOB_SHAPE.match(line)]
+    problems: List[str] = [f"--sbatch={value!r} {rule}"
+                           for _, value, rule in sbatch_option_problems(args.sbatch, CALIBRATE_OWNED, "--sbatch")]
+    out_problem = unwritable_file(Path(args.out)) if args.out else None
+    if out_problem:
+        problems.append(f"--out={args.out!r} {out_problem}")
     if problems:
         parser.error("; ".join(problems))
     return args

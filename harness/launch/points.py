@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from harness.config.arguments import unwritable_folder
 from harness.config.compose import compose_run_config, run_config_from_dict
+from harness.config.errors import ConfigRejected
 from harness.config.naming import point_names
 from harness.config.schema import RunConfig
 from harness.engines import engine_module
@@ -97,6 +99,9 @@ def expand(overrides: Sequence[str], submit_pruned: bool) -> Tuple[Path, List[Po
     if configs[0].launcher.backend == "slurm":
         for name in names:
             check_run_dir(Path(sweep_dir).resolve() / name)
+    problem = unwritable_folder(Path(sweep_dir))
+    if problem:
+        raise ConfigRejected("results_dir", configs[0].results_dir, f"cannot hold the sweep {sweep_dir}: {problem}")
     root = make_unique_dir(Path(sweep_dir).resolve())
     write_json(root / SWEEP_FILE, {
         "sweep_name": configs[0].sweep_name, "launcher": configs[0].launcher.backend, "created": time.time(),

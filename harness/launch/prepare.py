@@ -11,6 +11,7 @@ from harness.config.compose import run_config_to_dict
 from harness.config.hub import HubUnreachable, fetch_hub_config
 from harness.config.schema import RunConfig
 from harness.engines import engine_module, registry
+from harness.engines.deepspeed_ops import ASYNC_IO, op_compatible
 from harness.engines.rendered import RenderedRun
 from harness.launch.host_profile import measure_host_profile
 from harness.launch.local import for_backend
@@ -57,7 +58,24 @@ def launch_problems(cfg: RunConfig) -> List[str]:
     problem = tracking_problem(cfg.tracking, dict(os.environ))
     if problem:
         problems.append(problem)
+    problem = nvme_problem(cfg)
+    if problem:
+        problems.append(problem)
     return problems
+
+
+def nvme_problem(cfg: RunConfig) -> Optional[str]:
+    """NVMe offload swaps through DeepSpeed's async_io op; where the ranks start on this machine and the op
+    cannot load here, every rank would fail at its first step (`harness doctor` shows the same fact)."""
+    targets = [f"layout.{key}=nvme" for key in ("offload_optimizer", "offload_params")
+               if getattr(cfg.layout, key) == "nvme"]
+    if not targets or cfg.engine.name != "deepspeed" or cfg.launcher.backend != "local":
+        return None
+    name, ok = op_compatible(ASYNC_IO)
+    if ok:
+        return None
+    return (f"{' and '.join(targets)} needs DeepSpeed's {name} op, which cannot load on this machine "
+            "(`harness doctor`: needs libaio, e.g. Debian's libaio-dev); offload to cpu instead")
 
 
 def plan_record(plan: Plan, model_init: str = "auto") -> dict:

@@ -7,11 +7,13 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import yaml
 
+from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_number
 from harness.config.compose import CONFIG_DIR, compose_run_config
+from harness.config.errors import explain as explain_error
 from harness.plan.planner import Plan
 from harness.plan.recommend import explain, rank
 
@@ -77,17 +79,33 @@ def write_preset(files: Dict[str, Any], root: Path) -> List[Path]:
     return paths
 
 
+def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str]]:
+    """The options; every other argument is a Hydra override of the model, engine and cluster."""
+    parser = OneLineParser(
+        prog="harness recommend", epilog="Other arguments are Hydra overrides, e.g. model=llama3_1_8b "
+        "cluster=h100_8x8 engine=nd.",
+        description="Rank every layout of a model on a cluster by predicted tokens/s; print the top K and why "
+                    "the first beats the second; write them as a sweep preset.")
+    parser.add_argument("--top", type=whole_number, default=5, metavar="K",
+                        help="how many of the best layouts to print and write (default 5)")
+    parser.add_argument("--global-batch", type=whole_number, required=True, metavar="SEQS",
+                        help="sequences per optimizer step, the same for every layout ranked")
+    parser.add_argument("--name", type=slug, default="recommended", metavar="NAME",
+                        help="the preset's name: hydra_configs/sweep/NAME.yaml and layout/NAME_<i>.yaml "
+                             "(letters, digits, '.', '_', '-'; default recommended)")
+    parser.add_argument("--no-write", action="store_true", help="print the ranking only, write no preset")
+    args, extra = parser.parse_known_args(list(argv))
+    return args, refuse_unknown(parser.prog, extra)
+
+
 def recommend_main(argv: Sequence[str]) -> int:
     """`harness recommend [--top K] [--global-batch SEQS] [--name NAME] [--no-write] overrides...`."""
-    parser = argparse.ArgumentParser(prog="harness recommend")
-    parser.add_argument("--top", type=int, default=5)
-    parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
-    parser.add_argument("--name", default="recommended")
-    parser.add_argument("--no-write", action="store_true")
-    args, overrides = parser.parse_known_args(list(argv))
-    if args.top < 1 or args.global_batch < 1:
-        parser.error(f"--top={args.top} and --global-batch={args.global_batch} must be >= 1")
-    cfg = compose_run_config(overrides)
+    args, overrides = parse_args(argv)
+    try:
+        cfg = compose_run_config(overrides)
+    except Exception as error:  # every composition and value error becomes one line
+        print(f"harness recommend: {explain_error(error)}", file=sys.stderr)
+        return 2
     start = time.process_time()
     top, fitting = rank(cfg, args.global_batch, args.top)
     print(f"{fitting} fitting layouts ranked in {time.process_time() - start:.2f} s CPU")

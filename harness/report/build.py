@@ -10,10 +10,11 @@ from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
+from harness.config.arguments import unwritable_folder
 from harness.report.html import write_html
 from harness.report.table import print_table, summary_frame, write_frame
 from harness.report.wandb_report import PUBLISH_TIMEOUT_S, online, publish_with_timeout, report_spec, write_spec
-from harness.rundir import REPORT_HTML, WANDB_REPORT_JSON, WANDB_REPORT_URL, write_text
+from harness.rundir import REPORT_HTML, STATUS_FILE, WANDB_REPORT_JSON, WANDB_REPORT_URL, write_text
 
 
 def build_report(roots: List[Path], out_dir: Path, publish_timeout_s: float = PUBLISH_TIMEOUT_S,
@@ -55,15 +56,23 @@ def report_main(roots: List[Path], out_dir: Optional[Path] = None) -> int:
     if any(str(root) == "--out" for root in roots):
         at = [str(root) for root in roots].index("--out")
         if at + 1 >= len(roots):
-            print("[harness] --out needs a directory", file=sys.stderr)
+            print("harness report: --out needs a folder", file=sys.stderr)
             return 2
         out_dir, roots = roots[at + 1], roots[:at] + roots[at + 2:]
     missing = [str(root) for root in roots if not Path(root).is_dir()]
-    if missing:
-        print(f"[harness] not a directory: {', '.join(missing)}", file=sys.stderr)
+    if missing or not roots:
+        print(f"harness report: not a directory: {', '.join(missing) or '(none given)'}", file=sys.stderr)
         return 2
     out_dir = Path(out_dir) if out_dir else default_out_dir(roots)
     frame = summary_frame(roots)
+    if frame.empty:  # nothing to report: say so, and leave the folder as it was
+        print(f"harness report: no runs found in {', '.join(map(str, roots))} (a run folder holds "
+              f"a {STATUS_FILE} file; pass a sweep or run folder)", file=sys.stderr)
+        return 1
+    problem = unwritable_folder(out_dir)
+    if problem:
+        print(f"harness report: the report folder {out_dir} {problem}", file=sys.stderr)
+        return 2
     paths = build_report(roots, out_dir, frame=frame)
     print_table(frame, title=", ".join(str(r) for r in roots))
     for name, path in paths.items():

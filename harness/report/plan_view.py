@@ -212,7 +212,7 @@ def resolve_hub_model(run: Any) -> Any:
                                       hf_config={**run.model.hf_config, **fields}))
 
 
-def plan_points(overrides: List[str]) -> List[PlannedPoint]:
+def plan_points(overrides: List[str], config_dirs: Sequence[str] = ()) -> List[PlannedPoint]:
     """Compose, resolve and plan every grid point; a point the config refuses becomes an invalid row."""
     from harness.config.compose import compose_run_config
     from harness.config.fill import DegreeFillError
@@ -225,7 +225,7 @@ def plan_points(overrides: List[str]) -> List[PlannedPoint]:
     swept = {item for point in grid for item in point if sum(item in other for other in grid) < len(grid)}
     for point in grid:
         try:
-            composed.append(resolve_hub_model(compose_run_config(point)))
+            composed.append(resolve_hub_model(compose_run_config(point, config_dirs)))
         except DegreeFillError as error:
             label = " ".join(item.split(".")[-1] for item in point if item in swept) or "(defaults)"
             refused.append(PlannedPoint(label, None, [str(error)], [], {}))
@@ -240,22 +240,28 @@ def plan_points(overrides: List[str]) -> List[PlannedPoint]:
     return [*points, *refused]
 
 
+PLAN_FLAGS = ("--why", "--json", "--csv")
+
+
 def parse_args(args: List[str]) -> tuple:
-    parser = argparse.ArgumentParser(prog="harness plan", add_help=True,
-                                     description="Predict memory / FLOPs / validity of layouts (no launch).")
+    from harness.config.arguments import OneLineParser, refuse_unknown
+
+    parser = OneLineParser(prog="harness plan", add_help=True,
+                           description="Predict memory / FLOPs / validity of layouts (no launch).")
     parser.add_argument("--why", action="store_true", help="every error and warning of every layout")
     parser.add_argument("--json", action="store_true", help="every column as JSON on stdout (no table)")
     parser.add_argument("--csv", action="store_true", help="every column as CSV on stdout (no table)")
-    return parser.parse_known_args(args)
+    options, extra = parser.parse_known_args(args)
+    return options, refuse_unknown(parser.prog, extra)
 
 
-def plan_main(args: List[str]) -> int:
-    """Exit 0 when at least one layout is valid, 1 when none is, 2 when the model cannot be resolved."""
+def plan_main(args: List[str], config_dirs: Sequence[str] = ()) -> int:
+    """Exit 0 when every layout is valid, 1 when any is refused, 2 when the model cannot be resolved."""
     from harness.config.hub import HubUnreachable
 
     options, overrides = parse_args(args)
     try:
-        points = sort_points(plan_points(overrides))
+        points = sort_points(plan_points(overrides, config_dirs))
     except HubUnreachable as error:
         print(f"harness plan: {error}", file=sys.stderr)
         return 2
@@ -268,4 +274,4 @@ def plan_main(args: List[str]) -> int:
         print_plan_table(points, console)
         # One layout: every message is worth its lines.
         print_messages(points, options.why or len(points) == 1, lambda line: console.print(line, markup=False, highlight=False))
-    return 0 if any(not point.errors for point in points) else 1
+    return 1 if any(point.errors for point in points) else 0

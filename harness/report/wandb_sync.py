@@ -24,9 +24,12 @@ def offline_runs(roots: Sequence[Path]) -> List[Path]:
 def sync_main(args: List[str]) -> int:
     roots = [Path(arg) for arg in args if not arg.startswith("-")]
     options = [arg for arg in args if arg.startswith("-")]
-    if not roots or "-h" in options or "--help" in options:
+    if "-h" in options or "--help" in options:
         print(USAGE)
-        return 0 if roots or options else 2
+        return 0
+    if not roots:
+        print("harness sync: no folder given: harness sync DIR [DIR ...] (see `harness sync --help`)", file=sys.stderr)
+        return 2
     missing = [str(root) for root in roots if not root.is_dir()]
     if missing:
         print(f"harness sync: not a directory: {', '.join(missing)}", file=sys.stderr)

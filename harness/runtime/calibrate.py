@@ -318,21 +318,32 @@ def main(argv: Sequence[str] = ()) -> int:
     """`harness calibrate [--ranks N] [--precision P] [--name NAME] [--out PATH]`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="harness calibrate", description=__doc__)
-    parser.add_argument("--ranks", type=int, default=2)
+    from harness.config.arguments import OneLineParser, slug, whole_number
+
+    parser = OneLineParser(prog="harness calibrate", description=__doc__)
+    parser.add_argument("--ranks", type=whole_number, default=2, help="processes to measure with (default 2)")
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
-    parser.add_argument("--name", default="")
-    parser.add_argument("--out", default="")
+    parser.add_argument("--name", type=slug, default=None,
+                        help="profile name, the file name in the profile cache (default: this host's)")
+    parser.add_argument("--out", default="", help="write the profile here instead of the profile cache")
     parser.add_argument("--slurm-task", action="store_true", help=argparse.SUPPRESS)  # inside the --slurm job
     args = parser.parse_args(list(argv))
+    check_out(parser, args.out)
     if args.slurm_task:
         return slurm_task(args.precision, args.name or "cluster", args.out)
-    if args.ranks < 1:
-        parser.error(f"--ranks={args.ranks} must be >= 1")
-    path = calibrate(args.ranks, args.precision, args.name, args.out)
+    path = calibrate(args.ranks, args.precision, args.name or "", args.out)
     print(f"profile written to {path}")
     print(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "raw"}, indent=2))
     return 0
+
+
+def check_out(parser, out: str) -> None:
+    """A profile path that cannot be written is refused before the minute of measuring."""
+    from harness.config.arguments import unwritable_file
+
+    problem = unwritable_file(Path(out)) if out else None
+    if problem:
+        parser.error(f"--out={out!r} {problem}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from harness.config.arguments import CommandLineError
 from harness.launch.calibrate_slurm import parse, render_calibrate_script
 
 
@@ -27,15 +28,28 @@ def test_the_calibration_job_runs_one_rank_per_task_on_every_node(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--slurm", "--nodes", "0"], "--nodes=0 must be >= 1"),
-    (["--slurm", "--sbatch=--nodes=4"], "sets the job's shape"),
+    (["--slurm", "--nodes", "0"], "argument --nodes: '0' must be >= 1"),
+    (["--slurm", "--sbatch=--nodes=4"], "sets --nodes, which the harness writes from --nodes"),
+    (["--slurm", "--sbatch=-N4"], "sets --nodes, which the harness writes from --nodes"),
+    (["--slurm", "--sbatch=--ntasks-per-node=4"], "from --tasks-per-node"),
     (["--slurm", "--sbatch=--output=x"], "sets --output, which the harness writes itself"),
-    (["--slurm", "--sbatch=--mem 4G"], "must be one sbatch option"),
+    (["--slurm", "--sbatch=--mem=4G --time=9"], "must be one sbatch option"),
+    (["--slurm", "--name", "../../x"], "argument --name: '../../x' must be a name"),
 ])
-def test_bad_options_are_refused_before_anything_is_submitted(argv, message, capsys):
-    with pytest.raises(SystemExit) as exit_info:
+def test_bad_options_are_refused_before_anything_is_submitted(argv, message):
+    with pytest.raises(CommandLineError) as error:
         parse(argv)
-    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_out_path_under_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CommandLineError, match="its folder .*file is a file"):
+        parse(["--slurm", "--out", str(tmp_path / "file" / "p.json")])
+
+
+def test_a_partition_is_still_the_users_to_give():
+    assert parse(["--slurm", "--sbatch=--partition=gpu"]).sbatch == ["--partition=gpu"]
 
 
 def test_the_cli_routes_slurm_calibration_without_torch():
