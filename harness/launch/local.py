@@ -85,6 +85,11 @@ def classify(run_dir: Path, returncode: Optional[int], oom_kills: int = 0) -> Tu
         return TIMEOUT, read_status(run_dir).reason or "local time limit reached (launcher.timeout_s)"
     if returncode == 0 and metrics_written(run_dir):
         return COMPLETED, ""
+    if returncode < 0:  # the watchdog itself was killed; the launcher and the ranks died with it
+        name = signal.Signals(-returncode).name
+        oom = host_oom(KillEvidence(signal=-returncode, cgroup_oom_kills=oom_kills))
+        how = f"the run's watchdog was killed by {name}, and the launcher and its ranks with it"
+        return (OOM, f"{oom}; {how}") if oom else (FAILED, how)
     # The ranks' records, root cause first. A non-zero exit after metrics.json is still a failure here
     # (the launcher saw a rank die). A rank killed by a signal writes nothing itself: the watchdog writes
     # its record, dated when the rank was last seen alive, so it sorts before its peers' "connection closed
