@@ -53,8 +53,8 @@ def prepare_point(cfg: RunConfig, run_dir: Path, overrides: List[str]) -> Point:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_status(run_dir, PRUNED, str(error))
         return Point(run_dir, overrides, cfg, None, str(error))
-    reason = read_status(run_dir).reason if prepared.pruned else ""
-    return Point(run_dir, overrides, prepared.cfg, prepared.rendered, reason)
+    reason = read_status(prepared.run_dir).reason if prepared.pruned else ""
+    return Point(prepared.run_dir, overrides, prepared.cfg, prepared.rendered, reason)
 
 
 def render_pruned(point: Point) -> Point:
