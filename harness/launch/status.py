@@ -36,11 +36,10 @@ from harness.rundir import (
     PRUNED,
     RUNNING,
     TIMEOUT,
-    CorruptFile,
     RankError,
     metrics_written,
     rank_failure,
-    read_errors,
+    read_run,
     read_status,
     slurm_log,
     state_from_files,
@@ -304,9 +303,13 @@ class RunView:
 
 def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record: Optional[Mapping[str, Any]],
              slurm: Optional[SlurmView], slurm_answered: bool) -> Tuple[RunView, bool]:
-    """(where the run stands, whether that is a final state to write into its status.json)."""
-    status = read_status(run_dir)
-    state, reason = status.state, status.reason
+    """(where the run stands, whether that is a final state to write into its status.json). A run whose
+    files cannot be read is CORRUPT, as in every other reader of run directories (rundir.read_run)."""
+    files = read_run(run_dir)
+    if files.state == CORRUPT:
+        seen = dict(slurm_state=slurm.state, start=slurm.start, end=slurm.end) if slurm else {}
+        return RunView(run_dir, CORRUPT, files.reason, (submission or {}).get("job_key"), **seen), False
+    state, reason = files.status.state, files.status.reason
     if submission is None or state == PRUNED:
         note = reason or ("not submitted" if state == PENDING else "")
         return RunView(run_dir, state, note), False
@@ -316,10 +319,7 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
             return RunView(run_dir, state, reason, key), False
         lost = f"slurm job {key} ended without a final state and Slurm no longer knows it (squeue, sacct)"
         return RunView(run_dir, FAILED, lost, key), True
-    try:
-        errors = read_errors(run_dir)
-    except CorruptFile as error:
-        return RunView(run_dir, CORRUPT, f"corrupt run directory: {error}", key), False
+    errors = files.errors
     line = ""
     if slurm.final and not metrics_written(run_dir):  # the job's own log, for slurmstepd's OOM line
         line = slurmstepd_oom_line(job_logs(run_dir, [slurm.job_id, (job_record or {}).get("job_id")]))

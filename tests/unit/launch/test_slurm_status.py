@@ -4,6 +4,7 @@ run directory's own files; the in-job hooks; only the run's own status.json is e
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,14 @@ from harness.launch import slurm_commands
 from harness.launch import status as status_mod
 from harness.launch.status import SlurmIndex, SlurmView, classify, classify_files, refresh, run_view, task_ids
 from harness.rundir import RankError, read_status, write_error, write_json, write_status
+from tests.unit.report import synthetic_runs
+
+def write_measured(run: Path) -> None:
+    """A well-formed metrics.json (status reads a run's files as the report does: `{}` is a corrupt one)."""
+    source = synthetic_runs.make_run(run / "elsewhere", "m", "COMPLETED")
+    (run / "metrics.json").write_bytes((source / "metrics.json").read_bytes())
+    shutil.rmtree(run / "elsewhere")
+
 
 # Recorded from `squeue --json` on the local cluster (trimmed to the fields the harness reads).
 SQUEUE = {
@@ -165,7 +174,7 @@ def test_run_view_rules(tmp_path):
     assert run_view(dry, None, None, None, True)[0].reason == "not submitted"
     # The rank wrote COMPLETED while Slurm still shows the job running: the run said so first.
     done = make_run(tmp_path, "done", "COMPLETED", sub)
-    (done / "metrics.json").write_text("{}")
+    write_measured(done)
     v, write = run_view(done, sub, None, view("job_running"), True)
     assert (v.state, write, v.settled) == ("COMPLETED", False, False)
     # A final state written by the job-end hook is refined by what only Slurm knows.
@@ -186,7 +195,7 @@ def test_run_view_rules(tmp_path):
 
 def test_refresh_writes_only_final_states_into_each_runs_own_file(tmp_path, monkeypatch):
     ok = make_run(tmp_path, "000-ok", "RUNNING", {"job_key": "6_0", "array_job_id": "6", "array_task_id": 0})
-    (ok / "metrics.json").write_text("{}")
+    write_measured(ok)
     bad = make_run(tmp_path, "001-bad", "RUNNING", {"job_key": "9_1", "array_job_id": "9", "array_task_id": 1})
     write_error(bad, 0, FileNotFoundError("no such file"))
     queued = make_run(tmp_path, "002-queued", "PENDING", {"job_key": "1_2", "array_job_id": "1", "array_task_id": 2})
