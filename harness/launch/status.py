@@ -25,6 +25,7 @@ from rich.text import Text
 from harness.launch import slurm_commands
 from harness.launch.job_records import read_job_record, read_submission
 from harness.launch.oom import SIG_OOM, SIGKILL, KillEvidence, host_oom, job_logs, slurmstepd_oom_line
+from harness.launch.slurm_reasons import never_starts
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
@@ -153,6 +154,9 @@ def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError],
     if has_metrics:
         return COMPLETED, ""
     if view.state in SLURM_WAITING:
+        never = never_starts(view.reason)
+        if never:
+            return FAILED, f"slurm job {view.job_id} can never start: {never}; the harness cancelled it"
         requeued = f"requeued ({view.restart_count}x), " if view.restart_count else ""
         return PENDING, f"{requeued}slurm job {view.job_id} {view.state.lower()} ({view.reason or 'None'})"
     if view.state in SLURM_ACTIVE:
@@ -297,8 +301,10 @@ class RunView:
 
     @property
     def settled(self) -> bool:
-        """Final, and Slurm is done with its job too (a rank writes COMPLETED before the job ends)."""
-        return self.final and (self.slurm_state is None or self.slurm_state in SLURM_FINAL)
+        """Final, and Slurm is done with its job too (a rank writes COMPLETED before the job ends), or
+        the job is one that could never start (FAILED while waiting: the harness cancels it)."""
+        done = self.slurm_state is None or self.slurm_state in SLURM_FINAL
+        return self.final and (done or (self.state == FAILED and self.slurm_state in SLURM_WAITING))
 
 
 def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record: Optional[Mapping[str, Any]],
@@ -329,9 +335,13 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
         requeued = slurm.restart_count > int((job_record or {}).get("restart_count") or 0)
         if state in FINAL_STATES and not requeued:
             return RunView(run_dir, state, reason, **seen), False  # the run said so first
-        return RunView(run_dir, new_state, new_reason, **seen), False
+        # FAILED while waiting: a job that can never start, written so that the sweep returns.
+        return RunView(run_dir, new_state, new_reason, **seen), new_state == FAILED
     if state == new_state or state == COMPLETED:
         return RunView(run_dir, state, reason or new_reason, **seen), False
+    if state == FAILED and slurm.state == "CANCELLED" and job_record is None:
+        # The job never started (no job record): the harness failed and cancelled it as unable to start.
+        return RunView(run_dir, state, reason, **seen), False
     return RunView(run_dir, new_state, new_reason, **seen), True
 
 
@@ -371,8 +381,17 @@ def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]
         view, write = run_view(run, submission, records[run], slurm, answered)
         if write:
             write_status(run, view.state, view.reason)
+            if view.slurm_state in SLURM_WAITING:  # it can never start: out of the queue
+                _cancel(view.job_key)
         views.append(view)
     return views
+
+
+def _cancel(job_key: str) -> None:
+    try:
+        slurm_commands.scancel([job_key])
+    except slurm_commands.SlurmError as error:
+        print(f"[harness] scancel {job_key} failed: {error}")
 
 
 def counts(views: Iterable[RunView]) -> Dict[str, int]:

@@ -305,3 +305,38 @@ def test_status_is_polled_every_30_s_by_default():
     from harness.launch.sweep import POLL_S
 
     assert POLL_S == 30.0 and parse_args([]).poll_s == POLL_S and parse_args(["--poll=1"]).poll_s == 1.0
+
+
+# Recorded from `squeue --json` on the local cluster: `--cpus-per-task=64` where nodes have 4 CPUs.
+NEVER = {"job_id": 6, "array_job_id": 0, "array_task_id": None, "array_task_string": "", "job_state": "PENDING",
+         "state_reason": "PartitionConfig", "exit_code": 0, "derived_exit_code": 0, "restart_cnt": 0,
+         "start_time": 0, "end_time": 0}
+
+
+def test_a_job_that_can_never_start_fails_with_the_reason_in_words_and_is_cancelled(tmp_path, monkeypatch):
+    sub = {"job_key": "6", "job_id": "6", "array_job_id": None, "array_task_id": None}
+    run = make_run(tmp_path, "never", "PENDING", sub)
+    cancelled = []
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: [NEVER])
+    monkeypatch.setattr(slurm_commands, "scancel", cancelled.extend)
+    (seen,) = refresh([run])
+    assert seen.state == "FAILED" and seen.settled
+    assert "can never start" in seen.reason and "exceeds what the partition's nodes have" in seen.reason
+    assert read_status(run).state == "FAILED" and cancelled == ["6"]
+    # Once Slurm shows the cancellation, the run keeps its reason (it is not a user's scancel).
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: [{**NEVER, "job_state": "CANCELLED"}])
+    (seen,) = refresh([run])
+    assert seen.state == "FAILED" and "can never start" in read_status(run).reason
+    # A job only waiting for room is left waiting.
+    waiting = make_run(tmp_path, "waiting", "PENDING", sub)
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: [{**NEVER, "state_reason": "Resources"}])
+    assert refresh([waiting])[0].state == "PENDING" and read_status(waiting).state == "PENDING"
+
+
+@pytest.mark.parametrize("reason, never", [("PartitionConfig", True), ("QOSMaxCpuPerJobLimit", True),
+                                           ("AssocMaxNodePerJobLimit", True), ("Priority", False),
+                                           ("QOSMaxJobsPerUserLimit", False), ("ReqNodeNotAvail", False)])
+def test_never_starting_reasons(reason, never):
+    from harness.launch.slurm_reasons import never_starts
+
+    assert (never_starts(reason) is not None) == never
