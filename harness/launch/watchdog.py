@@ -6,6 +6,9 @@ harness.launch.local in its own session. torchrun starts every rank in a session
 process group cannot reach them; the watchdog instead walks its descendants (as a child subreaper, ranks
 orphaned by a dead launcher stay its descendants). A parent-death signal tells it when the harness is gone,
 even by SIGKILL; the time limit is its own, so it holds without the harness.
+
+`python -m harness.launch.watchdog --node RUN_DIR -- LAUNCHER ARGV...` supervises one node's launcher inside
+a Slurm job the same way (harness.launch.sbatch.node_command), where only the rank records are its job.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from harness.rundir import (
 )
 from harness.runtime.lifecycle import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
+# `python -m harness.launch.watchdog --node RUN_DIR -- LAUNCHER ARGV...`: one node of a Slurm job.
+NODE_FLAG = "--node"
 # Exit codes the harness reads back (beside the launcher's own, which is passed through).
 EXIT_TIMEOUT = 124  # as coreutils `timeout`
 EXIT_STOPPED = 130  # the harness died or asked the run to stop
@@ -47,6 +52,10 @@ STALL_S = 10.0
 
 class Stop(Exception):
     """SIGTERM / SIGINT / the parent-death signal reached the watchdog."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM):
+        super().__init__(message)
+        self.signum = signum
 
 
 @dataclass
@@ -254,6 +263,30 @@ def supervise(run_dir: Path, harness_pid: int, timeout_s: float, argv: List[str]
     return launcher.returncode
 
 
+def supervise_node(run_dir: Path, argv: List[str]) -> int:
+    """One node's launcher inside a Slurm job, to its end: the ranks killed by a signal get their records
+    (a SIGKILL leaves none of its own, and Slurm's accounting sees only the launcher, one task per node);
+    Slurm's signals (scancel, the time limit) and the death of the job step stop the tree. Slurm keeps
+    the time and the run's state; the launcher's output goes to the job's log; the exit code is the
+    launcher's, or 128 + the signal that stopped the node."""
+    launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_watchdog)
+    tree = Tree(launcher)
+    total_memory = psutil.virtual_memory().total
+    oom_kills_before = cgroup_oom_kills()
+    try:
+        while launcher.poll() is None:
+            tree.sample()
+            time.sleep(POLL_S)
+    except Stop as stop:
+        kill_tree(os.getpid())
+        return 128 + stop.signum
+    tree.sample()
+    if launcher.returncode != 0:
+        record_signal_deaths(run_dir, tree.gone, total_memory, cgroup_oom_kills() - oom_kills_before)
+    kill_tree(os.getpid(), grace_s=2.0)
+    return launcher.returncode if launcher.returncode >= 0 else 128 - launcher.returncode
+
+
 def stall_reason(stalled: List[RankSeen], now: float) -> str:
     """Which rank hung a run that reached its time limit: the one stopped by a signal, or the one that
     stopped making progress first (its peers then wait for it in a collective)."""
@@ -271,16 +304,22 @@ def _die_with_watchdog() -> None:
 
 
 def _stop(signum, _frame) -> None:
-    raise Stop(f"{signal.Signals(signum).name} received (the harness was interrupted or died)")
+    raise Stop(f"{signal.Signals(signum).name} received (the harness was interrupted or died)", signum)
 
 
 def main(args: List[str]) -> int:
-    run_dir, harness_pid, timeout_s = Path(args[0]), int(args[1]), float(args[2])
     argv = args[args.index("--") + 1:]
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _stop)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if args[0] == NODE_FLAG:  # one node of a Slurm job (harness.launch.sbatch.node_command)
+        try:
+            return supervise_node(Path(args[1]), argv)
+        except Stop as stop:
+            kill_tree(os.getpid())
+            return 128 + stop.signum
+    run_dir, harness_pid, timeout_s = Path(args[0]), int(args[1]), float(args[2])
     if os.getppid() != harness_pid:  # the harness died before the death signal was armed
         return EXIT_STOPPED
     try:

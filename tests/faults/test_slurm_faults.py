@@ -40,3 +40,41 @@ def test_a_job_that_can_never_start_fails_the_point_and_the_sweep_returns(slurm_
     queue = subprocess.run(["squeue", "--noheader", f"--jobs={job}", "--states=PENDING"], env=dict(slurm_cluster),
                            capture_output=True, text=True)
     assert queue.stdout.strip() == "", "the job was left in the queue"
+
+
+def _rank_pids(run: Path, timeout_s: float = 120) -> dict:
+    """{rank: pid} of the job's ranks once both run: the topmost RANK carriers below a process of the run."""
+    import time
+
+    import psutil
+
+    from harness.launch.watchdog import rank_processes
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for process in psutil.process_iter(["cmdline"]):
+            cmdline = process.info["cmdline"] or []
+            if any(str(run) in part for part in cmdline):
+                ranks = {rank: pid for pid, rank in rank_processes(process.pid).items()}
+                if len(ranks) == 2:
+                    return ranks
+        time.sleep(0.5)
+    raise AssertionError(f"the job's ranks did not start within {timeout_s} s")
+
+
+def test_a_rank_killed_inside_a_job_is_named_not_its_peer(slurm_cluster, tmp_path):  # noqa: F811
+    import os
+    import signal
+    import time
+
+    env = dict(slurm_cluster)
+    proc = harness(env, "sweep", *COMMON, f"results_dir={tmp_path}", "bench.steps=400", "--no-wait")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = only_run(tmp_path)
+    ranks = _rank_pids(run)
+    time.sleep(2.0)  # into the run, past the ranks' start
+    os.kill(ranks[1], signal.SIGKILL)
+    harness(env, "sweep", "status", str(run.parent), "--watch", "--poll=1", timeout=180)
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "FAILED", status
+    assert status["reason"].startswith("rank 1: SIGKILL"), status
