@@ -403,14 +403,17 @@ def counts(views: Iterable[RunView]) -> Dict[str, int]:
 
 def timing(views: Sequence[RunView], submitted: Sequence[float]) -> Optional[str]:
     """The grid's wall time (first submission to last job end) against the sum of its jobs' own run
-    times (Slurm start to end): what scheduling and queueing cost on top of the runs."""
-    ran = [v for v in views if v.start and v.end and v.end >= v.start]
+    times (Slurm start to end): what scheduling and queueing cost on top of the runs. Only jobs Slurm
+    has finished count: a running job's end time in squeue is its start plus its time limit."""
+    ran = [v for v in views if v.slurm_state in SLURM_FINAL and v.start and v.end and v.end >= v.start]
     if not ran or not submitted:
         return None
     wall = max(v.end for v in ran) - min(submitted)
     own = sum(v.end - v.start for v in ran)
+    unfinished = sum(1 for v in views if v.slurm_state and v.slurm_state not in SLURM_FINAL)
     return (f"grid wall time {wall:.0f} s (first sbatch to last job end); the {len(ran)} jobs' own run times "
-            f"sum to {own:.0f} s (longest {max(v.end - v.start for v in ran):.0f} s)")
+            f"sum to {own:.0f} s (longest {max(v.end - v.start for v in ran):.0f} s)"
+            + (f"; {unfinished} more not finished" if unfinished else ""))
 
 
 def one_line(views: Sequence[RunView]) -> str:

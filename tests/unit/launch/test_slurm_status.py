@@ -225,7 +225,13 @@ def test_job_hooks(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    write_json(run / "slurm.json", {"job_key": "70_3", "attempt": 1, "history": []})
     slurm_mod.job_start(run)
+    # A requeue by Slurm (SLURM_RESTART_COUNT=1) is the run's next attempt; the interrupted one is history.
+    submission = json.loads((run / "slurm.json").read_text())
+    assert submission["attempt"] == 2 and submission["history"] == [
+        {"job_key": "70_3", "state": "REQUEUED", "files": "attempts/1",
+         "reason": "requeued by Slurm (restart 1: node failure or preemption)"}]
     # The earlier attempt's measurement and errors are set aside, never mixed with this attempt's.
     assert not (run / "metrics.json").exists() and not (run / "errors").exists()
     assert (run / "attempts" / "1" / "metrics.json").exists() and (run / "attempts" / "1" / "errors").is_dir()
@@ -251,6 +257,11 @@ def test_timing_line():
              status_mod.RunView(Path("b"), "COMPLETED", "", "2", "COMPLETED", 110.0, 150.0)]
     line = status_mod.timing(views, [95.0, 95.0])
     assert "grid wall time 55 s" in line and "sum to 70 s" in line
+    # A running job's end in squeue is its start plus its time limit: it does not count until it ends.
+    running = status_mod.RunView(Path("c"), "RUNNING", "", "3", "RUNNING", 120.0, 720.0)
+    line = status_mod.timing([*views, running], [95.0, 95.0, 95.0])
+    assert "grid wall time 55 s" in line and "sum to 70 s" in line and "1 more not finished" in line
+    assert status_mod.timing([running], [95.0]) is None
 
 
 def test_a_job_sbatch_resubmitted_by_hand_is_followed(tmp_path, monkeypatch):
