@@ -141,10 +141,10 @@ def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str
     if holder:  # a launch of this run is alive (a resumed sweep, a second `harness run`): leave it be
         return RUNNING, f"not started again: {holder}"
     rendered = on_this_machine(rendered, free_port())
-    rendered.save()
+    rendered = replace(rendered, argv=[resolve_executable(rendered.argv[0]), *rendered.argv[1:]])
+    rendered.save()  # the line exactly as launched: its port and its launcher's path
     announce(rendered.command_line())
     argv = list(rendered.argv)
-    argv[0] = resolve_executable(argv[0])
     (run_dir / LOG_FILE).write_bytes(b"")
     oom_kills = cgroup_oom_kills()
     with StepFollower(run_dir / LOG_FILE, say or (lambda line: None), prefix=f"[{run_dir.name}] "):

@@ -150,4 +150,4 @@ def test_a_local_launch_records_and_prints_the_line_it_ran(tmp_path, monkeypatch
     local.launch_local(prepared.rendered, 60, {}, announce=printed.append)
     saved = json.loads((tmp_path / "run" / RENDERED_FILE).read_text())["argv"]
     assert parse_launcher(saved)["port"] == 31234 and not PLACEHOLDER.search(" ".join(saved))
-    assert printed == [shlex.join(saved)] and started["argv"][1:] == saved[1:]
+    assert printed == [shlex.join(saved)] and started["argv"] == saved
