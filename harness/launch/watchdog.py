@@ -195,6 +195,7 @@ def kill_tree(root: int, grace_s: float = GRACE_S) -> None:
         return
     for process in processes:
         _signal(process, signal.SIGTERM)
+        _signal(process, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
     _, alive = psutil.wait_procs(processes, timeout=grace_s)
     for process in alive:
         _signal(process, signal.SIGKILL)
