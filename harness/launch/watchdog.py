@@ -67,7 +67,7 @@ class RankSeen:
     available: int = 0
     exit_status: Optional[int] = None  # waitpid-style status read from the zombie, when caught
     cpu_ticks: int = 0  # user + system time so far, in clock ticks
-    last_progress: float = 0.0  # when its CPU time last grew, or it was last seen running (not stopped)
+    last_progress: float = 0.0  # when its CPU time last grew (or it was first seen)
     stopped_since: Optional[float] = None  # stopped by a signal (SIGSTOP, SIGTSTP) or a tracer since then
 
     @property

@@ -50,7 +50,10 @@ def node_argv(text: str) -> list[str]:
     srun = shlex.split(text[start:text.index("\nrc=$?", start)].replace("\\\n", " "))
     command = shlex.split(srun[srun.index("-c", srun.index("bash")) + 1])
     assert command[0] == "exec"
-    return [NODE_VALUES.get(word, word) for word in command[1:]]
+    words = [NODE_VALUES.get(word, word) for word in command[1:]]
+    # The node's supervisor runs the launcher: PYTHON -m harness.launch.watchdog --node RUN_DIR -- LAUNCHER...
+    assert words[1:4] == ["-m", "harness.launch.watchdog", "--node"], words
+    return words[words.index("--") + 1:]
 
 
 def job_threads(text: str) -> int:
