@@ -35,7 +35,8 @@ def test_two_runs_into_one_folder_in_the_same_second_keep_their_own_files(tmp_pa
         ds_config = json.loads((run_dir / "ds_config.json").read_text())
         assert ds_config["zero_optimization"]["stage"] == config["layout"]["zero_stage"]
         stages[config["layout"]["zero_stage"]] = run_dir
-        assert f"layout.zero_stage={config['layout']['zero_stage']}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+        overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
+        assert f"layout.zero_stage={config['layout']['zero_stage']}" in overrides
     assert set(stages) == {1, 2}
     for stage, output in zip((1, 2), outputs):
         launched = re.search(r"--master_port[ =](\d+)", output)
