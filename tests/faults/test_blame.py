@@ -77,3 +77,19 @@ def test_kill9_of_the_watchdog_takes_the_launcher_and_ranks_down(fake_run):
     state, reason = result["out"]
     assert state == "FAILED" and "watchdog was killed by SIGKILL" in reason, reason
     assert read_status(fake_run).reason == reason
+
+
+def test_a_hung_rank_is_the_one_whose_cpu_time_stopped_growing():
+    """Without a stopped process, the hung rank is the one whose CPU time stopped; its peers keep polling."""
+    import subprocess
+
+    from harness.launch.watchdog import STALL_S, RankSeen, Tree, stall_reason
+
+    now = time.time()
+    tree = Tree(subprocess.Popen(["true"]))
+    tree.launcher.wait()
+    tree.ranks = {1: RankSeen(1, 0, now, last_progress=now - 1), 2: RankSeen(2, 1, now, last_progress=now - 40)}
+    assert [seen.rank for seen in tree.stalled()] == [1]
+    assert stall_reason(tree.stalled(), now) == "rank 1 made no progress for the last 40 s"
+    tree.ranks[2].last_progress = now - STALL_S / 2  # slow, not hung: nobody is named
+    assert tree.stalled() == [] and stall_reason([], now) == ""
