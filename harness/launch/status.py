@@ -301,10 +301,12 @@ class RunView:
 
     @property
     def settled(self) -> bool:
-        """Final, and Slurm is done with its job too (a rank writes COMPLETED before the job ends), or
-        the job is one that could never start (FAILED while waiting: the harness cancels it)."""
+        """Final (or CORRUPT: nothing more will happen to it by itself), and Slurm is done with its job too
+        (a rank writes COMPLETED before the job ends), or the job is one that could never start (FAILED
+        while waiting: the harness cancels it)."""
         done = self.slurm_state is None or self.slurm_state in SLURM_FINAL
-        return self.final and (done or (self.state == FAILED and self.slurm_state in SLURM_WAITING))
+        never = self.state == FAILED and self.slurm_state in SLURM_WAITING
+        return (self.final or self.state == CORRUPT) and (done or never)
 
 
 def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record: Optional[Mapping[str, Any]],

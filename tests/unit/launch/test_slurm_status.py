@@ -338,6 +338,9 @@ def test_a_job_that_can_never_start_fails_with_the_reason_in_words_and_is_cancel
     monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: [{**NEVER, "job_state": "CANCELLED"}])
     (seen,) = refresh([run])
     assert seen.state == "FAILED" and "can never start" in read_status(run).reason
+    # A damaged run is settled once its job ended: following it would otherwise never end.
+    assert status_mod.RunView(run, "CORRUPT", "", "6", "COMPLETED").settled
+    assert not status_mod.RunView(run, "CORRUPT", "", "6", "RUNNING").settled
     # A job only waiting for room is left waiting.
     waiting = make_run(tmp_path, "waiting", "PENDING", sub)
     monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: [{**NEVER, "state_reason": "Resources"}])
