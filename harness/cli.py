@@ -52,6 +52,7 @@ def _run_task(cfg) -> None:
         print(f"{run_dir.name}: {error}", file=sys.stderr)
         _failed_runs.append(run_dir.name)
         return
+    run_dir = _follow_claim(cfg, prepared.run_dir)
     if run.standin.of:
         from harness.config.standin import standin_banner
 
@@ -65,6 +66,29 @@ def _run_task(cfg) -> None:
     if state != "COMPLETED" and (_run_options["wait"] or state not in ("PENDING", "RUNNING")):
         _failed_runs.append(run_dir.name)
     _write_summary(run_dir.parent)
+
+
+def _follow_claim(cfg, run_dir: Path) -> Path:
+    """Hydra's record of this composition (.hydra/) and the cli.log handler go to the run directory this
+    process claimed (another `harness run` may have claimed the folder Hydra composed, in the same second)."""
+    import logging
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    hydra = HydraConfig.get()
+    if hydra.output_subdir is not None:
+        record = run_dir / hydra.output_subdir
+        record.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, record / "config.yaml", resolve=False)
+        OmegaConf.save(OmegaConf.create({"hydra": hydra}), record / "hydra.yaml", resolve=False)
+        OmegaConf.save(OmegaConf.create(list(hydra.overrides.task)), record / "overrides.yaml")
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent != run_dir:
+            handler.close()
+            handler.baseFilename = str(run_dir / Path(handler.baseFilename).name)
+            handler.stream = handler._open()
+    return run_dir
 
 
 def _launch(run_dir: Path, prepared) -> Tuple[str, str]:

@@ -39,7 +39,7 @@ prints the sbatch scripts without submitting (`resume` submits them later).
 
   status   refresh every run's state from its files and squeue/sacct, print the grid, write summary.csv
            (--json: one object per run instead of the table)
-  resume   run again what did not complete (FAILED, OOM, TIMEOUT, CANCELLED, never submitted)
+  resume   run again what did not complete (FAILED, OOM, TIMEOUT, CANCELLED, CORRUPT, never submitted)
   cancel   scancel the sweep's queued and running jobs
 
 examples:

@@ -77,6 +77,22 @@ def note_previous_attempt(run_dir: Path, state: str, reason: str) -> None:
     write_json(Path(run_dir) / SUBMISSION_FILE, record)
 
 
+def note_requeue(run_dir: Path, restart_count: int, archived: Optional[Path]) -> None:
+    """Inside a job that Slurm requeued (node failure, preemption: same job, SLURM_RESTART_COUNT > 0): the
+    interrupted attempt goes into slurm.json's history, with where its files were set aside, and this
+    is the next attempt."""
+    record = read_submission(run_dir)
+    if record is None or restart_count < 1:
+        return
+    entry = {"job_key": record.get("job_key"), "state": "REQUEUED",
+             "reason": f"requeued by Slurm (restart {restart_count}: node failure or preemption)"}
+    if archived is not None:
+        entry["files"] = str(archived.relative_to(run_dir))
+    record["history"] = [*record.get("history", []), entry]
+    record["attempt"] = int(record.get("attempt", 0)) + 1
+    write_json(Path(run_dir) / SUBMISSION_FILE, record)
+
+
 def archive_attempt(run_dir: Path) -> Optional[Path]:
     """Move what an earlier attempt measured or reported (metrics, rank errors, job record) aside, so
     that the next attempt is classified from its own files only."""

@@ -85,6 +85,11 @@ def classify(run_dir: Path, returncode: Optional[int], oom_kills: int = 0) -> Tu
         return TIMEOUT, read_status(run_dir).reason or "local time limit reached (launcher.timeout_s)"
     if returncode == 0 and metrics_written(run_dir):
         return COMPLETED, ""
+    if returncode < 0:  # the watchdog itself was killed; the launcher and the ranks died with it
+        name = signal.Signals(-returncode).name
+        oom = host_oom(KillEvidence(signal=-returncode, cgroup_oom_kills=oom_kills))
+        how = f"the run's watchdog was killed by {name}, and the launcher and its ranks with it"
+        return (OOM, f"{oom}; {how}") if oom else (FAILED, how)
     # The ranks' records, root cause first. A non-zero exit after metrics.json is still a failure here
     # (the launcher saw a rank die). A rank killed by a signal writes nothing itself: the watchdog writes
     # its record, dated when the rank was last seen alive, so it sorts before its peers' "connection closed
@@ -136,10 +141,10 @@ def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str
     if holder:  # a launch of this run is alive (a resumed sweep, a second `harness run`): leave it be
         return RUNNING, f"not started again: {holder}"
     rendered = on_this_machine(rendered, free_port())
-    rendered.save()
+    rendered = replace(rendered, argv=[resolve_executable(rendered.argv[0]), *rendered.argv[1:]])
+    rendered.save()  # the line exactly as launched: its port and its launcher's path
     announce(rendered.command_line())
     argv = list(rendered.argv)
-    argv[0] = resolve_executable(argv[0])
     (run_dir / LOG_FILE).write_bytes(b"")
     oom_kills = cgroup_oom_kills()
     with StepFollower(run_dir / LOG_FILE, say or (lambda line: None), prefix=f"[{run_dir.name}] "):

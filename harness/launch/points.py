@@ -24,6 +24,7 @@ from harness.rundir import (
     PRUNED,
     RENDERED_FILE,
     SWEEP_FILE,
+    CorruptFile,
     load_json,
     read_status,
     write_json,
@@ -55,8 +56,8 @@ def prepare_point(cfg: RunConfig, run_dir: Path, overrides: List[str]) -> Point:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_status(run_dir, PRUNED, str(error))
         return Point(run_dir, overrides, cfg, None, str(error))
-    reason = read_status(run_dir).reason if prepared.pruned else ""
-    return Point(run_dir, overrides, prepared.cfg, prepared.rendered, reason)
+    reason = read_status(prepared.run_dir).reason if prepared.pruned else ""
+    return Point(prepared.run_dir, overrides, prepared.cfg, prepared.rendered, reason)
 
 
 def render_pruned(point: Point) -> Point:
@@ -129,5 +130,14 @@ def record_sweep(sweep_dir: Path, sweep_name: str, launcher: str, args: Sequence
 
 
 def sweep_record(sweep_dir: Path) -> Dict[str, Any]:
-    """sweep.json: how the sweep was asked for (its name, launcher and points)."""
-    return load_json(Path(sweep_dir) / SWEEP_FILE)
+    """sweep.json: how the sweep was asked for (its name, launcher and points); UsageError, naming the
+    file, when it cannot be read as such."""
+    path = Path(sweep_dir) / SWEEP_FILE
+    try:
+        record = load_json(path)
+    except CorruptFile as error:
+        raise UsageError(f"{path} cannot be read ({error}); `harness sweep status` still shows its runs") from None
+    missing = [key for key in ("sweep_name", "launcher") if not isinstance(record, dict) or key not in record]
+    if missing:
+        raise UsageError(f"{path} is not a sweep record: {', '.join(missing)} missing")
+    return record

@@ -17,7 +17,16 @@ from harness.launch.host_profile import measure_host_profile
 from harness.launch.local import for_backend
 from harness.plan.construction import model_init_mode
 from harness.plan.planner import Plan, make_plan
-from harness.rundir import CONFIG_FILE, PENDING, PLAN_FILE, PRUNED, Predicted, write_json, write_status
+from harness.rundir import (
+    CONFIG_FILE,
+    PENDING,
+    PLAN_FILE,
+    PRUNED,
+    Predicted,
+    claim_run_dir,
+    write_json,
+    write_status,
+)
 from harness.runtime.sinks import tracking_problem
 
 
@@ -112,9 +121,9 @@ def prediction(plan: Plan) -> Predicted:
 
 
 def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedRun:
-    """Validate and predict, then render. Invalid input raises, or (prune=True) leaves a PRUNED run dir."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Validate and predict, then render. Invalid input raises, or (prune=True) leaves a PRUNED run dir.
+    The run directory is `run_dir`, or `run_dir-N` when another process claimed it first (PreparedRun.run_dir)."""
+    run_dir = claim_run_dir(run_dir)
     try:
         cfg = resolve_model(cfg)
     except HubUnreachable as error:

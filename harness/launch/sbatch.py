@@ -24,6 +24,7 @@ from harness.config.checks import sbatch_option_problems
 from harness.config.schema import RunConfig
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, PORT_BASE, PORT_SPAN, RenderedRun
 from harness.launch.threads import JOB_CPUS_LINE, thread_rule
+from harness.launch.watchdog import NODE_FLAG
 from harness.rundir import JOB_SCRIPT, SWEEP_SLURM_DIR, write_text
 
 TEMPLATE_DIR = REPO_ROOT / "slurm" / "templates"
@@ -173,6 +174,12 @@ def node_command(argv: Sequence[str]) -> str:
     return "exec " + " ".join(words)
 
 
+def supervised(cfg: RunConfig, run_dir: Path, argv: Sequence[str]) -> List[str]:
+    """A node's launch line under the node's supervisor (harness.launch.watchdog --node), which records a
+    rank killed by a signal: nothing else would (Slurm accounts for the launcher, one task per node)."""
+    return [python_executable(cfg), "-m", "harness.launch.watchdog", NODE_FLAG, str(run_dir), "--", *argv]
+
+
 def launcher_executable(cfg: RunConfig, name: str) -> str:
     """Without env_setup the job uses the launcher installed beside the Python that prepared it (as the
     local launcher does); with env_setup, whatever env_setup puts on PATH."""
@@ -222,7 +229,7 @@ def render_job_script(cfg: RunConfig, rendered: RenderedRun, extra_env: Optional
         port_base=PORT_BASE,
         port_span=PORT_SPAN,
         nnodes=rendered.nnodes,
-        node_command=node_command(argv),
+        node_command=node_command(supervised(cfg, run_dir, argv)),
     )
 
 

@@ -16,6 +16,7 @@ from typing import List, Optional
 from harness.launch.job_records import (  # noqa: F401 (re-exported)
     archive_attempt,
     note_previous_attempt,
+    note_requeue,
     read_job_record,
     read_submission,
     record_submission,
@@ -76,8 +77,9 @@ from harness.rundir import (  # noqa: F401 (file names re-exported for callers o
 def job_start(run_dir: Path) -> None:
     """First thing a job does for its run: set earlier attempts aside, record the job, mark RUNNING."""
     run_dir = Path(run_dir)
-    archive_attempt(run_dir)
+    archived = archive_attempt(run_dir)
     env = os.environ
+    note_requeue(run_dir, int(env.get("SLURM_RESTART_COUNT", "0") or 0), archived)
     record = {
         "job_id": env.get("SLURM_JOB_ID"),
         "array_job_id": env.get("SLURM_ARRAY_JOB_ID"),

@@ -25,6 +25,7 @@ from rich.text import Text
 from harness.launch import slurm_commands
 from harness.launch.job_records import read_job_record, read_submission
 from harness.launch.oom import SIG_OOM, SIGKILL, KillEvidence, host_oom, job_logs, slurmstepd_oom_line
+from harness.launch.slurm_reasons import never_starts
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
@@ -36,11 +37,10 @@ from harness.rundir import (
     PRUNED,
     RUNNING,
     TIMEOUT,
-    CorruptFile,
     RankError,
     metrics_written,
     rank_failure,
-    read_errors,
+    read_run,
     read_status,
     slurm_log,
     state_from_files,
@@ -154,6 +154,9 @@ def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError],
     if has_metrics:
         return COMPLETED, ""
     if view.state in SLURM_WAITING:
+        never = never_starts(view.reason)
+        if never:
+            return FAILED, f"slurm job {view.job_id} can never start: {never}; the harness cancelled it"
         requeued = f"requeued ({view.restart_count}x), " if view.restart_count else ""
         return PENDING, f"{requeued}slurm job {view.job_id} {view.state.lower()} ({view.reason or 'None'})"
     if view.state in SLURM_ACTIVE:
@@ -298,15 +301,23 @@ class RunView:
 
     @property
     def settled(self) -> bool:
-        """Final, and Slurm is done with its job too (a rank writes COMPLETED before the job ends)."""
-        return self.final and (self.slurm_state is None or self.slurm_state in SLURM_FINAL)
+        """Final (or CORRUPT: nothing more will happen to it by itself), and Slurm is done with its job too
+        (a rank writes COMPLETED before the job ends), or the job is one that could never start (FAILED
+        while waiting: the harness cancels it)."""
+        done = self.slurm_state is None or self.slurm_state in SLURM_FINAL
+        never = self.state == FAILED and self.slurm_state in SLURM_WAITING
+        return (self.final or self.state == CORRUPT) and (done or never)
 
 
 def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record: Optional[Mapping[str, Any]],
              slurm: Optional[SlurmView], slurm_answered: bool) -> Tuple[RunView, bool]:
-    """(where the run stands, whether that is a final state to write into its status.json)."""
-    status = read_status(run_dir)
-    state, reason = status.state, status.reason
+    """(where the run stands, whether that is a final state to write into its status.json). A run whose
+    files cannot be read is CORRUPT, as in every other reader of run directories (rundir.read_run)."""
+    files = read_run(run_dir)
+    if files.state == CORRUPT:
+        seen = dict(slurm_state=slurm.state, start=slurm.start, end=slurm.end) if slurm else {}
+        return RunView(run_dir, CORRUPT, files.reason, (submission or {}).get("job_key"), **seen), False
+    state, reason = files.status.state, files.status.reason
     if submission is None or state == PRUNED:
         note = reason or ("not submitted" if state == PENDING else "")
         return RunView(run_dir, state, note), False
@@ -316,10 +327,7 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
             return RunView(run_dir, state, reason, key), False
         lost = f"slurm job {key} ended without a final state and Slurm no longer knows it (squeue, sacct)"
         return RunView(run_dir, FAILED, lost, key), True
-    try:
-        errors = read_errors(run_dir)
-    except CorruptFile as error:
-        return RunView(run_dir, CORRUPT, f"corrupt run directory: {error}", key), False
+    errors = files.errors
     line = ""
     if slurm.final and not metrics_written(run_dir):  # the job's own log, for slurmstepd's OOM line
         line = slurmstepd_oom_line(job_logs(run_dir, [slurm.job_id, (job_record or {}).get("job_id")]))
@@ -329,9 +337,13 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
         requeued = slurm.restart_count > int((job_record or {}).get("restart_count") or 0)
         if state in FINAL_STATES and not requeued:
             return RunView(run_dir, state, reason, **seen), False  # the run said so first
-        return RunView(run_dir, new_state, new_reason, **seen), False
+        # FAILED while waiting: a job that can never start, written so that the sweep returns.
+        return RunView(run_dir, new_state, new_reason, **seen), new_state == FAILED
     if state == new_state or state == COMPLETED:
         return RunView(run_dir, state, reason or new_reason, **seen), False
+    if state == FAILED and slurm.state == "CANCELLED" and job_record is None:
+        # The job never started (no job record): the harness failed and cancelled it as unable to start.
+        return RunView(run_dir, state, reason, **seen), False
     return RunView(run_dir, new_state, new_reason, **seen), True
 
 
@@ -371,8 +383,17 @@ def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]
         view, write = run_view(run, submission, records[run], slurm, answered)
         if write:
             write_status(run, view.state, view.reason)
+            if view.slurm_state in SLURM_WAITING:  # it can never start: out of the queue
+                _cancel(view.job_key)
         views.append(view)
     return views
+
+
+def _cancel(job_key: str) -> None:
+    try:
+        slurm_commands.scancel([job_key])
+    except slurm_commands.SlurmError as error:
+        print(f"[harness] scancel {job_key} failed: {error}")
 
 
 def counts(views: Iterable[RunView]) -> Dict[str, int]:
@@ -384,14 +405,17 @@ def counts(views: Iterable[RunView]) -> Dict[str, int]:
 
 def timing(views: Sequence[RunView], submitted: Sequence[float]) -> Optional[str]:
     """The grid's wall time (first submission to last job end) against the sum of its jobs' own run
-    times (Slurm start to end): what scheduling and queueing cost on top of the runs."""
-    ran = [v for v in views if v.start and v.end and v.end >= v.start]
+    times (Slurm start to end): what scheduling and queueing cost on top of the runs. Only jobs Slurm
+    has finished count: a running job's end time in squeue is its start plus its time limit."""
+    ran = [v for v in views if v.slurm_state in SLURM_FINAL and v.start and v.end and v.end >= v.start]
     if not ran or not submitted:
         return None
     wall = max(v.end for v in ran) - min(submitted)
     own = sum(v.end - v.start for v in ran)
+    unfinished = sum(1 for v in views if v.slurm_state and v.slurm_state not in SLURM_FINAL)
     return (f"grid wall time {wall:.0f} s (first sbatch to last job end); the {len(ran)} jobs' own run times "
-            f"sum to {own:.0f} s (longest {max(v.end - v.start for v in ran):.0f} s)")
+            f"sum to {own:.0f} s (longest {max(v.end - v.start for v in ran):.0f} s)"
+            + (f"; {unfinished} more not finished" if unfinished else ""))
 
 
 def one_line(views: Sequence[RunView]) -> str:

@@ -15,10 +15,11 @@ from harness.launch.run import run_prepared
 from harness.launch.run_lock import live_holder
 from harness.launch.sbatch import Submission, group_runs, write_group, write_job_script
 from harness.launch.slurm_commands import scancel
-from harness.launch.status import RunView, one_line, print_status, refresh, timing
+from harness.launch.status import SLURM_FINAL, RunView, one_line, print_status, refresh, timing
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
+    CORRUPT,
     FAILED,
     JOB_SCRIPT,
     OOM,
@@ -26,6 +27,8 @@ from harness.rundir import (
     PRUNED,
     RUNNING,
     TIMEOUT,
+    CorruptFile,
+    RecordError,
     run_dirs,
     write_status,
 )
@@ -158,7 +161,7 @@ def finish(sweep_dir: Path, report: Reporter, since: float = 0.0, query_slurm: b
     if line:
         print(f"[harness] {line}")
     print("\n".join(reported.lines), flush=True)
-    bad = [v.run_dir.name for v in views if v.final and v.state not in (COMPLETED, PRUNED)]
+    bad = [v.run_dir.name for v in views if v.state == CORRUPT or (v.final and v.state not in (COMPLETED, PRUNED))]
     if bad:
         print(f"[harness] not completed: {', '.join(bad)}  (re-run them: harness sweep resume {sweep_dir})",
               file=sys.stderr)
@@ -210,6 +213,8 @@ def to_resume(views: Sequence[RunView], submit_pruned: bool, backend: str) -> Li
     for view in views:
         if view.state in RESUBMIT_STATES:
             chosen.append(view)
+        elif view.state == CORRUPT and (view.slurm_state is None or view.slurm_state in SLURM_FINAL):
+            chosen.append(view)  # what it measured cannot be read: measure it again (the files set aside)
         elif view.state == PRUNED and submit_pruned:
             chosen.append(view)
         elif view.state in (PENDING, RUNNING) and (view.job_key is None if backend == "slurm" else True):
@@ -219,7 +224,11 @@ def to_resume(views: Sequence[RunView], submit_pruned: bool, backend: str) -> Li
 
 def _resumable(view: RunView, opts: Options) -> Optional[Point]:
     """The point to run again (its earlier attempt set aside), or None when it cannot be rendered."""
-    point = load_point(view.run_dir, view.state, view.reason)
+    try:
+        point = load_point(view.run_dir, view.state, view.reason)
+    except (CorruptFile, RecordError, TypeError, ValueError) as error:
+        print(f"[harness] {view.run_dir.name}: not resumed, its launch cannot be read back: {error}", flush=True)
+        return None
     if point.rendered is None:
         if not opts.submit_pruned:
             return None
@@ -230,7 +239,7 @@ def _resumable(view: RunView, opts: Options) -> Optional[Point]:
     if holder:  # never a second launch beside a live one
         print(f"[harness] {view.run_dir.name}: {holder}; not resumed", flush=True)
         return None
-    if not opts.dry_run and view.state in (*RESUBMIT_STATES, RUNNING):
+    if not opts.dry_run and view.state in (*RESUBMIT_STATES, RUNNING, CORRUPT):
         note_previous_attempt(view.run_dir, view.state, view.reason)
         archive_attempt(view.run_dir)
         write_status(view.run_dir, PENDING, f"resubmitted after {view.state}")

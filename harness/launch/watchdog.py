@@ -6,6 +6,9 @@ harness.launch.local in its own session. torchrun starts every rank in a session
 process group cannot reach them; the watchdog instead walks its descendants (as a child subreaper, ranks
 orphaned by a dead launcher stay its descendants). A parent-death signal tells it when the harness is gone,
 even by SIGKILL; the time limit is its own, so it holds without the harness.
+
+`python -m harness.launch.watchdog --node RUN_DIR -- LAUNCHER ARGV...` supervises one node's launcher inside
+a Slurm job the same way (harness.launch.sbatch.node_command), where only the rank records are its job.
 """
 
 from __future__ import annotations
@@ -34,16 +37,25 @@ from harness.rundir import (
 )
 from harness.runtime.lifecycle import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
+# `python -m harness.launch.watchdog --node RUN_DIR -- LAUNCHER ARGV...`: one node of a Slurm job.
+NODE_FLAG = "--node"
 # Exit codes the harness reads back (beside the launcher's own, which is passed through).
 EXIT_TIMEOUT = 124  # as coreutils `timeout`
 EXIT_STOPPED = 130  # the harness died or asked the run to stop
 POLL_S = 0.02  # short enough to see a dead rank before its launcher reaps it (torchrun polls every 0.1 s)
 DISCOVER_EVERY = 5
 GRACE_S = 10.0  # SIGTERM, then SIGKILL: ranks get this long to flush
+# A rank whose CPU time has not grown for this long is hung: the kernel counts CPU time in ticks of
+# 1-10 ms, and a live rank, even one waiting in a collective, polls far more often than that.
+STALL_S = 10.0
 
 
 class Stop(Exception):
     """SIGTERM / SIGINT / the parent-death signal reached the watchdog."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM):
+        super().__init__(message)
+        self.signum = signum
 
 
 @dataclass
@@ -54,6 +66,26 @@ class RankSeen:
     rss: int = 0
     available: int = 0
     exit_status: Optional[int] = None  # waitpid-style status read from the zombie, when caught
+    cpu_ticks: int = 0  # user + system time so far, in clock ticks
+    last_progress: float = 0.0  # when its CPU time last grew (or it was first seen)
+    stopped_since: Optional[float] = None  # stopped by a signal (SIGSTOP, SIGTSTP) or a tracer since then
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_since is not None
+
+    def observe(self, now: float, available: int, state: "ProcState") -> None:
+        self.last_alive, self.available = now, available
+        self.rss = max(self.rss, state.rss)
+        if state.letter not in STOPPED_STATES:
+            self.stopped_since = None
+        elif self.stopped_since is None:
+            self.stopped_since = now
+        if state.cpu_ticks > self.cpu_ticks:
+            self.cpu_ticks, self.last_progress = state.cpu_ticks, now
+
+    def stalled_since(self) -> float:
+        return self.stopped_since if self.stopped_since is not None else self.last_progress
 
 
 @dataclass
@@ -68,22 +100,30 @@ class Tree:
     def sample(self) -> None:
         now = time.time()
         available = psutil.virtual_memory().available
-        # Looking for new ranks walks every process of the machine: a few times a second is enough.
+        # Looking for new ranks walks the launcher's tree: a few times a second is enough.
         if self.samples % DISCOVER_EVERY == 0:
-            for child in _descendants(self.launcher.pid):
-                if child.pid not in self.ranks and child.pid not in {seen.pid for seen in self.gone}:
-                    rank = _rank_of(child)
-                    if rank is not None:
-                        self.ranks[child.pid] = RankSeen(child.pid, rank, now)
+            known = {*self.ranks, *(seen.pid for seen in self.gone)}
+            for pid, rank in rank_processes(self.launcher.pid).items():
+                if pid not in known:
+                    self.ranks[pid] = RankSeen(pid, rank, now, available=available, last_progress=now)
         self.samples += 1
         for pid, seen in list(self.ranks.items()):
             state = _proc_state(pid)
-            if state is None or state[0] == "Z":
-                seen.exit_status = state[1] if state else None
+            if state is None or state.letter == "Z":
+                seen.exit_status = state.exit_status if state else None
                 self.gone.append(self.ranks.pop(pid))
                 continue
-            seen.last_alive, seen.available = now, available
-            seen.rss = max(seen.rss, state[2])
+            seen.observe(now, available, state)
+
+    def stalled(self) -> List[RankSeen]:
+        """The ranks that stopped making progress: those stopped by a signal, else the one whose CPU time
+        last grew longest ago, at least STALL_S ago (a hung rank's peers wait for it in a collective, still
+        polling, so their CPU time grows)."""
+        live = sorted(self.ranks.values(), key=lambda seen: (not seen.stopped, seen.stalled_since(), seen.rank))
+        stopped = [seen for seen in live if seen.stopped]
+        if stopped:
+            return stopped
+        return [seen for seen in live[:1] if time.time() - seen.stalled_since() >= STALL_S]
 
 
 def _descendants(pid: int) -> List[psutil.Process]:
@@ -93,23 +133,58 @@ def _descendants(pid: int) -> List[psutil.Process]:
         return []
 
 
-def _rank_of(process: psutil.Process) -> Optional[int]:
-    try:
-        rank = process.environ().get("RANK")
-    except psutil.Error:
-        return None
-    return int(rank) if rank is not None and rank.isdigit() else None
+def rank_processes(launcher_pid: int) -> Dict[int, int]:
+    """{pid: rank} of the launcher's ranks: in its process tree, the topmost processes that carry a rank.
+
+    A launcher starts each rank with RANK set (torchrun and accelerate as their own children, DeepSpeed's
+    runner one level further down, under its per-node launch.py), and every process a rank starts in turn
+    (a compiler, a linker, a forked Python) inherits RANK: those are below a rank, never ranks."""
+    processes = _descendants(launcher_pid)
+    parent_of = {}
+    carriers = {}
+    for process in processes:
+        try:
+            parent_of[process.pid] = process.ppid()
+            rank = process.environ().get("RANK")
+        except psutil.Error:
+            continue
+        if rank is not None and rank.isdigit():
+            carriers[process.pid] = int(rank)
+    return {pid: rank for pid, rank in carriers.items() if not _below_a_carrier(pid, parent_of, carriers)}
 
 
-def _proc_state(pid: int):
-    """(state letter, exit status of a zombie or None, resident bytes) from /proc/PID/stat; None when gone."""
+def _below_a_carrier(pid: int, parent_of: Dict[int, int], carriers: Dict[int, int]) -> bool:
+    parent = parent_of.get(pid)
+    while parent in parent_of:  # stops at the launcher, outside the map of its descendants
+        if parent in carriers:
+            return True
+        parent = parent_of[parent]
+    return False
+
+
+# /proc/PID/stat letters of a process stopped by a signal (T) or a tracer (t).
+STOPPED_STATES = ("T", "t")
+
+
+@dataclass(frozen=True)
+class ProcState:
+    letter: str
+    exit_status: Optional[int]  # of a zombie
+    rss: int  # bytes
+    cpu_ticks: int  # user + system
+
+
+def _proc_state(pid: int) -> Optional[ProcState]:
+    """A process's state from /proc/PID/stat (proc(5)); None when gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    # Fields after the command: state is field 3, rss (pages) field 24, exit_code field 52 (Linux 3.5+).
+    # Fields after the command (proc(5) numbers them from 1): state is field 3, utime 14, stime 15,
+    # rss (pages) 24, exit_code 52 (Linux 3.5+); fields[i] is field i + 3.
     exit_status = int(fields[49]) if fields[0] == "Z" and len(fields) > 49 else None
-    return fields[0], exit_status, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    return ProcState(fields[0], exit_status, int(fields[21]) * os.sysconf("SC_PAGE_SIZE"),
+                     int(fields[11]) + int(fields[12]))
 
 
 def kill_tree(root: int, grace_s: float = GRACE_S) -> None:
@@ -120,6 +195,7 @@ def kill_tree(root: int, grace_s: float = GRACE_S) -> None:
         return
     for process in processes:
         _signal(process, signal.SIGTERM)
+        _signal(process, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
     _, alive = psutil.wait_procs(processes, timeout=grace_s)
     for process in alive:
         _signal(process, signal.SIGKILL)
@@ -160,7 +236,8 @@ def supervise(run_dir: Path, harness_pid: int, timeout_s: float, argv: List[str]
     """Run the launcher to its end, the time limit, or the harness's death; the exit code says which."""
     deadline = time.monotonic() + timeout_s
     with open(run_dir / LAUNCH_LOG, "ab") as log:
-        launcher = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        launcher = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=_die_with_watchdog)
     tree = Tree(launcher)
     total_memory = psutil.virtual_memory().total
     oom_kills_before = cgroup_oom_kills()
@@ -169,8 +246,10 @@ def supervise(run_dir: Path, harness_pid: int, timeout_s: float, argv: List[str]
             if os.getppid() != harness_pid:
                 raise Stop("the harness died")
             if time.monotonic() > deadline:
+                stalled = stall_reason(tree.stalled(), time.time())
                 kill_tree(os.getpid())
-                write_status(run_dir, TIMEOUT, f"local time limit reached (launcher.timeout_s={timeout_s:g})")
+                write_status(run_dir, TIMEOUT, f"local time limit reached (launcher.timeout_s={timeout_s:g})"
+                                               + (f"; {stalled}" if stalled else ""))
                 return EXIT_TIMEOUT
             tree.sample()
             time.sleep(POLL_S)
@@ -179,22 +258,69 @@ def supervise(run_dir: Path, harness_pid: int, timeout_s: float, argv: List[str]
         write_status(run_dir, CANCELLED, f"stopped: {stop}")
         return EXIT_STOPPED
     tree.sample()
-    record_signal_deaths(run_dir, tree.gone, total_memory, cgroup_oom_kills() - oom_kills_before)
+    if launcher.returncode != 0:  # a launcher that exited 0 saw every rank end well: nothing to record
+        record_signal_deaths(run_dir, tree.gone, total_memory, cgroup_oom_kills() - oom_kills_before)
     kill_tree(os.getpid(), grace_s=2.0)  # anything the launcher left behind
     return launcher.returncode
 
 
+def supervise_node(run_dir: Path, argv: List[str]) -> int:
+    """One node's launcher inside a Slurm job, to its end: the ranks killed by a signal get their records
+    (a SIGKILL leaves none of its own, and Slurm's accounting sees only the launcher, one task per node);
+    Slurm's signals (scancel, the time limit) and the death of the job step stop the tree. Slurm keeps
+    the time and the run's state; the launcher's output goes to the job's log; the exit code is the
+    launcher's, or 128 + the signal that stopped the node."""
+    launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_watchdog)
+    tree = Tree(launcher)
+    total_memory = psutil.virtual_memory().total
+    oom_kills_before = cgroup_oom_kills()
+    try:
+        while launcher.poll() is None:
+            tree.sample()
+            time.sleep(POLL_S)
+    except Stop as stop:
+        kill_tree(os.getpid())
+        return 128 + stop.signum
+    tree.sample()
+    if launcher.returncode != 0:
+        record_signal_deaths(run_dir, tree.gone, total_memory, cgroup_oom_kills() - oom_kills_before)
+    kill_tree(os.getpid(), grace_s=2.0)
+    return launcher.returncode if launcher.returncode >= 0 else 128 - launcher.returncode
+
+
+def stall_reason(stalled: List[RankSeen], now: float) -> str:
+    """Which rank hung a run that reached its time limit: the one stopped by a signal, or the one that
+    stopped making progress first (its peers then wait for it in a collective)."""
+    if not stalled:
+        return ""
+    names = ", ".join(str(seen.rank) for seen in stalled)
+    how = "stopped by a signal (SIGSTOP or SIGTSTP)" if stalled[0].stopped else "made no progress"
+    return f"rank {names} {how} for the last {now - stalled[0].stalled_since():.0f} s"
+
+
+def _die_with_watchdog() -> None:
+    """In the launcher, before exec: SIGTERM when the watchdog dies (even by SIGKILL), so that the launcher
+    stops its ranks, which die with it in turn (harness.runtime.lifecycle, armed by each rank)."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _stop(signum, _frame) -> None:
-    raise Stop(f"{signal.Signals(signum).name} received (the harness was interrupted or died)")
+    raise Stop(f"{signal.Signals(signum).name} received (the harness was interrupted or died)", signum)
 
 
 def main(args: List[str]) -> int:
-    run_dir, harness_pid, timeout_s = Path(args[0]), int(args[1]), float(args[2])
     argv = args[args.index("--") + 1:]
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _stop)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if args[0] == NODE_FLAG:  # one node of a Slurm job (harness.launch.sbatch.node_command)
+        try:
+            return supervise_node(Path(args[1]), argv)
+        except Stop as stop:
+            kill_tree(os.getpid())
+            return 128 + stop.signum
+    run_dir, harness_pid, timeout_s = Path(args[0]), int(args[1]), float(args[2])
     if os.getppid() != harness_pid:  # the harness died before the death signal was armed
         return EXIT_STOPPED
     try:

@@ -4,6 +4,7 @@ The bottom layer: it imports nothing else of the harness, and every other packag
 directories through it.
 """
 
+from harness.rundir.claim import claim_run_dir  # noqa: F401
 from harness.rundir.files import *  # noqa: F401,F403 (the file names are the contract)
 from harness.rundir.readers import (  # noqa: F401
     CorruptFile,

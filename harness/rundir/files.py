@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Dict, Union
 
 # A run directory (one point of a sweep, or one `harness run`).
+CLAIM_FILE = "claim.json"  # created first and exclusively by the one process that fills the directory
 CONFIG_FILE = "config.json"  # the resolved RunConfig
 PLAN_FILE = "plan.json"  # the planner's verdict and prediction
 RENDERED_FILE = "rendered.json"  # the launch command the engine rendered (read back by resume)

@@ -1,24 +1,37 @@
 """A rank of a fake training job started by the real torchrun: no torch work, just the shapes of failure.
 
-Every rank arms its fatal-signal report as the real ranks do, writes its pid to pids/rank<N> and sleeps.
-Rank 0 watches rank 1 and, when it disappears, fails the way a gloo collective does when its peer dies
-("Connection closed by peer"), writing its error record.
+Every rank ties itself to its launcher and arms its fatal-signal report as the real ranks do (bench.main),
+starts a short-lived child that inherits its environment (as a real rank's compiler or linker does),
+writes its pid to pids/rank<N> and sleeps. Rank 0 watches rank 1 and, when it disappears, fails the way a
+gloo collective does when its peer dies ("Connection closed by peer"), writing its error record.
+FAKE_RANK_MODE=succeed: every rank ends well instead, rank 0 writing metrics.json.
 """
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from harness.rundir import write_error
+from harness.rundir import METRICS_FILE, write_error
 from harness.runtime.fatal_report import FatalReport
+from harness.runtime.lifecycle import die_with_parent
 
 run_dir = Path(sys.argv[1])
 rank = int(os.environ["RANK"])
-FatalReport(run_dir, rank).arm()  # disarmed by no one: a rank that exits leaves an empty report
+die_with_parent()
+report = FatalReport(run_dir, rank).arm()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])  # RANK inherited
 pids = run_dir / "pids"
 pids.mkdir(exist_ok=True)
 (pids / f"rank{rank}").write_text(str(os.getpid()))
+child.wait()
+if os.environ.get("FAKE_RANK_MODE") == "succeed":
+    time.sleep(0.5)
+    report.disarm()
+    if rank == 0:
+        (run_dir / METRICS_FILE).write_text("{}")
+    sys.exit(0)
 deadline = time.time() + 120
 if rank == 0:
     peer = pids / "rank1"

@@ -13,14 +13,15 @@ from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, MONITOR_INTERVAL,
 FAKE_RANK = Path(__file__).with_name("fake_rank.py")
 
 
-def fake_job(run_dir: Path, nproc: int = 2) -> RenderedRun:
-    """torchrun (the venv's) starting `nproc` fake ranks in run_dir."""
+def fake_job(run_dir: Path, nproc: int = 2, mode: str = "") -> RenderedRun:
+    """torchrun (the venv's) starting `nproc` fake ranks in run_dir (`mode`: fake_rank.py's FAKE_RANK_MODE)."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     return RenderedRun(
         run_dir=str(run_dir), engine="fake", launcher="torchrun", nnodes=1, nproc_per_node=nproc,
         argv=[torchrun, "--nnodes", "1", "--nproc_per_node", str(nproc), "--node_rank", NODE_RANK,
               "--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT, *MONITOR_INTERVAL,
               str(FAKE_RANK), str(run_dir)],
+        env={"FAKE_RANK_MODE": mode} if mode else {},
     )  # fmt: skip
 
 

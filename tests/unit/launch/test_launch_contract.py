@@ -50,7 +50,10 @@ def node_argv(text: str) -> list[str]:
     srun = shlex.split(text[start:text.index("\nrc=$?", start)].replace("\\\n", " "))
     command = shlex.split(srun[srun.index("-c", srun.index("bash")) + 1])
     assert command[0] == "exec"
-    return [NODE_VALUES.get(word, word) for word in command[1:]]
+    words = [NODE_VALUES.get(word, word) for word in command[1:]]
+    # The node's supervisor runs the launcher: PYTHON -m harness.launch.watchdog --node RUN_DIR -- LAUNCHER...
+    assert words[1:4] == ["-m", "harness.launch.watchdog", "--node"], words
+    return words[words.index("--") + 1:]
 
 
 def job_threads(text: str) -> int:
@@ -150,4 +153,4 @@ def test_a_local_launch_records_and_prints_the_line_it_ran(tmp_path, monkeypatch
     local.launch_local(prepared.rendered, 60, {}, announce=printed.append)
     saved = json.loads((tmp_path / "run" / RENDERED_FILE).read_text())["argv"]
     assert parse_launcher(saved)["port"] == 31234 and not PLACEHOLDER.search(" ".join(saved))
-    assert printed == [shlex.join(saved)] and started["argv"][1:] == saved[1:]
+    assert printed == [shlex.join(saved)] and started["argv"] == saved

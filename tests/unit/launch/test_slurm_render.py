@@ -143,7 +143,8 @@ def test_site_values_come_from_the_launcher_config(tmp_path):
         assert expected in lines, (expected, lines)
     assert "module load cuda/12.4\nsource /shared/venv/bin/activate\n" in text
     # With env_setup the launcher and the hooks' Python come from what env_setup put on PATH.
-    assert "PYTHON=python\n" in text and "exec torchrun " in text
+    assert "PYTHON=python\n" in text and "exec python -m harness.launch.watchdog --node " in text
+    assert " -- torchrun " in text
 
 
 def test_nothing_is_hard_coded_for_a_site(tmp_path):

@@ -4,6 +4,7 @@ run directory's own files; the in-job hooks; only the run's own status.json is e
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,14 @@ from harness.launch import slurm_commands
 from harness.launch import status as status_mod
 from harness.launch.status import SlurmIndex, SlurmView, classify, classify_files, refresh, run_view, task_ids
 from harness.rundir import RankError, read_status, write_error, write_json, write_status
+from tests.unit.report import synthetic_runs
+
+def write_measured(run: Path) -> None:
+    """A well-formed metrics.json (status reads a run's files as the report does: `{}` is a corrupt one)."""
+    source = synthetic_runs.make_run(run / "elsewhere", "m", "COMPLETED")
+    (run / "metrics.json").write_bytes((source / "metrics.json").read_bytes())
+    shutil.rmtree(run / "elsewhere")
+
 
 # Recorded from `squeue --json` on the local cluster (trimmed to the fields the harness reads).
 SQUEUE = {
@@ -165,7 +174,7 @@ def test_run_view_rules(tmp_path):
     assert run_view(dry, None, None, None, True)[0].reason == "not submitted"
     # The rank wrote COMPLETED while Slurm still shows the job running: the run said so first.
     done = make_run(tmp_path, "done", "COMPLETED", sub)
-    (done / "metrics.json").write_text("{}")
+    write_measured(done)
     v, write = run_view(done, sub, None, view("job_running"), True)
     assert (v.state, write, v.settled) == ("COMPLETED", False, False)
     # A final state written by the job-end hook is refined by what only Slurm knows.
@@ -186,7 +195,7 @@ def test_run_view_rules(tmp_path):
 
 def test_refresh_writes_only_final_states_into_each_runs_own_file(tmp_path, monkeypatch):
     ok = make_run(tmp_path, "000-ok", "RUNNING", {"job_key": "6_0", "array_job_id": "6", "array_task_id": 0})
-    (ok / "metrics.json").write_text("{}")
+    write_measured(ok)
     bad = make_run(tmp_path, "001-bad", "RUNNING", {"job_key": "9_1", "array_job_id": "9", "array_task_id": 1})
     write_error(bad, 0, FileNotFoundError("no such file"))
     queued = make_run(tmp_path, "002-queued", "PENDING", {"job_key": "1_2", "array_job_id": "1", "array_task_id": 2})
@@ -216,7 +225,13 @@ def test_job_hooks(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    write_json(run / "slurm.json", {"job_key": "70_3", "attempt": 1, "history": []})
     slurm_mod.job_start(run)
+    # A requeue by Slurm (SLURM_RESTART_COUNT=1) is the run's next attempt; the interrupted one is history.
+    submission = json.loads((run / "slurm.json").read_text())
+    assert submission["attempt"] == 2 and submission["history"] == [
+        {"job_key": "70_3", "state": "REQUEUED", "files": "attempts/1",
+         "reason": "requeued by Slurm (restart 1: node failure or preemption)"}]
     # The earlier attempt's measurement and errors are set aside, never mixed with this attempt's.
     assert not (run / "metrics.json").exists() and not (run / "errors").exists()
     assert (run / "attempts" / "1" / "metrics.json").exists() and (run / "attempts" / "1" / "errors").is_dir()
@@ -242,6 +257,11 @@ def test_timing_line():
              status_mod.RunView(Path("b"), "COMPLETED", "", "2", "COMPLETED", 110.0, 150.0)]
     line = status_mod.timing(views, [95.0, 95.0])
     assert "grid wall time 55 s" in line and "sum to 70 s" in line
+    # A running job's end in squeue is its start plus its time limit: it does not count until it ends.
+    running = status_mod.RunView(Path("c"), "RUNNING", "", "3", "RUNNING", 120.0, 720.0)
+    line = status_mod.timing([*views, running], [95.0, 95.0, 95.0])
+    assert "grid wall time 55 s" in line and "sum to 70 s" in line and "1 more not finished" in line
+    assert status_mod.timing([running], [95.0]) is None
 
 
 def test_a_job_sbatch_resubmitted_by_hand_is_followed(tmp_path, monkeypatch):
@@ -296,3 +316,41 @@ def test_status_is_polled_every_30_s_by_default():
     from harness.launch.sweep import POLL_S
 
     assert POLL_S == 30.0 and parse_args([]).poll_s == POLL_S and parse_args(["--poll=1"]).poll_s == 1.0
+
+
+# Recorded from `squeue --json` on the local cluster: `--cpus-per-task=64` where nodes have 4 CPUs.
+NEVER = {"job_id": 6, "array_job_id": 0, "array_task_id": None, "array_task_string": "", "job_state": "PENDING",
+         "state_reason": "PartitionConfig", "exit_code": 0, "derived_exit_code": 0, "restart_cnt": 0,
+         "start_time": 0, "end_time": 0}
+
+
+def test_a_job_that_can_never_start_fails_with_the_reason_in_words_and_is_cancelled(tmp_path, monkeypatch):
+    sub = {"job_key": "6", "job_id": "6", "array_job_id": None, "array_task_id": None}
+    run = make_run(tmp_path, "never", "PENDING", sub)
+    cancelled = []
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: [NEVER])
+    monkeypatch.setattr(slurm_commands, "scancel", cancelled.extend)
+    (seen,) = refresh([run])
+    assert seen.state == "FAILED" and seen.settled
+    assert "can never start" in seen.reason and "exceeds what the partition's nodes have" in seen.reason
+    assert read_status(run).state == "FAILED" and cancelled == ["6"]
+    # Once Slurm shows the cancellation, the run keeps its reason (it is not a user's scancel).
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: [{**NEVER, "job_state": "CANCELLED"}])
+    (seen,) = refresh([run])
+    assert seen.state == "FAILED" and "can never start" in read_status(run).reason
+    # A damaged run is settled once its job ended: following it would otherwise never end.
+    assert status_mod.RunView(run, "CORRUPT", "", "6", "COMPLETED").settled
+    assert not status_mod.RunView(run, "CORRUPT", "", "6", "RUNNING").settled
+    # A job only waiting for room is left waiting.
+    waiting = make_run(tmp_path, "waiting", "PENDING", sub)
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: [{**NEVER, "state_reason": "Resources"}])
+    assert refresh([waiting])[0].state == "PENDING" and read_status(waiting).state == "PENDING"
+
+
+@pytest.mark.parametrize("reason, never", [("PartitionConfig", True), ("QOSMaxCpuPerJobLimit", True),
+                                           ("AssocMaxNodePerJobLimit", True), ("Priority", False),
+                                           ("QOSMaxJobsPerUserLimit", False), ("ReqNodeNotAvail", False)])
+def test_never_starting_reasons(reason, never):
+    from harness.launch.slurm_reasons import never_starts
+
+    assert (never_starts(reason) is not None) == never
