@@ -38,3 +38,13 @@ def test_materialising_only_a_part_leaves_the_rest_on_meta():
     materialize(model.model.layers[0], model, torch.device("cpu"), seed=0)
     assert not any(p.is_meta for p in model.model.layers[0].parameters())
     assert all(p.is_meta for p in model.model.layers[1].parameters())
+
+
+def test_materialising_keeps_tied_embeddings_one_parameter():
+    """Tied input and output embeddings stay one tensor: to_empty gives every module its own copy, which
+    would train two matrices and hold a second one's gradient and Adam state."""
+    model = build_model({**FIELDS, "tie_word_embeddings": True}, 0, on_meta=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    materialize(model, model, torch.device("cpu"), seed=0)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert len(list(model.parameters())) == len(list(build_model({**FIELDS, "tie_word_embeddings": True}, 0).parameters()))
