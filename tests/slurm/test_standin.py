@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.runtime.reference import BF16_RTOL, FP32_RTOL, META_INIT_RTOL
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,15 +33,6 @@ RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("gpu_*.yaml") if "megat
 # The one submitted by `harness run` (the smallest: one rank); the others go as one sweep.
 BY_RUN = "gpu_llama8b_zero3_offload_1gpu"
 COMMON = ["tracking=disabled"]
-# bf16 relative tolerances on the loss, per engine, against the by-hand bf16 reference. FSDP and
-# DeepSpeed as their integration suites (tests/integration/test_fsdp.py: one bf16 rounding of a
-# gradient sum, 1e-4; test_deepspeed.py: bf16 gradients accumulated in bf16, 2e-3). nd adds tensor
-# parallelism: a row-parallel projection's partial outputs are summed in bf16 across tp ranks, one more
-# rounding (u = 2^-8) per output element, averaged over the tokens' logits: measured <= 1.5e-4 after
-# four steps; 5e-4 leaves a 3x margin and stays 8x below one bf16 rounding of the loss itself.
-BF16_RTOL = {"fsdp": 1e-4, "deepspeed": 2e-3, "nd": 5e-4}
-FP32_RTOL = 1e-5
-META_INIT_RTOL = 0.02
 TIMEOUT_S = 1200
 WALL_TIMES: dict = {}
 
