@@ -297,7 +297,12 @@ def device_facts(mode: Mode) -> Dict[str, Any]:
     return facts
 
 
-def check_stages(mode: Mode, out_dir: Path, budget_s: float, say: Callable[[str], None],
+def runs_folder(out_dir: Path) -> Path:
+    """This invocation's run directories (a new folder each time: an earlier check's runs stay as they were)."""
+    return out_dir / "runs" / time.strftime("%Y%m%d-%H%M%S")
+
+
+def check_stages(mode: Mode, runs: Path, budget_s: float, say: Callable[[str], None],
                  only: Sequence[str] = ()) -> List[Outcome]:
     """Every stage in order (or those named), each announced and concluded on one line; one that fails
     does not stop the rest."""
@@ -312,10 +317,10 @@ def check_stages(mode: Mode, out_dir: Path, budget_s: float, say: Callable[[str]
             continue
         say(f"{tag}: started ({left:.0f} s of the budget left)")
         began = time.monotonic()
-        outcome = guarded(stage, lambda: (run_calibrate(out_dir / "calibrate" / "profile.json", int(left))
+        outcome = guarded(stage, lambda: (run_calibrate(runs / "calibrate" / "profile.json", int(left))
                                           if stage.kind == "calibrate" else
-                                          run_stage(stage, stage_overrides(mode, stage, out_dir / "runs", int(left)),
-                                                    out_dir / "runs" / stage.name, references, say)))
+                                          run_stage(stage, stage_overrides(mode, stage, runs, int(left)),
+                                                    runs / stage.name, references, say)))
         outcome.wall_s = round(time.monotonic() - began, 1)
         say(f"{tag}: {outcome.status} in {outcome.wall_s:.0f} s{conclusion(outcome)}")
         outcomes.append(outcome)
@@ -337,7 +342,8 @@ def conclusion(outcome: Outcome) -> str:
         return f": {outcome.reason}"
     loss = outcome.checks.get("loss")
     if loss:
-        return f" (losses within {loss['rtol']:g} of {loss['rule']}: {loss['max_rel_error']:.2e}; state bytes as planned)"
+        return (f" (losses within {loss['rtol']:g} of {loss['rule']}: {loss['max_rel_error']:.2e}; "
+                "state bytes as planned)")
     return ""
 
 
@@ -439,7 +445,7 @@ def main(argv: Sequence[str] = ()) -> int:
         print(f"gpu-check: --only={args.only}: no stage named {', '.join(unknown)} (stages: "
               f"{', '.join(stage.name for stage in stages(mode))})", file=sys.stderr)
         return 2
-    outcomes = check_stages(mode, out_dir, args.budget_s, lambda line: print(line, flush=True), only)
+    outcomes = check_stages(mode, runs_folder(out_dir), args.budget_s, lambda line: print(line, flush=True), only)
     result = summary(mode, outcomes, time.monotonic() - start, args.budget_s)
     write_json(summary_file, result)
     print("\n".join(["", "predicted / measured (rank 0; memory: plan total vs CUDA allocator peak):",
@@ -453,12 +459,12 @@ def dry_run(mode: Mode, out_dir: Path) -> int:
     configs proven on a machine without the GPU."""
     from harness.launch.prepare import RunRejected
 
-    problems = []
+    problems, runs = [], runs_folder(out_dir)
     for stage in stages(mode):
         if stage.kind == "calibrate":
             continue
         try:
-            prepared = prepare_stage(stage_overrides(mode, stage, out_dir / "runs", 60), out_dir / "runs" / stage.name)
+            prepared = prepare_stage(stage_overrides(mode, stage, runs, 60), runs / stage.name)
             plan = prepared.plan
             print(f"[gpu-check dry-run] {stage.name}: {plan.memory.total_bytes / 2**30:.2f} GiB per rank of "
                   f"{plan.device_memory_bytes / 2**30:.0f}, step {plan.step_time_s:.3f} s predicted", flush=True)

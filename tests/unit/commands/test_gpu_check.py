@@ -47,7 +47,8 @@ def test_every_gpu_stage_composes_plans_to_fit_an_h100_and_renders(tmp_path):
     lines = proc.stdout.splitlines()
     assert len(runs) == 6 and [line.split(":")[0] for line in lines] == [f"[gpu-check dry-run] {n}" for n in runs]
     assert all("GiB per rank of 80" in line for line in lines)
-    plans = {n: json.loads((tmp_path / "runs" / n / "plan.json").read_text()) for n in runs}
+    plans = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("runs/*/*/plan.json")}
+    assert sorted(plans) == sorted(runs)
     assert plans["nd_meta"]["model_init"] == "meta" and plans["fsdp2"]["model_init"] == "full"
     # ~1B: Llama-3.2-1B's 1.24e9 parameters (tied embeddings counted once)
     assert plans["fsdp2"]["model"]["total_params"] == pytest.approx(1.236e9, rel=1e-3)

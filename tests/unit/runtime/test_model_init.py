@@ -43,8 +43,9 @@ def test_materialising_only_a_part_leaves_the_rest_on_meta():
 def test_materialising_keeps_tied_embeddings_one_parameter():
     """Tied input and output embeddings stay one tensor: to_empty gives every module its own copy, which
     would train two matrices and hold a second one's gradient and Adam state."""
-    model = build_model({**FIELDS, "tie_word_embeddings": True}, 0, on_meta=True)
+    tied = {**FIELDS, "tie_word_embeddings": True}
+    model = build_model(tied, 0, on_meta=True)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     materialize(model, model, torch.device("cpu"), seed=0)
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert len(list(model.parameters())) == len(list(build_model({**FIELDS, "tie_word_embeddings": True}, 0).parameters()))
+    assert len(list(model.parameters())) == len(list(build_model(tied, 0).parameters()))
