@@ -21,6 +21,10 @@ if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
         echo "gpu-check: no wheels in $WHEELS/: run 'make gpu-wheels' where the registries are reachable, and carry $WHEELS/" >&2
         exit 2
     fi
+    if ! "$PY" -m pip --version > /dev/null 2>&1; then
+        echo "gpu-check: $PY has no pip, so $WHEELS/ cannot be installed; give another Python with PY=..." >&2
+        exit 2
+    fi
     "$PY" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" "$WHEELS"/*.whl
 fi
 exec "$PY" -m harness.commands.gpu_check --out "$OUT" "$@"

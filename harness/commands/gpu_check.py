@@ -51,6 +51,7 @@ class Mode:
     device: str
     common: Tuple[str, ...]
     shapes: Tuple[Tuple[str, Tuple[str, ...]], ...]
+    accelerator: str  # the peak table's key the runs plan with
 
 
 def gpu_mode(accelerator: str, host_memory_gib: float) -> Mode:
@@ -64,7 +65,7 @@ def gpu_mode(accelerator: str, host_memory_gib: float) -> Mode:
               ("seq2048_mb4", ("layout.seq_len=2048", "layout.micro_batch=4")),
               ("seq4096_mb2_ckpt", ("layout.seq_len=4096", "layout.micro_batch=2",
                                     "layout.activation_checkpointing=full")))
-    return Mode("gpu", "cuda", common, shapes)
+    return Mode("gpu", "cuda", common, shapes, accelerator)
 
 
 def cpu_mode() -> Mode:
@@ -73,7 +74,7 @@ def cpu_mode() -> Mode:
               "cluster.accelerators_per_node=1", "layout.seq_len=64")
     shapes = (("seq128_mb2_ckpt", ("layout.seq_len=128", "layout.micro_batch=2",
                                    "layout.activation_checkpointing=full")),)
-    return Mode("cpu", "cpu", common, shapes)
+    return Mode("cpu", "cpu", common, shapes, "cpu")
 
 
 # Every run: one local process, no tracking, bf16, two warm-up steps (the second is where state bytes
@@ -288,10 +289,21 @@ def versions() -> Dict[str, Optional[str]]:
     return found
 
 
+def version_line(found: Dict[str, Optional[str]], pinned: Dict[str, str]) -> str:
+    """The libraries this machine has, each with the version the harness is tested with where it differs."""
+    def one(name: str) -> str:
+        tested = pinned.get(name)
+        differs = tested and found[name] and found[name].split("+")[0] != tested
+        return f"{name} {found[name] or 'missing'}" + (f" (tested {tested})" if differs else "")
+
+    return "[gpu-check] " + ", ".join(one(name) for name in found)
+
+
 def device_facts(mode: Mode) -> Dict[str, Any]:
     import torch
 
-    facts = {"torch": torch.__version__, "cuda": torch.version.cuda, "count": 0, "name": None}
+    facts = {"torch": torch.__version__, "cuda": torch.version.cuda, "count": 0, "name": None,
+             "accelerator": mode.accelerator}
     if mode.device == "cuda":
         facts.update(count=torch.cuda.device_count(), name=torch.cuda.get_device_name(0))
     return facts
