@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands.gpu_check import planned_state_bytes
 from harness.runtime.reference import BF16_RTOL, FP32_RTOL, META_INIT_RTOL
 
 pytestmark = pytest.mark.slurm
@@ -80,15 +81,6 @@ def reference(cfg, n_steps: int):
                                  bf16=layout.precision == "bf16")[0]
 
 
-def planned_state_bytes(cfg, metrics: dict, rank: int) -> dict:
-    """nd plans every rank (stages and shards differ); FSDP and DeepSpeed split evenly: the plan's figure."""
-    from harness.engines import nd_plans
-
-    if cfg.engine.name == "nd":
-        return nd_plans.predicted_state_bytes(cfg.model.hf_config, cfg.layout, rank)
-    return {key: metrics["predicted"][key] for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "host_bytes")}
-
-
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_standin_completes_and_trains_like_one_process(recipe, standins, record_property):
     from harness.config.compose import run_config_from_dict
@@ -112,7 +104,7 @@ def test_standin_completes_and_trains_like_one_process(recipe, standins, record_
     by_rank = {record["rank"]: record for record in measured["per_rank"]}
     assert sorted(by_rank) == list(range(ParallelDims.of(cfg.layout).world_size))
     for rank, record in by_rank.items():
-        planned = planned_state_bytes(cfg, metrics, rank)
+        planned = planned_state_bytes(cfg, metrics["predicted"], rank)
         assert {key: record.get(key, 0) for key in planned} == planned, f"rank {rank}"
     losses = measured["losses"]
     assert len(losses) == cfg.bench.warmup_steps + cfg.bench.steps
