@@ -18,6 +18,9 @@ DEST=${DEST:-gpu-wheels}
 GPU_PYTHON=${GPU_PYTHON:-3.12}
 ABI="cp${GPU_PYTHON/./}"
 LIMIT_MIB=48  # what travels with the working tree is at most 64 MiB, the tree itself included
+# On the image already (with their dependencies): tests/unit/commands/test_gpu_wheels.py checks that these and
+# PACKAGES hold every dependency of PACKAGES.
+IMAGE="torch accelerate transformers pandas pyarrow rich jinja2"
 PACKAGES="hydra-core omegaconf antlr4-python3-runtime deepspeed hjson py-cpuinfo msgpack einops ninja
 pydantic pydantic-core annotated-types typing-inspection typing-extensions"
 SDIST_ONLY="antlr4-python3-runtime deepspeed"
