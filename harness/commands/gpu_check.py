@@ -84,7 +84,7 @@ RUN = ("launcher=local", "tracking=disabled", "sweep_name=gpu_check", "layout.dp
        "bench.steps=3")
 # The engines' CUDA branches at world size 1. DeepSpeed keeps its states on the host and steps them with
 # torch's AdamW (engine.compiled_ops=false: no compiler needed on the machine); FSDP2 goes through
-# `accelerate launch`; nd builds on the meta device and materialises its shard.
+# `accelerate launch` (fully_shard over one rank); nd builds on the meta device and materialises it.
 ENGINES = (
     Stage("deepspeed_zero3_offload", "engine", ("engine=deepspeed", "layout.name=zero3_offload", "layout.zero_stage=3",
                                                 "layout.offload_optimizer=cpu", "layout.offload_params=cpu",
@@ -93,7 +93,8 @@ ENGINES = (
                               "model.init=full")),
     Stage("nd_meta", "engine", ("engine=nd", "layout.name=nd_meta", "layout.zero_stage=3", "model.init=meta")),
 )  # fmt: skip
-# Shapes are measured on nd (torch-native FSDP2: the least engine machinery between the model and the GPU).
+# Shapes are measured on nd: at world size 1 the model itself under bf16 autocast, fp32 weights and AdamW
+# (nd wraps nothing when every data axis has size 1), the least engine machinery between model and GPU.
 SHAPE_ENGINE = ("engine=nd", "layout.zero_stage=3", "model.init=full", "layout.grad_accum=1", "bench.steps=5")
 
 
