@@ -124,6 +124,7 @@ class Outcome:
     checks: Dict[str, Any] = field(default_factory=dict)
     predicted: Dict[str, Any] = field(default_factory=dict)
     measured: Dict[str, Any] = field(default_factory=dict)
+    measured_over_predicted: Dict[str, Optional[float]] = field(default_factory=dict)
 
     def fail(self, reason: str) -> None:
         self.status = FAILED
@@ -228,6 +229,13 @@ def side_by_side(metrics: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any
             {key: values[key] for key in MEASURED_KEYS})
 
 
+def ratios(predicted: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """Measured / predicted per column of the table (None where either side is missing): the time model's
+    error at this point, in the summary."""
+    return {m: (measured[m] / predicted[p] if measured.get(m) is not None and predicted.get(p) else None)
+            for p, m in zip(PREDICTED_KEYS, MEASURED_KEYS)}
+
+
 def run_stage(stage: Stage, overrides: Sequence[str], run_dir: Path, references: References,
               say: Callable[[str], None]) -> Outcome:
     """Plan, launch and check one engine or shape point."""
@@ -245,6 +253,7 @@ def run_stage(stage: Stage, overrides: Sequence[str], run_dir: Path, references:
         outcome.fail(f"{state} {reason}".strip())
         return outcome
     outcome.predicted, outcome.measured = side_by_side(metrics)
+    outcome.measured_over_predicted = ratios(outcome.predicted, outcome.measured)
     if stage.kind == "engine":
         model_init = (load_json(run_dir / PLAN_FILE) or {}).get("model_init", "full")
         bytes_ok, outcome.checks["state_bytes"] = state_bytes_check(prepared.cfg, metrics)

@@ -86,6 +86,9 @@ def test_the_summary_holds_the_checks_and_the_comparison(rehearsal):
             assert set(stage["predicted"]) == set(gpu_check.PREDICTED_KEYS), name
             assert stage["measured"]["tokens_per_s"] > 0 and stage["predicted"]["step_time_s"] > 0, name
             assert stage["measured"]["peak_allocated_bytes"] is None  # no CUDA allocator on CPU
+            ratio = stage["measured_over_predicted"]
+            assert ratio["step_time_s"] == stage["measured"]["step_time_s"] / stage["predicted"]["step_time_s"]
+            assert ratio["peak_allocated_bytes"] is None
     assert stages["calibrate"]["measured"]["measured_peak_flops"] > 0
     table = summary["comparison"]
     assert table[0].startswith("run") and len(table) == 1 + len(stages) - 1
