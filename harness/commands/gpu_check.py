@@ -198,18 +198,22 @@ class References:
 
 def loss_check(cfg, model_init: str, losses: List[float], references: References) -> Tuple[bool, Dict[str, Any]]:
     """A full build trains as one process does (the engine's bf16 tolerance); a sharded (meta) build draws
-    other weights, so it is held to an initialised model's loss on uniform tokens, ln(vocab)."""
-    from harness.runtime.reference import META_INIT_RTOL, loss_rtol
+    other weights, so it is held to an initialised model's losses on uniform tokens."""
+    from harness.runtime.reference import META_INIT_RTOL, initialised_loss_band, loss_rtol
 
     if not losses or not all(math.isfinite(x) for x in losses):
         return False, {"losses": losses, "rule": "finite losses"}
     if model_init == "meta":
-        want, rtol, rule = [math.log(cfg.model.hf_config["vocab_size"])] * len(losses), META_INIT_RTOL, "ln(vocab)"
-    else:
-        want = references.losses(cfg, len(losses))
-        rtol, rule = loss_rtol(cfg.engine.name, cfg.layout.precision), "single process"
+        low, high = initialised_loss_band(cfg.model.hf_config)
+        # how far each loss lies outside [low, high], relative to the bound it passed
+        error = max(max(low - x, 0.0) / low + max(x - high, 0.0) / high for x in losses)
+        return error <= META_INIT_RTOL, {"rule": "initialised model", "rtol": META_INIT_RTOL, "max_rel_error": error,
+                                         "losses": losses, "reference": [low, high]}
+    want = references.losses(cfg, len(losses))
+    rtol = loss_rtol(cfg.engine.name, cfg.layout.precision)
     error = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
-    return error <= rtol, {"rule": rule, "rtol": rtol, "max_rel_error": error, "losses": losses, "reference": want}
+    return error <= rtol, {"rule": "single process", "rtol": rtol, "max_rel_error": error, "losses": losses,
+                           "reference": want}
 
 
 PREDICTED_KEYS = ("step_time_s", "tokens_per_s", "mfu", "total_bytes", "state_activation_bytes")

@@ -60,12 +60,22 @@ def test_an_unknown_stage_is_named_in_one_line(tmp_path):
     assert proc.stderr.strip().startswith("gpu-check: --only=fsdp3: no stage named fsdp3 (stages: ")
 
 
-def test_a_meta_built_run_is_held_to_ln_vocab_and_fails_off_it():
+def test_a_meta_built_run_is_held_to_an_initialised_models_losses_and_fails_off_them():
     cfg = compose_run_config(["model=tiny_llama", "engine=nd"])
     at_uniform = [math.log(256) * (1 + 0.005)] * 3
     assert gpu_check.loss_check(cfg, "meta", at_uniform, None)[0]
     assert not gpu_check.loss_check(cfg, "meta", [x * 1.05 for x in at_uniform], None)[0]
+    assert not gpu_check.loss_check(cfg, "meta", [x * 0.95 for x in at_uniform], None)[0]
     assert not gpu_check.loss_check(cfg, "meta", [float("nan")] * 3, None)[0]
+
+
+def test_the_1b_models_initial_loss_passes_where_ln_vocab_alone_would_not():
+    """Llama-3.2-1B starts at 12.17 (a logit's variance 0.02^2 * 2048 above uniform), 3.5 % over ln(vocab)."""
+    cfg = compose_run_config(["model=llama3_2_1b", "engine=nd"])
+    start = 12.166  # its loss at initialisation, measured on CPU with two of its layers
+    ok, record = gpu_check.loss_check(cfg, "meta", [start, 12.0, 11.9], None)
+    assert ok and record["reference"] == pytest.approx([11.7618, 12.1714], abs=1e-4)
+    assert start / math.log(128256) - 1 > 0.02
 
 
 def test_state_bytes_must_equal_the_plan_on_every_rank():
