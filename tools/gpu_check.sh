@@ -15,6 +15,9 @@ SITE=${SITE:-.gpu-site}
 OUT=${OUT:-results/gpu_check}
 export PYTHONPATH="$PWD:$PWD/$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export WANDB_MODE=disabled HF_HUB_OFFLINE=1
+# The launchers (torchrun, accelerate) where this Python's pip put them, whatever PATH the shell had.
+PATH="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null || true):$HOME/.local/bin:$PATH"
+export PATH
 
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     if ! ls "$WHEELS"/*.whl > /dev/null 2>&1; then

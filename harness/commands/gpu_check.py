@@ -474,7 +474,8 @@ def main(argv: Sequence[str] = ()) -> int:
     outcomes = check_stages(mode, runs_folder(out_dir), args.budget_s, lambda line: print(line, flush=True), only)
     result = summary(mode, outcomes, time.monotonic() - start, args.budget_s)
     write_json(summary_file, result)
-    print("\n".join(["", "predicted / measured (rank 0; memory: plan total vs CUDA allocator peak):",
+    print("\n".join(["", "predicted / measured per rank (mem: the plan's total against the CUDA allocator's peak; "
+                     "state+act: parameters, gradients, optimizer state and saved activations):",
                      *result["comparison"], f"gpu-check: {result['status']}"
                      f"{': ' + result['reason'] if result['reason'] else ''}; summary: {summary_file}"]), flush=True)
     return 0 if result["status"] == PASSED else 1
