@@ -464,13 +464,16 @@ def main(argv: Sequence[str] = ()) -> int:
     mode = cpu_mode() if args.cpu else (gpu_mode_here() if not args.dry_run else gpu_mode("h100_sxm", 128))
     if args.dry_run:
         return dry_run(mode, out_dir)
-    start = time.monotonic()
     only = [name for name in args.only.split(",") if name]
     unknown = sorted(set(only) - {stage.name for stage in stages(mode)})
     if unknown:
         print(f"gpu-check: --only={args.only}: no stage named {', '.join(unknown)} (stages: "
               f"{', '.join(stage.name for stage in stages(mode))})", file=sys.stderr)
         return 2
+    from harness.doctor import pinned_versions
+
+    print(version_line(versions(), pinned_versions()), flush=True)
+    start = time.monotonic()
     outcomes = check_stages(mode, runs_folder(out_dir), args.budget_s, lambda line: print(line, flush=True), only)
     result = summary(mode, outcomes, time.monotonic() - start, args.budget_s)
     write_json(summary_file, result)

@@ -61,6 +61,7 @@ def test_every_stage_passes_with_a_progress_line_each(rehearsal):
         tag = f"[gpu-check {index}/{len(names)}] "
         assert sum(line.startswith(tag) and name in line for line in proc.stdout.splitlines()) == 2, name
     assert proc.stdout.rstrip().splitlines()[-1].startswith("gpu-check: passed; summary: ")
+    assert proc.stdout.startswith("[gpu-check] python ") and " torch " in proc.stdout.splitlines()[0]
     assert [s["name"] for s in summary["stages"]] == names
     assert all(s["status"] == "passed" for s in summary["stages"]), summary["stages"]
     assert summary["status"] == "passed" and seconds < summary["budget_s"]
