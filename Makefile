@@ -81,6 +81,15 @@ bench: setup ## overhead and planning benchmarks
 	$(PY) tests/bench/bench_overhead.py
 	$(PY) tests/unit/report/bench_build_report.py 100
 
+gpu-wheels: setup ## fetch into gpu-wheels/ the wheels gpu-check installs offline on a GPU machine (run here, with the registries)
+	PY=$(PY) tools/gpu_wheels.sh
+
+gpu-check: PY := python3
+gpu-check: ## on one GPU, < 8 min: each engine's CUDA branch checked, shapes measured beside the time model (PY=python3; ARGS='--cpu')
+	PY=$(PY) tools/gpu_check.sh $(ARGS)
+
+.PHONY: gpu-wheels gpu-check
+
 slurm-up: ## start a local two-node Slurm cluster
 	bash slurm/local/up.sh
 

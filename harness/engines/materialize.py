@@ -8,6 +8,8 @@ DTensor TP, FSDP2), and only then does each rank allocate and initialise the loc
 
 from __future__ import annotations
 
+from typing import List, Tuple
+
 import torch
 
 
@@ -20,7 +22,9 @@ def materialize(module, model, device, seed: int) -> None:
     where the device has an RNG tracker (CUDA), so a sharded weight equals the unsharded init and replicas
     agree; on CPU each shard draws the same local stream (replicas still agree; shards repeat values,
     which changes nothing a benchmark measures)."""
+    aliases = shared_parameters(module)
     module.to_empty(device=device)
+    retie(module, aliases)
     for tensor in (*module.parameters(), *module.buffers()):
         # transformers marks tensors it initialised at construction (here: on meta) and skips them later.
         if hasattr(tensor, "_is_hf_initialized"):
@@ -29,6 +33,26 @@ def materialize(module, model, device, seed: int) -> None:
     with torch.no_grad():
         for sub in module.modules():
             model._init_weights(sub)
+
+
+def shared_parameters(module) -> List[Tuple[str, str]]:
+    """(alias, owner) names of each parameter `module` holds under two names (tied input and output
+    embeddings). `to_empty` allocates per module, so it would give the alias a tensor of its own: two
+    matrices trained, and a second gradient and Adam state held."""
+    owners, aliases = {}, []
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) in owners:
+            aliases.append((name, owners[id(param)]))
+        else:
+            owners[id(param)] = name
+    return aliases
+
+
+def retie(module, aliases: List[Tuple[str, str]]) -> None:
+    """Point every alias back at its owner's (now allocated) parameter."""
+    for alias, owner in aliases:
+        parent, _, attr = alias.rpartition(".")
+        setattr(module.get_submodule(parent), attr, module.get_parameter(owner))
 
 
 def release_unowned(model, owned) -> None:

@@ -29,6 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.commands.gpu_check import planned_state_bytes
+from harness.runtime.reference import BF16_RTOL, FP32_RTOL, META_INIT_RTOL
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,15 +40,6 @@ RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("gpu_*.yaml") if "megat
 # The one submitted by `harness run` (the smallest: one rank); the others go as one sweep.
 BY_RUN = "gpu_llama8b_zero3_offload_1gpu"
 COMMON = ["tracking=disabled"]
-# bf16 relative tolerances on the loss, per engine, against the by-hand bf16 reference. FSDP and
-# DeepSpeed as their integration suites (tests/integration/test_fsdp.py: one bf16 rounding of a
-# gradient sum, 1e-4; test_deepspeed.py: bf16 gradients accumulated in bf16, 2e-3). nd adds tensor
-# parallelism: a row-parallel projection's partial outputs are summed in bf16 across tp ranks, one more
-# rounding (u = 2^-8) per output element, averaged over the tokens' logits: measured <= 1.5e-4 after
-# four steps; 5e-4 leaves a 3x margin and stays 8x below one bf16 rounding of the loss itself.
-BF16_RTOL = {"fsdp": 1e-4, "deepspeed": 2e-3, "nd": 5e-4}
-FP32_RTOL = 1e-5
-META_INIT_RTOL = 0.02
 TIMEOUT_S = 1200
 WALL_TIMES: dict = {}
 
@@ -114,15 +108,6 @@ def reference(cfg, n_steps: int):
                                  bf16=layout.precision == "bf16")[0]
 
 
-def planned_state_bytes(cfg, metrics: dict, rank: int) -> dict:
-    """nd plans every rank (stages and shards differ); FSDP and DeepSpeed split evenly: the plan's figure."""
-    from harness.engines import nd_plans
-
-    if cfg.engine.name == "nd":
-        return nd_plans.predicted_state_bytes(cfg.model.hf_config, cfg.layout, rank)
-    return {key: metrics["predicted"][key] for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "host_bytes")}
-
-
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_standin_completes_and_trains_like_one_process(recipe, standins, record_property):
     from harness.config.compose import run_config_from_dict
@@ -146,7 +131,7 @@ def test_standin_completes_and_trains_like_one_process(recipe, standins, record_
     by_rank = {record["rank"]: record for record in measured["per_rank"]}
     assert sorted(by_rank) == list(range(ParallelDims.of(cfg.layout).world_size))
     for rank, record in by_rank.items():
-        planned = planned_state_bytes(cfg, metrics, rank)
+        planned = planned_state_bytes(cfg, metrics["predicted"], rank)
         assert {key: record.get(key, 0) for key in planned} == planned, f"rank {rank}"
     losses = measured["losses"]
     assert len(losses) == cfg.bench.warmup_steps + cfg.bench.steps
