@@ -9,6 +9,7 @@ from harness.plan.conventions import StateConvention, flat_shard_numel, partitio
 from harness.plan.model_spec import ModelSpec, ParamTensor, param_tensors
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import V_SCHEDULES, rank_layers, rank_stages, stage_layer_counts
+from harness.plan.resharding import reshard_after_forward
 from harness.plan.support import ENGINE_SUPPORT
 
 
@@ -147,13 +148,14 @@ def flat_numel(params: RankParams, group: int) -> int:
     return sum(count * flat_shard_numel(unit, group) for unit, count in params.units)
 
 
-def gathered_bytes(conv: StateConvention, params: RankParams, zero_stage: int) -> int:
-    """Unsharded compute copies of sharded parameters: at stage 3 a few modules at a time (the
-    largest one, `gathered_layers` deep); when parameters are sharded at rest below stage 3 (FSDP
-    SHARD_GRAD_OP) every module stays gathered from its forward until its backward."""
-    if zero_stage < conv.param_shard_stage:
+def gathered_bytes(conv: StateConvention, params: RankParams, layout: Any) -> int:
+    """Unsharded compute copies of sharded parameters: a few modules at a time (the largest one,
+    `gathered_layers` deep) where they are freed after forward (stage 3 without pipelining); otherwise every
+    module stays gathered from its forward until its backward (FSDP SHARD_GRAD_OP), and under pipelining until
+    the step's last backward (harness.plan.resharding)."""
+    if layout.zero_stage < conv.param_shard_stage:
         return 0
-    if zero_stage >= 3:
+    if reshard_after_forward(layout):
         return conv.gathered_layers * params.largest_unit * conv.working
     return (params.dense_total + params.expert_total) * conv.working
 
@@ -274,4 +276,4 @@ def place_states(conv: StateConvention, params: RankParams, layout: Any, rank: i
             host += kept
         param = 0
     return RankStates(rank, params.layers, params.first, params.last, param, grad, master, moments,
-                      optimizer_grad, gathered_bytes(conv, params, zero), host, nvme)
+                      optimizer_grad, gathered_bytes(conv, params, layout), host, nvme)

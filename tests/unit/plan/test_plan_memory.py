@@ -373,3 +373,20 @@ def test_memory_per_rank_takes_the_worse_pipeline_rank():
     layout = LayoutConfig(dp_shard=1, pp=2, zero_stage=0, grad_accum=2, seq_len=64, micro_batch=1)
     memory = memory_per_rank(spec, layout, engine_config(name="nd"), "cpu")
     assert memory.pp_rank in (0, 1) and memory.total_bytes > 0
+
+
+@pytest.mark.parametrize("precision, working", [("bf16", 2), ("fp32", 4)])
+def test_fsdp2_keeps_a_pipeline_stage_gathered_for_the_whole_step(precision, working):
+    """nd with pp > 1 does not reshard after forward: from the first forward to the last backward every unit of
+    the rank's stages is gathered (the working copy of all its parameters), where without pipelining ZeRO-3
+    holds the current and the prefetched unit."""
+    spec = model_spec_from_hf("tiny_llama", dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=4))
+    piped = run_config(engine=dict(name="nd"), pp=2, dp_shard=2, zero_stage=3, grad_accum=2, precision=precision)
+    memory = memory_per_rank(spec, piped.layout, piped.engine, "cpu")
+    counts = stage_layer_counts(4, 2, 1, ())
+    stages = rank_stages("1F1B", 2, 1, memory.pp_rank)
+    held = rank_params(spec, 1, 1, rank_layers(counts, stages), 0 in stages, 1 in stages, 2, (True, True))
+    assert memory.gathered_bytes == (held.dense_total + held.expert_total) * working
+    flat = run_config(engine=dict(name="nd"), dp_shard=2, zero_stage=3, precision=precision)
+    whole = rank_params(spec, 1, 1, (0, 1, 2, 3), True, True, 1, (True, True))
+    assert memory_per_rank(spec, flat.layout, flat.engine, "cpu").gathered_bytes == 2 * whole.largest_unit * working
