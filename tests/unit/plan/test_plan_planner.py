@@ -17,8 +17,9 @@ H100_8X8 = dict(name="h100_8x8", nodes=8, accelerators_per_node=8, accelerator="
 
 
 def llama70b_on_64_h100(**layout):
-    # Full recomputation: under pipelining each stage keeps its gathered bf16 weights for the whole step (8.2 GiB
-    # here), which with selective recomputation's 48 GiB of activations would not fit an 80 GiB H100.
+    # Full recomputation: under pipelining each stage keeps its gathered bf16 weights (8.2 GiB here) and its
+    # unsharded fp32 gradients (16.4 GiB) for the whole step, which beside selective recomputation's 48 GiB of
+    # activations would not fit an 80 GiB H100.
     fields = dict(dp_shard=4, tp=8, pp=2, zero_stage=3, grad_accum=8, micro_batch=1, seq_len=8192,
                   activation_checkpointing="full")
     fields.update(layout)
