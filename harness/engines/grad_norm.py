@@ -12,14 +12,20 @@ from harness.engines.shards import local_shard
 
 
 def shard_count(grad) -> int:
-    """How many distinct pieces the full gradient is cut into across this gradient's mesh (1: a plain tensor)."""
+    """How many distinct pieces the full gradient is cut into across this gradient's mesh (1: a plain tensor).
+
+    Every mesh dim whose placement is not Replicate cuts the tensor, each rank along it holding a different
+    piece. Asking `is_shard()` instead misses FSDP2's `_StridedShard`, the data-axis placement of a parameter
+    tensor parallelism already split on the same dim (q/k/v, gate/up, embedding, lm_head): in torch 2.13 it is
+    not a `Shard` subclass and its `is_shard()` is False (pytorch/pytorch PR #167887 changes that).
+    """
     if not isinstance(grad, DTensor):
         return 1
     count = 1
     for size, placement in zip(grad.device_mesh.shape, grad.placements):
         if placement.is_partial():
             raise RuntimeError(f"unreduced (Partial) gradient with placements {grad.placements}")
-        count *= size if placement.is_shard() else 1
+        count *= 1 if placement.is_replicate() else size
     return count
 
 

@@ -15,6 +15,7 @@ from harness.engines.optimizer import adamw_settings
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import MESH_DIMS, ParallelDims
 from harness.plan.pipeline import V_SCHEDULES, pipeline_problems, stage_layer_counts, stage_to_rank
+from harness.plan.resharding import reshard_after_forward
 from harness.plan.validate import support_problems
 
 # Families whose causal LM runs as nd's stage module does (harness.engines.stage_module: embed_tokens, the
@@ -58,8 +59,9 @@ def data_parallel_plan(layout: LayoutConfig) -> Optional[Dict[str, Any]]:
         "mesh_dims": dims,
         "shard_size": fsdp_shard_size(layout),
         "replicate_size": ParallelDims.of(layout).data_ranks // fsdp_shard_size(layout),
-        # ZeRO-3 frees the gathered weights after forward; ZeRO-2 keeps them until backward.
-        "reshard_after_forward": layout.zero_stage >= 3,
+        # ZeRO-3 frees the gathered weights after forward, ZeRO-2 keeps them until backward; with pp > 1 they
+        # stay gathered across the step's micro-batches (harness.plan.resharding).
+        "reshard_after_forward": reshard_after_forward(layout),
         "units": ["each decoder layer", "each pipeline stage (root)"],
         "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"} if layout.precision == "bf16" else None,
         # CPUOffloadPolicy: sharded parameters, gradients and the optimizer step on the host.

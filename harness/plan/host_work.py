@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
+from harness.plan.resharding import reshard_after_forward
+
 # Per engine mechanism: (eager-op equivalents per parameter tensor per micro-batch, per optimizer step).
 # Measured on the reference CPU host (2 cores, torch 2.13, DeepSpeed 0.19.8, Accelerate 1.15, gloo): median
 # step times of 1-, 2- and 4-layer tiny Llama runs (2, 4 and 8 layers for the pipelines), 20 timed steps
@@ -36,10 +38,10 @@ def host_mechanisms(engine: Any, layout: Any) -> List[str]:
     if engine.name == "fsdp":
         if engine.fsdp_version == 1:
             return ["fsdp1"]
-        return ["fsdp2_reshard" if zero >= 3 else "fsdp2"] + (["dtensor_tp"] if tp > 1 else [])
+        return ["fsdp2_reshard" if reshard_after_forward(layout) else "fsdp2"] + (["dtensor_tp"] if tp > 1 else [])
     if engine.name == "nd":
         sharded = layout.dp_shard * layout.cp > 1 and zero >= 2
-        rows = ["fsdp2_reshard" if zero >= 3 else "fsdp2"] if sharded else []
+        rows = ["fsdp2_reshard" if reshard_after_forward(layout) else "fsdp2"] if sharded else []
         return rows + (["dtensor_tp"] if tp > 1 else []) + (["pipelining"] if layout.pp > 1 else [])
     return []
 

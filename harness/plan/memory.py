@@ -31,6 +31,7 @@ class MemoryBreakdown:
     moment_bytes: int  # Adam exp_avg + exp_avg_sq
     optimizer_grad_bytes: int  # fp32 gradient copy held by the optimizer
     gathered_bytes: int  # unsharded compute copies of sharded parameters (ZeRO-3 / FSDP)
+    accumulated_grad_bytes: int  # unsharded gradients held across a pipeline step's micro-batches (nd, FSDP2)
     activation_bytes: int  # saved for backward by the micro-batches in flight
     recompute_bytes: int  # one layer's activations rebuilt during backward (full checkpointing)
     allowance_bytes: int
@@ -66,7 +67,7 @@ def memory_per_rank(spec: ModelSpec, layout: Any, engine: Any, accelerator: str,
         saved = spec.saved_layer_runs if spec.layer_runs else st.layers
         activations, recompute = rank_activation_bytes(tok, layout, st.rank, saved, st.first, st.last)
         predicted = (st.param + st.grad + st.master + st.moments + st.optimizer_grad + st.gathered
-                     + activations + recompute)
+                     + st.accumulated_grad + activations + recompute)
         if best is None or predicted > best[0]:
             best = (predicted, activations, recompute, st)
     predicted, activations, recompute, st = best
@@ -74,6 +75,7 @@ def memory_per_rank(spec: ModelSpec, layout: Any, engine: Any, accelerator: str,
     return build(
         MemoryBreakdown, pp_rank=st.rank, param_bytes=st.param, grad_bytes=st.grad, master_bytes=st.master,
         moment_bytes=st.moments, optimizer_grad_bytes=st.optimizer_grad, gathered_bytes=st.gathered,
-        activation_bytes=activations, recompute_bytes=recompute, allowance_bytes=extra,
+        accumulated_grad_bytes=st.accumulated_grad, activation_bytes=activations, recompute_bytes=recompute,
+        allowance_bytes=extra,
         total_bytes=predicted + extra, host_bytes=st.host, nvme_bytes=st.nvme,
     )

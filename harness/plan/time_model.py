@@ -14,6 +14,7 @@ from harness.plan.conventions import COMPUTE_BYTES, state_convention
 from harness.plan.hardware import HardwareProfile
 from harness.plan.host_work import host_work_s
 from harness.plan.model_spec import ModelSpec, param_tensors
+from harness.plan.resharding import reshard_after_forward
 from harness.plan.states import rank_layers, rank_params, stage_layer_counts
 from harness.plan.support import ENGINE_SUPPORT
 
@@ -238,12 +239,14 @@ def tp_comm(spec, layout, engine, hw, group, activation, tokens, layers, first, 
 
 class DataParallelComm(NamedTuple):
     """Data-parallel traffic of one rank: per micro-batch (hidden behind that micro-batch's compute), per step
-    during the last backward (gradient buckets), and per step on the critical path (after the optimizer)."""
+    during the first forward (parameters gathered once for the whole step), per step during the last backward
+    (gradient buckets), and per step on the critical path (after the last backward or the optimizer)."""
 
     per_microbatch: float
     with_last_backward: float
     after_step: float
     how: str
+    with_first_forward: float = 0.0
 
 
 # DeepSpeed's ZeRO bucket defaults (deepspeed/runtime/zero/config.py, 0.19.8: reduce_bucket_size and
@@ -285,9 +288,9 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
     - parameters sharded (DeepSpeed stage 3, FSDP/nd stage >= 2): every micro-batch all-gathers the
       parameters for forward, again for backward when they are resharded after forward, and
       reduce-scatters the gradients; HSDP adds an all-reduce of the shard over the replicas. FSDP gathers
-      and reduces one unit at a time and keeps the root unit gathered for backward; DeepSpeed gathers
-      module by module and keeps them for backward while the rank's parameters are within
-      stage3_max_live_parameters, and reduces in buckets;
+      and reduces one unit at a time and keeps the root unit gathered for backward (under pipelining once
+      per step: `fsdp_comm`); DeepSpeed gathers module by module and keeps them for backward while the
+      rank's parameters are within stage3_max_live_parameters, and reduces in buckets;
     - DeepSpeed stage 2 reduce-scatters gradients in buckets in every backward, stage 1 once per step, both
       all-gather the updated 16-bit parameters after the optimizer; Megatron's distributed optimizer alike;
     - stage 0 all-reduces the gradients once per step, overlapped with the last backward (DDP buckets)."""
@@ -298,15 +301,11 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
     if shard.size * rep.size == 1:
         return DataParallelComm(0.0, 0.0, 0.0, "no data parallelism")
     if zero >= param_shard_stage and shard.size > 1:
-        if name == "deepspeed":
-            fetches = counts.modules * (2 if counts.params > DEEPSPEED_MAX_LIVE_PARAMETERS else 1)
-            gather = _calls("all_gather", weights * fetches / counts.modules, fetches, shard, hw)
-            reduce = _calls("reduce_scatter", grads, buckets, shard, hw)
-        else:
-            regather = counts.layers if zero >= 3 else 0
-            gather = _calls("all_gather", weights * (counts.units + regather) / counts.units,
-                            counts.units + regather, shard, hw)
-            reduce = _calls("reduce_scatter", grads, counts.units, shard, hw)
+        if name != "deepspeed":
+            return fsdp_comm(layout, hw, groups, counts, weights, grads)
+        fetches = counts.modules * (2 if counts.params > DEEPSPEED_MAX_LIVE_PARAMETERS else 1)
+        gather = _calls("all_gather", weights * fetches / counts.modules, fetches, shard, hw)
+        reduce = _calls("reduce_scatter", grads, buckets, shard, hw)
         per_mb = gather + reduce + _calls("all_reduce", grads / shard.size, counts.units, rep, hw)
         return DataParallelComm(per_mb, 0.0, 0.0, "gathers prefetched behind the previous unit's compute; "
                                 "reduce-scatters behind the next unit's backward")
@@ -322,6 +321,29 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
     calls = buckets if name == "deepspeed" else grads / DDP_BUCKET_BYTES
     return DataParallelComm(0.0, _calls("all_reduce", grads, calls, everyone, hw), 0.0,
                             "bucketed all-reduce behind the last backward")
+
+
+def fsdp_comm(layout: Any, hw: HardwareProfile, groups: Groups, counts: CallCounts, weights: float,
+              grads: float) -> DataParallelComm:
+    """FSDP2 (fsdp, nd) with sharded parameters: one all-gather per unit for forward, one more per decoder layer
+    for backward where parameters are resharded after forward (harness.plan.resharding; the root stays
+    gathered), one reduce-scatter per unit, and with HSDP one all-reduce of each shard over the replicas.
+
+    Without pipelining all of it happens in every micro-batch. Under pipelining torch's stages skip the
+    gradient reduction and the reshard in every backward but the last (PipelineStage.backward_maybe_with_nosync)
+    and reduce once per step after the stage's last backward (perform_reduce_grad), and the parameters stay
+    gathered from the step's first forward: one gather per unit and step, behind that forward, and one
+    reduction per unit and step with nothing left to hide it."""
+    shard, rep = groups.dp_shard, groups.dp_replicate
+    gathers = counts.units + (counts.layers if reshard_after_forward(layout) else 0)
+    gather = _calls("all_gather", weights * gathers / counts.units, gathers, shard, hw)
+    reduce = (_calls("reduce_scatter", grads, counts.units, shard, hw)
+              + _calls("all_reduce", grads / shard.size, counts.units, rep, hw))
+    if layout.pp > 1:
+        return DataParallelComm(0.0, 0.0, reduce, "parameters gathered once, behind the step's first forward; "
+                                "gradients reduced after the last backward, exposed", with_first_forward=gather)
+    return DataParallelComm(gather + reduce, 0.0, 0.0, "gathers prefetched behind the previous unit's compute; "
+                            "reduce-scatters behind the next unit's backward")
 
 
 def optimizer_time(layout: Any, engine: Any, hw: HardwareProfile, opt_params: float, tensors: int,
@@ -402,14 +424,15 @@ def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first,
     host_mb, host_step = host_work_s(engine, layout, hw, _tensor_count(params))
     forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3 + host_mb
     pipeline = pipeline_time(layout.pp_schedule, layout.pp, chunks, m, forward, backward)
-    step_comm = exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / unit) + dp.after_step
+    step_comm = (exposed(dp.with_first_forward, fwd.total, hw, tail=dp.with_first_forward / unit)
+                 + exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / unit) + dp.after_step)
     tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else _tensor_count(params)
     opt = optimizer_time(layout, engine, hw, opt_params, tensors, conv.working, conv.offload_grad)
     opt["optimizer"] += clip_time(hw, groups, tensors, step_scalars(engine, layout.zero_stage, layout.tp)) \
         if clip else 0.0
     totals = dict(layer_comm, dp=dp.per_microbatch, offload=offload_mb)
     comm = {axis: {"total": m * totals[axis], "exposed": m * exposed_mb[axis]} for axis in exposed_mb}
-    comm["dp"] = {"total": comm["dp"]["total"] + dp.with_last_backward + dp.after_step,
+    comm["dp"] = {"total": comm["dp"]["total"] + dp.with_first_forward + dp.with_last_backward + dp.after_step,
                   "exposed": comm["dp"]["exposed"] + step_comm}
     comm["tp"] = {k: v + layer_comm["tp_step"] for k, v in comm["tp"].items()}  # replicated gradients
     compute = {"gemm": m * (fwd.gemm + bwd.gemm), "attention": m * (fwd.attention + bwd.attention),

@@ -1,8 +1,10 @@
 """The harness's gradient clipping on FSDP2 x tensor-parallel placements: gradients on two device meshes.
 
 Accelerate refuses tp on CPU, so engine=fsdp with tp > 1 cannot run here; these tests drive the clipping
-function the FSDP session calls directly, on a (dp, tp) device mesh of 4 gloo ranks with real DTensor
-gradients placed as FSDP2 + TP places them, and compare with torch's single-process norm and clipping.
+function the FSDP session calls directly, on a (dp, tp) device mesh of 4 gloo ranks with DTensor gradients
+placed by hand as Shard / Replicate, and compare with torch's single-process norm and clipping. The placements
+FSDP2 itself gives a tensor-parallel weight (`_StridedShard` on the data axis) are checked by
+tests/integration/test_nd_grad_norm.py, on the model nd_session.apply builds.
 """
 
 import pytest

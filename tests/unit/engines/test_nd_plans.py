@@ -262,6 +262,15 @@ def test_plan_hsdp_and_replicate_and_bf16():
     assert tp_bf16["data_parallel"]["wrapper"] is None and tp_bf16["autocast_bf16"] is True
 
 
+@pytest.mark.parametrize("zero", [2, 3])
+def test_fsdp_keeps_the_gathered_stage_across_micro_batches_under_pipelining(zero):
+    # torchtitan's default reshard policy: no reshard after forward with pp > 1 (no per-micro-batch all-gathers)
+    piped = nd_plans.nd_plan(with_layout(pp=2, dp_shard=2, zero_stage=zero, grad_accum=4))["data_parallel"]
+    assert piped["wrapper"] == "fully_shard" and piped["reshard_after_forward"] is False
+    flat = nd_plans.nd_plan(with_layout(dp_shard=2, zero_stage=zero))["data_parallel"]
+    assert flat["reshard_after_forward"] is (zero == 3)
+
+
 def test_invalid_layout_is_not_planned():
     with pytest.raises(ValueError, match="tp=8 must divide num_attention_heads=4"):
         nd_plans.nd_plan(with_layout(tp=8))

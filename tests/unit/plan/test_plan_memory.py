@@ -362,7 +362,8 @@ def test_memory_breakdown_adds_up():
                                   cluster=dict(accelerator="h100_sxm", accelerators_per_node=8,
                                                memory_per_accelerator_gib=None))).memory
     parts = (memory.param_bytes + memory.grad_bytes + memory.master_bytes + memory.moment_bytes
-             + memory.optimizer_grad_bytes + memory.gathered_bytes + memory.activation_bytes + memory.recompute_bytes)
+             + memory.optimizer_grad_bytes + memory.gathered_bytes + memory.accumulated_grad_bytes
+             + memory.activation_bytes + memory.recompute_bytes)
     assert memory.total_bytes == parts + memory.allowance_bytes
     assert memory.allowance_bytes == int(0.10 * parts) + 2**30  # GPU default: 10% + 1 GiB
     assert memory.recompute_bytes > 0 and memory.gathered_bytes > 0
@@ -373,3 +374,37 @@ def test_memory_per_rank_takes_the_worse_pipeline_rank():
     layout = LayoutConfig(dp_shard=1, pp=2, zero_stage=0, grad_accum=2, seq_len=64, micro_batch=1)
     memory = memory_per_rank(spec, layout, engine_config(name="nd"), "cpu")
     assert memory.pp_rank in (0, 1) and memory.total_bytes > 0
+
+
+@pytest.mark.parametrize("precision, working", [("bf16", 2), ("fp32", 4)])
+def test_fsdp2_keeps_a_pipeline_stage_gathered_for_the_whole_step(precision, working):
+    """nd with pp > 1 does not reshard after forward: from the first forward to the last backward every unit of
+    the rank's stages is gathered (the working copy of all its parameters), where without pipelining ZeRO-3
+    holds the current and the prefetched unit."""
+    spec = model_spec_from_hf("tiny_llama", dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=4))
+    piped = run_config(engine=dict(name="nd"), pp=2, dp_shard=2, zero_stage=3, grad_accum=2, precision=precision)
+    memory = memory_per_rank(spec, piped.layout, piped.engine, "cpu")
+    counts = stage_layer_counts(4, 2, 1, ())
+    stages = rank_stages("1F1B", 2, 1, memory.pp_rank)
+    held = rank_params(spec, 1, 1, rank_layers(counts, stages), 0 in stages, 1 in stages, 2, (True, True))
+    assert memory.gathered_bytes == (held.dense_total + held.expert_total) * working
+    # torch's pipelining defers the gradient reduce-scatter to the step's last backward: the full gradients
+    # accumulate in fp32 (the reduce dtype under bf16)
+    assert memory.accumulated_grad_bytes == (held.dense_total + held.expert_total) * 4
+    flat = run_config(engine=dict(name="nd"), dp_shard=2, zero_stage=3, precision=precision)
+    whole = rank_params(spec, 1, 1, (0, 1, 2, 3), True, True, 1, (True, True))
+    unpiped = memory_per_rank(spec, flat.layout, flat.engine, "cpu")
+    assert unpiped.gathered_bytes == 2 * whole.largest_unit * working and unpiped.accumulated_grad_bytes == 0
+
+
+@pytest.mark.parametrize("precision, gathered", [("bf16", 106_752), ("fp32", 213_504)])
+def test_pp2_fsdp2_first_rank_holds_the_measured_unsharded_stage(precision, gathered):
+    # Measured on 4 gloo ranks (recipes=cpu_nd_pp2 layout=nd_pp2_fsdp2, 4 micro-batches), FSDP2's own state read
+    # just before the step's gradient reduction: pipeline rank 0 (one layer and the embedding, 53,376
+    # parameters) held 106,752 (bf16) / 213,504 (fp32) bytes of unsharded parameters, 213,504 of unsharded
+    # gradients in both.
+    cfg = run_config(engine=dict(name="nd"), hf_config=dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=2), pp=2,
+                     dp_shard=2, zero_stage=3, micro_batch=1, grad_accum=4, precision=precision,
+                     cluster=dict(accelerators_per_node=4))
+    memory = make_plan(cfg).memory
+    assert (memory.pp_rank, memory.gathered_bytes, memory.accumulated_grad_bytes) == (0, gathered, 213_504)

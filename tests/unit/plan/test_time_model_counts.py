@@ -48,6 +48,18 @@ def test_fsdp2_gathers_each_unit_and_again_for_backward_but_the_root(layers, gat
     assert comm_calls(layers, dict(name="fsdp"), zero_stage=2) == {"dp": 2 * units}
 
 
+@pytest.mark.parametrize("zero", [2, 3])
+@pytest.mark.parametrize("layers, units", [(2, 2), (4, 3)])
+@pytest.mark.parametrize("grad_accum", [2, 4])
+def test_nd_pipeline_stage_gathers_and_reduces_each_unit_once_per_step(zero, layers, units, grad_accum):
+    # profiled (nd, pp2 x dp_shard2 1F1B, ZeRO-2 or 3, pipeline rank 0: 1 / 2 layers + the root): 2 / 3 all-gathers
+    # and 2 / 3 reduce-scatters per step with 2 or 4 micro-batches. Resharding after forward gathered each unit
+    # again in every micro-batch: 6 / 9 all-gathers with 2 micro-batches, 10 with 4 (1 layer).
+    calls = comm_calls(layers, dict(name="nd"), pp=2, dp_shard=2, zero_stage=zero, micro_batch=1,
+                       grad_accum=grad_accum)
+    assert calls["dp"] == 2 * units
+
+
 @pytest.mark.parametrize("layers", [1, 2])
 def test_deepspeed_zero3_fetches_every_module_once_while_they_stay_live(layers):
     # profiled: 12 / 21 all-gathers (9 parameter tensors a layer, embedding, final norm, head), one bucket
@@ -121,6 +133,7 @@ def test_attention_pays_its_fixed_cost_per_sequence_and_head():
     (dict(name="fsdp", fsdp_version=1), dict(zero_stage=3), ["fsdp1"]),
     (dict(name="nd", sequence_parallel=True), dict(zero_stage=0, tp=2, dp_shard=1), ["dtensor_tp"]),
     (dict(name="nd"), dict(zero_stage=3, tp=1, dp_shard=2), ["fsdp2_reshard"]),
+    (dict(name="nd"), dict(zero_stage=3, pp=2, dp_shard=2, grad_accum=2), ["fsdp2", "pipelining"]),
 ])
 def test_host_work_rows_follow_the_engine_mechanism(engine, layout, rows):
     cfg = run_config(engine=engine, **layout)
