@@ -217,8 +217,9 @@ def plan_points(overrides: List[str]) -> List[PlannedPoint]:
     from harness.config.compose import compose_run_config
     from harness.config.fill import DegreeFillError
     from harness.config.grid import expand_grid
-    from harness.engines import engine_module
+    from harness.engines import engine_module, registry
     from harness.plan.planner import make_plan, plan_rows
+    from harness.plan.time_limit import plan_time_limit_problem
 
     composed, refused = [], []
     grid = expand_grid(overrides)
@@ -235,7 +236,11 @@ def plan_points(overrides: List[str]) -> List[PlannedPoint]:
         plan = make_plan(run)
         engine = engine_module(run.engine.name)
         engine_errors = engine.check(run)[0] if plan.valid else []
-        points.append(PlannedPoint(label, plan, [*plan.errors, *engine_errors], list(plan.warnings),
+        # a run the harness launches must end inside its Slurm time limit (an export is never launched)
+        launched = plan.valid and not registry.engine(run.engine.name).export_only
+        limit = plan_time_limit_problem(run, plan) if launched else None
+        points.append(PlannedPoint(label, plan, [*plan.errors, *engine_errors, *([limit] if limit else [])],
+                                   list(plan.warnings),
                                    plan_rows([plan])[0]))
     return [*points, *refused]
 
