@@ -112,7 +112,7 @@ class JobTime:
         return self.limit_s is None or self.needed_s <= self.limit_s
 
     def describe(self) -> str:
-        return (f"start-up {self.startup_s:.0f} s + {self.steps} steps x {self.step_time_s:.1f} s predicted x "
+        return (f"start-up {self.startup_s:.0f} s + {self.steps} steps x {self.step_time_s:.4g} s predicted x "
                 f"{STEP_TIME_HEADROOM} head-room ({self.steps_s / 60:.1f} min) + {self.lead_s} s warning lead "
                 f"= {self.needed_s / 60:.1f} min")
 
