@@ -5,6 +5,10 @@ One rule (`time_limit_problem`) for every path that submits a job (`harness run`
 Slurm, `--dry-run` included) and for `harness plan`'s output. The rank side stops at a step boundary when
 the warning signal arrives and writes the steps it measured (metrics.json marked partial), so the warning's
 lead (`warning_lead_s`) is part of the time a run needs.
+
+Refused rather than warned: such a job is predicted to end TIMEOUT, its allocation spent on a partial
+measurement at best, while the fix is one field (the message names it and the limit that would do); where
+the prediction is known to be pessimistic, a longer limit is the override.
 """
 
 from __future__ import annotations

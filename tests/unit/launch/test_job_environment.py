@@ -66,6 +66,16 @@ def test_the_render_time_torch_extensions_dir_wins(tmp_path, monkeypatch):
     assert f"export TORCH_EXTENSIONS_DIR={tmp_path / 'ops'}\n" in render_job_script(cfg, rendered)
 
 
+def test_env_setup_owns_path_but_the_op_cache_is_still_set(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    cfg = compose_run_config(["cluster=local_slurm", "launcher=slurm_local", "tracking=disabled",
+                              'launcher.env_setup=["source /shared/venv/bin/activate"]'])
+    rendered = RenderedRun(run_dir=str(tmp_path), engine="deepspeed", launcher="torchrun", nnodes=1,
+                           nproc_per_node=1, argv=["torchrun"], env={})
+    text = render_job_script(cfg, rendered)
+    assert "export PATH=" not in text and "export TORCH_EXTENSIONS_DIR=" in text
+
+
 LAUNCHER = """
 import subprocess, sys, time
 rank = subprocess.Popen([sys.executable, "-c", sys.argv[1]])
