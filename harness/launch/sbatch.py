@@ -175,16 +175,24 @@ def launch_line(argv: Sequence[str]) -> str:
     return " ".join(words)
 
 
+# Seconds between two hand-overs of the warning to the ranks: a rank still starting ignores it (the handler is
+# set first thing in harness.runtime.bench.main), so the task repeats it until the launcher has ended.
+WARNING_REPEAT_S = 5
+
+
 def node_command(argv: Sequence[str]) -> str:
     """What one node's srun task runs (`bash -c`): the launcher, started with the warning signal ignored (it is
-    inherited; the ranks install their own handler), and the task's handler that passes the signal to the
-    launcher's children, the ranks (Slurm signals only the task). `wait` returns early for each signal handled,
-    so the task waits until the launcher is gone and exits with its code."""
+    inherited; the ranks install their own handler), then a wait for it. Slurm signals only this task: its
+    trap ends the wait, and the task hands the signal to the launcher's children, the ranks, every
+    WARNING_REPEAT_S seconds until the launcher is gone, then exits with the launcher's code."""
     sig = WARNING_SIGNAL
-    return (f"trap '' {sig}; {launch_line(argv)} & launcher=$!; "
-            f"trap 'pkill -{sig} -P \"$launcher\"' {sig}; "
-            'while :; do wait "$launcher"; rc=$?; '
-            'if [ "$rc" -le 128 ] || ! kill -0 "$launcher" 2>/dev/null; then exit "$rc"; fi; done')
+    return "; ".join([
+        f"trap '' {sig}", f"{launch_line(argv)} & launcher=$!", f"trap : {sig}",
+        'while :; do wait "$launcher"; rc=$?',
+        'if [ "$rc" -le 128 ] || ! kill -0 "$launcher" 2>/dev/null; then exit "$rc"; fi',
+        f'while kill -0 "$launcher" 2>/dev/null; do pkill -{sig} -P "$launcher"; sleep {WARNING_REPEAT_S}; done',
+        "done",
+    ])
 
 
 def warning_directive(lead_s: int) -> str:

@@ -75,3 +75,26 @@ def test_the_warning_signal_leaves_a_partial_measurement_and_timeout(slurm_clust
     with open(run.parent / "summary.csv") as handle:
         (row,) = list(csv.DictReader(handle))
     assert row["status"] == "TIMEOUT" and float(row["tokens_per_s"]) > 0 and "partial measurement" in row["reason"]
+
+
+def test_slurm_sends_the_warning_itself_ahead_of_a_short_limit(slurm_cluster, tmp_path):
+    """The run's own job.sbatch, submitted by hand with a 3-minute limit and a 120 s lead (sbatch's options
+    override the script's): Slurm signals the job by itself (up to 60 s earlier than asked, sbatch(1)), the
+    ranks stop after their step, and the run ends TIMEOUT with a partial measurement before the limit."""
+    env = dict(slurm_cluster)
+    proc = harness(env, "sweep", "cluster=local_slurm", "launcher=slurm_local", "tracking=disabled",
+                   f"bench.steps={STEPS}", "launcher.time_limit=UNLIMITED", "sweep_name=limit",
+                   f"results_dir={tmp_path}", "--dry-run")
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    (run,) = [p.parent for p in tmp_path.rglob("job.sbatch")]
+    job = subprocess.run(["sbatch", "--parsable", "--time=3", "--signal=USR1@120", str(run / "job.sbatch")],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        wait_for(lambda: json.loads((run / "status.json").read_text())["state"] not in ("PENDING", "RUNNING"),
+                 240, "the job to end")
+    finally:
+        subprocess.run(["scancel", job], env=env, check=False)
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "TIMEOUT" and "partial measurement" in status["reason"], status
+    partial = json.loads((run / "metrics.json").read_text())["partial"]
+    assert 1 <= partial["steps_measured"] < STEPS

@@ -77,15 +77,18 @@ def test_env_setup_owns_path_but_the_op_cache_is_still_set(tmp_path, monkeypatch
 
 
 LAUNCHER = """
-import subprocess, sys, time
+import subprocess, sys
+open("launcher.started", "w").close()
 rank = subprocess.Popen([sys.executable, "-c", sys.argv[1]])
 sys.exit(3 if rank.wait() == 0 else 4)
 """
+# A rank that sets its handler two seconds after it starts (the inherited disposition ignores the signal until
+# then), as a rank still importing torch does.
 RANK = """
 import signal, time
+time.sleep(2)
 got = []
 signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
-open("rank.ready", "w").close()
 deadline = time.time() + 60
 while not got and time.time() < deadline:
     time.sleep(0.05)
@@ -95,14 +98,15 @@ open("rank.warned", "w").write(str(len(got)))
 
 def test_the_warning_reaches_the_ranks_and_the_task_exits_as_its_launcher(tmp_path):
     """The node's task (what srun starts, the only process Slurm's --signal reaches) passes the warning to the
-    launcher's children; the launcher, which would die of it, ignores it; the task exits with its code."""
+    launcher's children until the launcher ends, so a rank still starting gets it once its handler is set; the
+    launcher, which would die of it, ignores it; the task exits with the launcher's code."""
     command = node_command([sys.executable, "-c", LAUNCHER, RANK])
     task = subprocess.Popen(["bash", "-c", command], cwd=tmp_path)
     deadline = time.time() + 60
-    while not (tmp_path / "rank.ready").exists() and time.time() < deadline:
+    while not (tmp_path / "launcher.started").exists() and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)
-    task.send_signal(signal.SIGUSR1)
+    task.send_signal(signal.SIGUSR1)  # once, before the rank listens
     assert task.wait(timeout=60) == 3  # the launcher lived through the signal and saw its rank exit 0
     assert (tmp_path / "rank.warned").read_text() == "1"
 
