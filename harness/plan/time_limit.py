@@ -149,12 +149,26 @@ def time_limit_problem(cfg: Any, step_time_s: Optional[float], total_params: Opt
             f"set launcher.time_limit={minutes // 60:02d}:{minutes % 60:02d}:00 or more, or fewer bench.steps")
 
 
+def _model_init(cfg: Any, plan: Any) -> str:
+    cluster, layout = cfg.cluster, cfg.layout
+    return model_init_mode(cfg.engine.name, layout.zero_stage, cfg.model.init, plan.model.total_params,
+                           cluster.accelerators_per_node, cluster.host_memory_gib, layout.offload_params)
+
+
 def plan_time_limit_problem(cfg: Any, plan: Any) -> Optional[str]:
     """`time_limit_problem` for a planned config (its predicted step time, parameter count and resolved
     model.init); None for a plan without a model."""
     if plan.model is None:
         return None
-    cluster, layout = cfg.cluster, cfg.layout
-    model_init = model_init_mode(cfg.engine.name, layout.zero_stage, cfg.model.init, plan.model.total_params,
-                                 cluster.accelerators_per_node, cluster.host_memory_gib, layout.offload_params)
-    return time_limit_problem(cfg, plan.step_time_s, plan.model.total_params, model_init)
+    return time_limit_problem(cfg, plan.step_time_s, plan.model.total_params, _model_init(cfg, plan))
+
+
+def plan_job_time(cfg: Any, plan: Any) -> Optional[JobTime]:
+    """What a planned Slurm run needs of its time limit (`harness plan`'s columns); None off Slurm, without a
+    predicted step time or a model, or with a limit that is not a Slurm time."""
+    if cfg.launcher.backend != "slurm" or plan.model is None or not plan.step_time_s:
+        return None
+    try:
+        return job_time(cfg, plan.step_time_s, plan.model.total_params, _model_init(cfg, plan))
+    except ValueError:
+        return None

@@ -212,6 +212,15 @@ def resolve_hub_model(run: Any) -> Any:
                                       hf_config={**run.model.hf_config, **fields}))
 
 
+def job_time_columns(run: Any, plan: Any) -> Dict[str, Optional[float]]:
+    """A Slurm run's time against its limit (harness.plan.time_limit), minutes, in the exported rows."""
+    from harness.plan.time_limit import plan_job_time
+
+    need = plan_job_time(run, plan)
+    return {"job_time_min": need.needed_s / 60 if need else None,
+            "time_limit_min": need.limit_s / 60 if need and need.limit_s else None}
+
+
 def plan_points(overrides: List[str]) -> List[PlannedPoint]:
     """Compose, resolve and plan every grid point; a point the config refuses becomes an invalid row."""
     from harness.config.compose import compose_run_config
@@ -240,8 +249,7 @@ def plan_points(overrides: List[str]) -> List[PlannedPoint]:
         launched = plan.valid and not registry.engine(run.engine.name).export_only
         limit = plan_time_limit_problem(run, plan) if launched else None
         points.append(PlannedPoint(label, plan, [*plan.errors, *engine_errors, *([limit] if limit else [])],
-                                   list(plan.warnings),
-                                   plan_rows([plan])[0]))
+                                   list(plan.warnings), {**plan_rows([plan])[0], **job_time_columns(run, plan)}))
     return [*points, *refused]
 
 

@@ -14,6 +14,7 @@ from harness.plan.time_limit import (
     STARTUP_FIXED_S,
     JobTime,
     limit_seconds,
+    plan_job_time,
     plan_time_limit_problem,
     startup_s,
     time_limit_problem,
@@ -100,6 +101,11 @@ def test_plan_output_shows_the_refusal():
 
     (point,) = plan_points([f"recipes={QWEN3}", "launcher.time_limit=1"])
     assert any(error.startswith("launcher.time_limit=1 (1 min) is shorter than the run") for error in point.errors)
+    # --json / --csv carry the job's time beside its limit (minutes)
+    (point,) = plan_points([f"recipes={QWEN3}"])
+    need = plan_job_time(compose_run_config([f"recipes={QWEN3}"]), point.plan)
+    assert point.row["job_time_min"] == pytest.approx(need.needed_s / 60) and point.row["time_limit_min"] == 90
+    assert not point.errors
 
 
 def test_prepare_refuses_before_anything_is_written_for_slurm(tmp_path: Path):
