@@ -17,6 +17,7 @@ from harness.launch.host_profile import measure_host_profile
 from harness.launch.local import for_backend
 from harness.plan.construction import model_init_mode
 from harness.plan.planner import Plan, make_plan
+from harness.plan.time_limit import plan_time_limit_problem
 from harness.rundir import (
     CONFIG_FILE,
     PENDING,
@@ -133,6 +134,10 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
     engine = engine_module(cfg.engine.name)
     engine_errors = engine.check(cfg)[0] if not plan.errors else []
     errors = [*plan.errors, *engine_errors, *launch_problems(cfg)]
+    launched = not registry.engine(cfg.engine.name).export_only
+    limit = plan_time_limit_problem(cfg, plan) if launched and not errors else None
+    if limit:
+        errors.append(limit)
     if not errors and plan.fits is False:
         need, have = plan.memory.total_bytes / 2**30, plan.device_memory_bytes / 2**30
         errors = [f"predicted {need:.2f} GiB per rank > {have:.2f} GiB of device memory "

@@ -10,6 +10,7 @@ and rejected with the field's name; `launcher.env_setup` is the one field that i
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import shlex
@@ -25,7 +26,8 @@ from harness.config.schema import RunConfig
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, PORT_BASE, PORT_SPAN, RenderedRun
 from harness.launch.threads import JOB_CPUS_LINE, thread_rule
 from harness.launch.watchdog import NODE_FLAG
-from harness.rundir import JOB_SCRIPT, SWEEP_SLURM_DIR, write_text
+from harness.plan.time_limit import DEFAULT_LEAD_S, WARNING_SIGNAL, warning_lead_s
+from harness.rundir import JOB_SCRIPT, PLAN_FILE, SWEEP_SLURM_DIR, load_json, write_text
 
 TEMPLATE_DIR = REPO_ROOT / "slurm" / "templates"
 # What each placeholder of `RenderedRun.argv` becomes inside a node's task.
@@ -157,8 +159,8 @@ def resource_directives(cfg: RunConfig, nnodes: int, nproc_per_node: int) -> Lis
     return out
 
 
-def node_command(argv: Sequence[str]) -> str:
-    """One node's launch line for `bash -c`: literal parts quoted, placeholders as the node's variables."""
+def launch_line(argv: Sequence[str]) -> str:
+    """One node's launch line: literal parts quoted, placeholders as the node's variables."""
     pattern = re.compile("|".join(re.escape(p) for p in NODE_VARIABLES))
     words = []
     for token in argv:
@@ -171,7 +173,39 @@ def node_command(argv: Sequence[str]) -> str:
         if last < len(token) or not parts:
             parts.append(shlex.quote(token[last:]))
         words.append("".join(parts))
-    return "exec " + " ".join(words)
+    return " ".join(words)
+
+
+def node_command(argv: Sequence[str]) -> str:
+    """What one node's srun task runs (`bash -c`): the launch line, exec'd, so that Slurm's signals (scancel,
+    the time-limit warning) reach it directly; under the node's supervisor (`supervised`), which hands the
+    warning to the ranks."""
+    return "exec " + launch_line(argv)
+
+
+def warning_directive(lead_s: int) -> str:
+    """Slurm sends WARNING_SIGNAL to the job's tasks `lead_s` seconds before its time limit (sbatch(1) --signal)."""
+    return f"--signal={WARNING_SIGNAL}@{int(lead_s)}"
+
+
+def run_warning_lead(run_dir: Path) -> int:
+    """The warning lead of a prepared run, from its plan's predicted step time (harness.plan.time_limit)."""
+    plan = load_json(Path(run_dir) / PLAN_FILE) or {}
+    return warning_lead_s(plan.get("step_time_s"))
+
+
+def project_bin_dir(cfg: RunConfig) -> Optional[str]:
+    """The bin directory of the Python that prepares the run (the project's virtual environment: its ninja,
+    its launchers), put first on the job's PATH; None when launcher.env_setup provides the environment."""
+    return None if cfg.launcher.env_setup else str(Path(sys.executable).parent)
+
+
+def torch_extensions_dir() -> str:
+    """Where the job's JIT-built ops live: TORCH_EXTENSIONS_DIR as set where the job is rendered, else the
+    harness cache (the Makefile's default, ~/.cache/harness/torch_extensions)."""
+    configured = os.environ.get("TORCH_EXTENSIONS_DIR")
+    path = Path(configured).expanduser() if configured else Path.home() / ".cache" / "harness" / "torch_extensions"
+    return str(path.resolve())
 
 
 def supervised(cfg: RunConfig, run_dir: Path, argv: Sequence[str]) -> List[str]:
@@ -219,8 +253,12 @@ def render_job_script(cfg: RunConfig, rendered: RenderedRun, extra_env: Optional
     return template("job.sbatch.j2").render(
         run_dir=str(run_dir),
         job_name=job_name(cfg.sweep_name, run_dir.name),
-        directives=resource_directives(cfg, rendered.nnodes, rendered.nproc_per_node),
+        directives=[*resource_directives(cfg, rendered.nnodes, rendered.nproc_per_node),
+                    warning_directive(run_warning_lead(run_dir))],
         python=python_executable(cfg),
+        bin_dir=project_bin_dir(cfg),
+        torch_extensions_dir=torch_extensions_dir(),
+        warning_signal=WARNING_SIGNAL,
         env_setup=check_env_setup(cfg.launcher.env_setup),
         env=script_environment({**rendered.env, **(extra_env or {})}),
         nccl=nccl_environment(cfg),
@@ -246,6 +284,7 @@ class ArrayGroup:
     directives: Tuple[str, ...]
     concurrency: int
     run_dirs: Tuple[Path, ...]
+    warning_lead_s: int = DEFAULT_LEAD_S  # the longest of its runs' (an array has one --signal)
 
 
 def group_runs(runs: Iterable[Tuple[Path, RunConfig, RenderedRun]]) -> List[ArrayGroup]:
@@ -255,7 +294,8 @@ def group_runs(runs: Iterable[Tuple[Path, RunConfig, RenderedRun]]) -> List[Arra
         key = (tuple(resource_directives(cfg, rendered.nnodes, rendered.nproc_per_node)),
                max(1, int(cfg.launcher.array_concurrency)))
         groups.setdefault(key, []).append(Path(run_dir))
-    return [ArrayGroup(directives, concurrency, tuple(dirs)) for (directives, concurrency), dirs in groups.items()]
+    return [ArrayGroup(directives, concurrency, tuple(dirs), max(run_warning_lead(d) for d in dirs))
+            for (directives, concurrency), dirs in groups.items()]
 
 
 def render_array_script(group: ArrayGroup, sweep_name: str, name: str, manifest: Path, log_dir: Path) -> str:
@@ -269,7 +309,7 @@ def render_array_script(group: ArrayGroup, sweep_name: str, name: str, manifest:
         job_name=job_name(sweep_name, name),
         name=check_name("array name", name),
         concurrency=group.concurrency,
-        directives=list(group.directives),
+        directives=[*group.directives, warning_directive(group.warning_lead_s)],
         manifest=str(manifest),
         log_dir=str(log_dir),
     )

@@ -39,6 +39,7 @@ from harness.launch.sbatch import (  # noqa: F401 (re-exported)
     check_run_dir,
     group_runs,
     job_name,
+    launch_line,
     launcher_executable,
     next_array_index,
     node_command,

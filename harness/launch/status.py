@@ -39,6 +39,7 @@ from harness.rundir import (
     TIMEOUT,
     RankError,
     metrics_written,
+    partial_measurement,
     rank_failure,
     read_run,
     read_status,
@@ -142,14 +143,15 @@ def classify_files(run_dir: Path, returncode: int) -> Tuple[str, str]:
 
 
 def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError],
-             slurmstepd_line: str = "") -> Tuple[str, str]:
+             slurmstepd_line: str = "", partial: str = "") -> Tuple[str, str]:
     """A run's state from Slurm's view of its job and the run's own files.
 
     Precedence: a measurement (metrics.json) is COMPLETED whatever happened after it; then what Slurm
     did to the job (scancel, time limit) — rank errors are only its consequences; then out-of-memory,
     from a rank's error record or on the host (harness.launch.oom: OUT_OF_MEMORY, a step that ended with
     SIG_OOM, slurmstepd's oom-kill or memory-limit line in the job's log); then a rank's error; then how
-    Slurm saw the job end.
+    Slurm saw the job end. A partial measurement (`partial`: the ranks stopped at the time limit's warning
+    and wrote the steps they finished) is TIMEOUT, with the measurement kept, once the job has ended.
     """
     if has_metrics:
         return COMPLETED, ""
@@ -161,6 +163,8 @@ def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError],
         return PENDING, f"{requeued}slurm job {view.job_id} {view.state.lower()} ({view.reason or 'None'})"
     if view.state in SLURM_ACTIVE:
         return RUNNING, f"slurm job {view.job_id} {view.state.lower()}"
+    if partial:
+        return TIMEOUT, f"slurm job {view.job_id} {view.state}: {partial}"
     if view.state == "CANCELLED":
         return CANCELLED, f"slurm job {view.job_id} was cancelled (scancel)"
     if view.state in ("TIMEOUT", "DEADLINE"):
@@ -331,7 +335,8 @@ def run_view(run_dir: Path, submission: Optional[Mapping[str, Any]], job_record:
     line = ""
     if slurm.final and not metrics_written(run_dir):  # the job's own log, for slurmstepd's OOM line
         line = slurmstepd_oom_line(job_logs(run_dir, [slurm.job_id, (job_record or {}).get("job_id")]))
-    new_state, new_reason = classify(slurm, metrics_written(run_dir), errors, line)
+    new_state, new_reason = classify(slurm, metrics_written(run_dir), errors, line,
+                                     partial_measurement(run_dir) or "")
     seen = dict(job_key=key, slurm_state=slurm.state, start=slurm.start, end=slurm.end)
     if not slurm.final:
         requeued = slurm.restart_count > int((job_record or {}).get("restart_count") or 0)

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 import psutil
 
 from harness.launch.oom import KillEvidence, cgroup_oom_kills, host_oom
+from harness.plan.time_limit import WARNING_SIGNAL
 from harness.rundir import (
     CANCELLED,
     LAUNCH_LOG,
@@ -48,6 +49,11 @@ GRACE_S = 10.0  # SIGTERM, then SIGKILL: ranks get this long to flush
 # A rank whose CPU time has not grown for this long is hung: the kernel counts CPU time in ticks of
 # 1-10 ms, and a live rank, even one waiting in a collective, polls far more often than that.
 STALL_S = 10.0
+# Slurm's warning ahead of the time limit (sbatch --signal) reaches only the node's task, this supervisor;
+# it hands it to the ranks every WARNING_REPEAT_S until the launcher ends: a rank still starting has the
+# inherited "ignore" until its own handler is set (harness.runtime.lifecycle), so one hand-over could be lost.
+WARNING_SIGNUM = signal.Signals[f"SIG{WARNING_SIGNAL}"]
+WARNING_REPEAT_S = 5.0
 
 
 class Stop(Exception):
@@ -270,13 +276,16 @@ def supervise_node(run_dir: Path, argv: List[str]) -> int:
     Slurm's signals (scancel, the time limit) and the death of the job step stop the tree. Slurm keeps
     the time and the run's state; the launcher's output goes to the job's log; the exit code is the
     launcher's, or 128 + the signal that stopped the node."""
-    launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_watchdog)
+    relay = WarningRelay()
+    signal.signal(WARNING_SIGNUM, relay.note)
+    launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_node_launcher_setup)
     tree = Tree(launcher)
     total_memory = psutil.virtual_memory().total
     oom_kills_before = cgroup_oom_kills()
     try:
         while launcher.poll() is None:
             tree.sample()
+            relay.hand_over(tree.ranks)
             time.sleep(POLL_S)
     except Stop as stop:
         kill_tree(os.getpid())
@@ -286,6 +295,27 @@ def supervise_node(run_dir: Path, argv: List[str]) -> int:
         record_signal_deaths(run_dir, tree.gone, total_memory, cgroup_oom_kills() - oom_kills_before)
     kill_tree(os.getpid(), grace_s=2.0)
     return launcher.returncode if launcher.returncode >= 0 else 128 - launcher.returncode
+
+
+class WarningRelay:
+    """Slurm's time-limit warning, noted when it reaches the node's supervisor and handed to the ranks."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.last_hand_over = float("-inf")
+
+    def note(self, _signum, _frame) -> None:
+        self.received = True
+
+    def hand_over(self, ranks: Dict[int, "RankSeen"]) -> None:
+        if not self.received or time.monotonic() - self.last_hand_over < WARNING_REPEAT_S:
+            return
+        self.last_hand_over = time.monotonic()
+        for pid in list(ranks):
+            try:
+                os.kill(pid, WARNING_SIGNUM)
+            except ProcessLookupError:
+                pass
 
 
 def stall_reason(stalled: List[RankSeen], now: float) -> str:
@@ -302,6 +332,13 @@ def _die_with_watchdog() -> None:
     """In the launcher, before exec: SIGTERM when the watchdog dies (even by SIGKILL), so that the launcher
     stops its ranks, which die with it in turn (harness.runtime.lifecycle, armed by each rank)."""
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _node_launcher_setup() -> None:
+    """In a Slurm node's launcher, before exec: die with the supervisor, and ignore the time-limit warning
+    (torchrun would die of it; the ignore is inherited by the ranks until they set their own handler)."""
+    _die_with_watchdog()
+    signal.signal(WARNING_SIGNUM, signal.SIG_IGN)
 
 
 def _stop(signum, _frame) -> None:

@@ -212,13 +212,23 @@ def resolve_hub_model(run: Any) -> Any:
                                       hf_config={**run.model.hf_config, **fields}))
 
 
+def job_time_columns(run: Any, plan: Any) -> Dict[str, Optional[float]]:
+    """A Slurm run's time against its limit (harness.plan.time_limit), minutes, in the exported rows."""
+    from harness.plan.time_limit import plan_job_time
+
+    need = plan_job_time(run, plan)
+    return {"job_time_min": need.needed_s / 60 if need else None,
+            "time_limit_min": need.limit_s / 60 if need and need.limit_s else None}
+
+
 def plan_points(overrides: List[str], config_dirs: Sequence[str] = ()) -> List[PlannedPoint]:
     """Compose, resolve and plan every grid point; a point the config refuses becomes an invalid row."""
     from harness.config.compose import compose_run_config
     from harness.config.fill import DegreeFillError
     from harness.config.grid import expand_grid
-    from harness.engines import engine_module
+    from harness.engines import engine_module, registry
     from harness.plan.planner import make_plan, plan_rows
+    from harness.plan.time_limit import plan_time_limit_problem
 
     composed, refused = [], []
     grid = expand_grid(overrides)
@@ -235,8 +245,11 @@ def plan_points(overrides: List[str], config_dirs: Sequence[str] = ()) -> List[P
         plan = make_plan(run)
         engine = engine_module(run.engine.name)
         engine_errors = engine.check(run)[0] if plan.valid else []
-        points.append(PlannedPoint(label, plan, [*plan.errors, *engine_errors], list(plan.warnings),
-                                   plan_rows([plan])[0]))
+        # a run the harness launches must end inside its Slurm time limit (an export is never launched)
+        launched = plan.valid and not registry.engine(run.engine.name).export_only
+        limit = plan_time_limit_problem(run, plan) if launched else None
+        points.append(PlannedPoint(label, plan, [*plan.errors, *engine_errors, *([limit] if limit else [])],
+                                   list(plan.warnings), {**plan_rows([plan])[0], **job_time_columns(run, plan)}))
     return [*points, *refused]
 
 

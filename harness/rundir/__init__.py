@@ -11,6 +11,7 @@ from harness.rundir.readers import (  # noqa: F401
     RunFiles,
     load_json,
     metrics_written,
+    partial_measurement,
     rank_failure,
     read_errors,
     read_fatal_report,

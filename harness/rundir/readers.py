@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from harness.rundir.files import CONFIG_FILE, ERRORS_DIR, METRICS_FILE, PLAN_FILE, STATUS_FILE, fatal_report_file
 from harness.rundir.records import RankError, RecordError, RunResult, Status
-from harness.rundir.states import COMPLETED, CORRUPT, FAILED, OOM, RunState
+from harness.rundir.states import COMPLETED, CORRUPT, FAILED, OOM, TIMEOUT, RunState
 
 PathLike = Union[str, Path]
 
@@ -118,17 +118,35 @@ def rank_failure(errors: Sequence[RankError]) -> Optional[Tuple[RunState, str]]:
     return (OOM if root.out_of_memory else FAILED), root.reason()
 
 
+def partial_measurement(run_dir: PathLike) -> Optional[str]:
+    """Why the run's metrics.json holds only some of its timed steps (its `partial` record), or None."""
+    try:
+        data = load_json(Path(run_dir) / METRICS_FILE)
+    except CorruptFile:
+        return None
+    partial = data.get("partial") if isinstance(data, dict) else None
+    if not isinstance(partial, dict):
+        return None
+    return (f"partial measurement: {partial.get('steps_measured')} of {partial.get('steps_planned')} timed steps "
+            f"({partial.get('reason')})")
+
+
 def metrics_written(run_dir: PathLike) -> bool:
-    """Rank 0 wrote metrics.json (atomically, after the measurement): the run measured what it should."""
-    return (Path(run_dir) / METRICS_FILE).exists()
+    """Rank 0 wrote metrics.json (atomically, after the measurement) and it is not partial: the run measured
+    what it should."""
+    return (Path(run_dir) / METRICS_FILE).exists() and partial_measurement(run_dir) is None
 
 
 def state_from_files(run_dir: PathLike, metrics_count: bool = True) -> Optional[Tuple[RunState, str]]:
     """A run's final state from its own files: COMPLETED once metrics.json exists (when `metrics_count`: the
-    launcher's exit does not contradict it), else the ranks' error records; None when the files say
-    nothing (the caller then says how the launcher ended). An unreadable error record is CORRUPT, named."""
+    launcher's exit does not contradict it), TIMEOUT when the ranks stopped at the time limit's warning and
+    wrote a partial one, else the ranks' error records; None when the files say nothing (the caller then says
+    how the launcher ended). An unreadable error record is CORRUPT, named."""
     if metrics_count and metrics_written(run_dir):
         return COMPLETED, ""
+    partial = partial_measurement(run_dir)
+    if partial:
+        return TIMEOUT, partial
     try:
         return rank_failure(read_errors(run_dir))
     except CorruptFile as error:

@@ -226,6 +226,9 @@ class RunResult:
     tracking: Optional[Dict[str, Any]] = None  # the W&B run's id or error, added after the run is tracked
     # A CPU stand-in of a GPU recipe: {"of": recipe, "not_executed": [what CPU cannot run, and why]}.
     standin: Optional[Dict[str, Any]] = None
+    # A run cut short (the time limit's warning): {"steps_measured", "steps_planned", "reason"}; the
+    # measurement covers the timed steps it finished. None: every timed step was measured.
+    partial: Optional[Dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.predicted, Predicted):
@@ -234,7 +237,7 @@ class RunResult:
     def to_dict(self) -> Dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(measured=self.measured.to_dict(), predicted=self.predicted.to_dict())
-        for optional in ("tracking", "standin"):
+        for optional in ("tracking", "standin", "partial"):
             if out[optional] is None:
                 del out[optional]
         return out

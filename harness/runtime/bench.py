@@ -8,7 +8,7 @@ import statistics
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from harness.engines.registry import rank_side
 from harness.modeling import device
 from harness.modeling.model import build_model
 from harness.plan.peak import peak_flops as peak_flops_of
+from harness.plan.time_limit import WARNING_SIGNAL
 from harness.plan.utilization import hfu, mfu
 from harness.rundir import (
     COMPLETED,
@@ -28,16 +29,18 @@ from harness.rundir import (
     METRICS_FILE,
     PLAN_FILE,
     RUNNING,
+    TIMEOUT,
     Measured,
     Predicted,
     RunResult,
+    partial_measurement,
     write_error,
     write_json,
     write_status,
 )
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.fatal_report import FatalReport
-from harness.runtime.lifecycle import die_with_parent
+from harness.runtime.lifecycle import WarningSignal, die_with_parent
 from harness.runtime.meter import (
     SavedActivationMeter,
     StepTimer,
@@ -79,17 +82,36 @@ def warm_up(session, batches, warmup_steps: int, report=None):
     return losses, meter.peak_bytes, state
 
 
-def timed_steps(session, batches, steps, timer: StepTimer, losses: list, report=None) -> None:
+def timed_steps(session, batches, steps, timer: StepTimer, losses: list, report=None, stop=None) -> None:
     """The measured loop: nothing but a device sync and a clock read on each side of a step; the live
-    report (rank 0's line and W&B row) comes after the closing sync, outside the timed span."""
+    report (rank 0's line and W&B row) and `stop` (the ranks agree whether to end here) come after the
+    closing sync, outside the timed span."""
     for step in steps:
         with timer.step():
             losses.append(session.train_step(batches(step)))
         if report:
             report(step, losses[-1], timer.times_s[-1])
+        if stop is not None and stop():
+            return
 
 
-def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=None):
+def agreed_to_stop(warning: WarningSignal, kind: device.DeviceKind) -> bool:
+    """Whether any rank has heard the time limit's warning: a MAX all-reduce of one flag, so that every rank
+    stops after the same step (a rank stopping alone would leave its peers inside the next step's collectives)."""
+    flag = torch.tensor([1.0 if warning.received else 0.0], device=device.torch_device(kind))
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def cut_short(measured_steps: int, cfg: RunConfig) -> Optional[Dict[str, Any]]:
+    """metrics.json's `partial` record when the ranks stopped before every timed step ran, else None."""
+    if measured_steps >= cfg.bench.steps:
+        return None
+    return {"steps_measured": measured_steps, "steps_planned": cfg.bench.steps,
+            "reason": f"stopped at the time limit's warning, SIG{WARNING_SIGNAL}"}
+
+
+def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=None, stop=None):
     bench = cfg.bench
     batches = batch_maker(session, source, cfg)
     losses, activation_bytes, state = warm_up(session, batches, bench.warmup_steps, report)
@@ -99,7 +121,7 @@ def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=
     device.reset_peak_memory(kind)
     timer = StepTimer(kind)
     timed_steps(session, batches, range(bench.warmup_steps, bench.warmup_steps + bench.steps), timer, losses,
-                report)
+                report, stop)
     return timer.times_s, [float(loss) for loss in losses], activation_bytes, state
 
 
@@ -159,7 +181,7 @@ def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, 
     )
 
 
-def run(run_dir: Path) -> int:
+def run(run_dir: Path, warning: WarningSignal) -> int:
     cfg, plan = load_run(run_dir)
     kind = device.choose_device_kind(cfg.cluster.accelerator, torch.cuda.is_available())
     device.bind(kind)
@@ -184,13 +206,14 @@ def run(run_dir: Path) -> int:
     report = StepReporter(rank, cfg.bench.warmup_steps + cfg.bench.steps, cfg.bench.warmup_steps,
                           plan["tokens_per_step"], plan["flops_per_token"], dist.get_world_size(), tracker,
                           kind, peak_flops_of(cfg.cluster.accelerator, cfg.layout.precision, peak).flops)
-    times_s, losses, activation_bytes, state = timed_loop(session, source, cfg, kind, report)
+    times_s, losses, activation_bytes, state = timed_loop(session, source, cfg, kind, report,
+                                                          stop=lambda: agreed_to_stop(warning, kind))
     record = rank_record(state, kind, times_s, losses, activation_bytes, peak)
     records: List[Dict[str, Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(records, record)
     if rank == 0:
         measured = reduce_ranks(records, cfg, plan)
-        write_result(run_dir, cfg, plan, measured, tracker)
+        write_result(run_dir, cfg, plan, measured, tracker, cut_short(len(times_s), cfg))
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -205,7 +228,7 @@ def open_tracker(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any]) -> WandbRu
 
 
 def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: Measured,
-                 tracker: WandbRun) -> None:
+                 tracker: WandbRun, partial: Optional[Dict[str, Any]] = None) -> None:
     result = RunResult(
         run_id=run_dir.name,
         sweep=cfg.sweep_name,
@@ -221,11 +244,15 @@ def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: 
         measured=measured,
         predicted=plan["predicted"],
         standin={"of": cfg.standin.of, "not_executed": list(cfg.standin.not_executed)} if cfg.standin.of else None,
+        partial=partial,
     )
     payload = result.to_dict()
     # Local results first: a tracking failure or hang must never cost the measurement.
     write_json(run_dir / METRICS_FILE, payload)
-    write_status(run_dir, COMPLETED)
+    if partial:  # cut at the time limit's warning: TIMEOUT, its measurement kept
+        write_status(run_dir, TIMEOUT, partial_measurement(run_dir))
+    else:
+        write_status(run_dir, COMPLETED)
     tracker.finish(_flat_summary(payload))
     payload["tracking"] = {"wandb_error": tracker.error, "wandb_run_id": getattr(tracker.run, "id", None),
                            "wandb_group": tracker.group}
@@ -260,11 +287,12 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
 
 def main() -> int:
     die_with_parent()
+    warning = WarningSignal()  # first: a warning before the handler is set would be lost (the launcher ignores it)
     run_dir = Path(sys.argv[1])
     rank = int(os.environ.get("RANK", "0"))
     with FatalReport(run_dir, rank):
         try:
-            return run(run_dir)
+            return run(run_dir, warning)
         except BaseException as error:
             traceback.print_exc()
             write_error(run_dir, rank, error)

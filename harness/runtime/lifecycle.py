@@ -1,4 +1,4 @@
-"""A rank's tie to its launcher: it dies with it.
+"""A rank's tie to its launcher: it dies with it, and hears the time limit's warning.
 
 The local watchdog (harness.launch.watchdog) and Slurm's step cleanup stop a run's tree from above; this is
 the tie from below, for the case where everything above a rank is killed at once (kill -9 of a process
@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+
+from harness.plan.time_limit import WARNING_SIGNAL
 
 # prctl options from <linux/prctl.h>.
 PR_SET_PDEATHSIG = 1
@@ -32,3 +34,16 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
     prctl(PR_SET_PDEATHSIG, signum)
     if os.getppid() != parent or parent == 1:
         os.kill(os.getpid(), signum)
+
+
+class WarningSignal:
+    """Slurm's warning ahead of the time limit (`harness.plan.time_limit.WARNING_SIGNAL`, asked for by the job
+    script's --signal), noted when it arrives. The rank acts on it only at a step boundary, where every rank
+    agrees to stop after the same step (`harness.runtime.bench.agreed_to_stop`) and writes what it measured."""
+
+    def __init__(self, name: str = WARNING_SIGNAL):
+        self.received = False
+        signal.signal(getattr(signal, f"SIG{name}"), self._note)
+
+    def _note(self, signum, frame) -> None:
+        self.received = True

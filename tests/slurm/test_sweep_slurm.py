@@ -90,7 +90,9 @@ def sweeps(env, data_dir, tmp_path_factory) -> dict:
     common = [*COMMON, f"results_dir={results}"]
     data = f"data.path={data_dir / 'ok.txt'},{data_dir / LATE}"
     commands = {
-        "cancel": [*common, *ONE_RANK, "sweep_name=cancel", "bench.steps=1000000", "bench.seed=0,1"],
+        # runs until cancelled: no time limit, which a million steps would exceed (harness/plan/time_limit.py)
+        "cancel": [*common, *ONE_RANK, "sweep_name=cancel", "bench.steps=1000000", "bench.seed=0,1",
+                   "launcher.time_limit=UNLIMITED"],
         "memory": [*common, *ONE_RANK, "sweep_name=memory", 'launcher.extra_sbatch=["--mem=250M"]'],
         # torchrun (deepspeed) and accelerate launch (fsdp), each one process per node on two nodes.
         "two_node": [*common, "sweep_name=two_node", "cluster.nodes=2", "cluster.accelerators_per_node=1",

@@ -22,6 +22,7 @@ from harness.launch.slurm import (
     check_env_setup,
     check_extra_sbatch,
     group_runs,
+    launch_line,
     node_command,
     render_array_script,
     render_job_script,
@@ -75,6 +76,7 @@ def test_cpu_run_on_the_local_cluster(tmp_path):
         "--cpus-per-task=2",  # two CPU ranks, one core each
         "--time=00:10:00",
         "--requeue",
+        "--signal=USR1@120",  # the warning ahead of the time limit (no predicted step time: the default lead)
     ]
     srun = srun_block(text)
     assert "--nodes=1 --ntasks=1 --ntasks-per-node=1 --export=ALL --kill-on-bad-exit=1" in srun
@@ -192,8 +194,9 @@ def test_script_runs_values_verbatim_never_executes_them(tmp_path):
 
 
 def test_node_command_placeholders_inside_tokens():
-    command = node_command(["torchrun", "--rdzv-endpoint={master_addr}:{master_port}", "a b"])
-    assert command == "exec torchrun --rdzv-endpoint=\"$MASTER_ADDR\":\"$MASTER_PORT\" 'a b'"
+    command = launch_line(["torchrun", "--rdzv-endpoint={master_addr}:{master_port}", "a b"])
+    assert command == "torchrun --rdzv-endpoint=\"$MASTER_ADDR\":\"$MASTER_PORT\" 'a b'"
+    assert node_command(["torchrun", "--rdzv-endpoint={master_addr}:{master_port}", "a b"]) == f"exec {command}"
 
 
 @pytest.mark.parametrize("field,value", [
@@ -282,7 +285,7 @@ def test_array_script_reads_its_task_from_the_manifest(tmp_path):
     text = render_array_script(group, "grid", "array-001", manifest, manifest.parent)
     lines = sbatch_lines(text)
     assert "--array=0-2%2" in lines and "--job-name=grid.array-001" in lines
-    assert lines[-3:] == ["--nodes=1", "--ntasks-per-node=1", "--time=00:10:00"]
+    assert lines[-4:] == ["--nodes=1", "--ntasks-per-node=1", "--time=00:10:00", "--signal=USR1@120"]
     assert 'RUN_DIR=$(sed -n "${line}p" "$MANIFEST")' in text
     assert 'exec bash "$RUN_DIR/job.sbatch"' in text
     bash_syntax_ok(text, tmp_path)
