@@ -329,7 +329,7 @@ class BenchConfig:
 
     warmup_steps: int = 2  # the least warm-up
     # Warm-up goes on past warmup_steps until step time is steady (harness.rundir.stats.steady), at most this many.
-    warmup_max_steps: int = 10
+    warmup_max_steps: int = 6
     steps: int = 5
     # A sweep runs each point this many times, interleaved (A B C C B A ...) so that slow drift of the host
     # cancels; the report pools them. `repeat` is which one a run is (set by the sweep, 0-based).
