@@ -79,6 +79,7 @@ bench: setup ## overhead and planning benchmarks
 	$(PY) tests/bench/bench_recommend.py
 	$(PY) tests/bench/bench_time_model.py
 	$(PY) tests/bench/bench_overhead.py
+	$(PY) tests/bench/bench_verdicts.py --times 3
 	$(PY) tests/unit/report/bench_build_report.py 100
 
 slurm-up: ## start a local two-node Slurm cluster

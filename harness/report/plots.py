@@ -173,7 +173,8 @@ def mfu_figure(frame: pd.DataFrame, labels: Dict[int, str]):
     hfu = [num(v) for v in frame["hfu"]]
     if any((h or 0) != (m or 0) for h, m in zip(hfu, mfu)):
         fig.add_trace(go.Bar(y=names, x=[v or 0 for v in hfu], orientation="h", name="HFU measured",
-                             marker_color="#a0cbe8", hovertext=hover, hoverinfo="text", error_x=error_bars(frame, "hfu")))
+                             marker_color="#a0cbe8", hovertext=hover, hoverinfo="text",
+                             error_x=error_bars(frame, "hfu")))
     predicted = [num(v) for v in frame.get("mfu_predicted", pd.Series([None] * len(frame), index=frame.index))]
     _add_predicted(fig, names, predicted, hover, "MFU predicted")
     _layout(fig, "mfu", "model FLOPs utilization (higher is better)", len(names), ".1%")

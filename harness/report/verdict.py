@@ -9,8 +9,8 @@ from typing import Any, List, Mapping, Optional, Sequence
 from harness.rundir.stats import CONFIDENCE, Difference, repeats_to_separate, throughput_difference
 
 # What must be equal for a tokens/s comparison to be like with like; each difference is named in the verdict.
-LIKE_FOR_LIKE = (("tokens_per_step", "global batches", "{:,.0f} tokens per step"), ("seq_len", "sequence lengths", "{}"),
-                 ("model", "models", "{}"))
+LIKE_FOR_LIKE = (("tokens_per_step", "global batches", "{:,.0f} tokens per step"),
+                 ("seq_len", "sequence lengths", "{}"), ("model", "models", "{}"))
 MOST_REPEATS = 50
 
 

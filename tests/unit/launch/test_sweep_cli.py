@@ -98,7 +98,7 @@ def test_dry_run_prepares_prunes_and_prints_but_submits_nothing(tmp_path, fake_s
     for name in set(runs) - {"003-fsdp-zero1"}:
         assert (root / name / "job.sbatch").exists()
         assert json.loads((root / name / "status.json").read_text())["state"] == "PENDING"
-        assert json.loads((root / name / "config.json").read_text())["bench"]["steps"] == 3
+        assert json.loads((root / name / "config.json").read_text())["bench"]["steps"] == 10
     manifest = (root / "slurm" / "array-001.manifest").read_text().splitlines()
     assert manifest == [str(root / name) for name in runs if name != "003-fsdp-zero1"]
     assert "#SBATCH --array=0-4%2" in out and "would submit: sbatch" in out and "PRUNED" in out

@@ -59,7 +59,8 @@ def test_repeats_pool_into_one_row_and_each_stays_inspectable():
     assert len(pooled) == 1 and pooled.iloc[0]["repeats"] == 3
     assert len(pooled.iloc[0]["step_times_s"]) == 24 and len(pooled.iloc[0]["step_times_by_repeat"]) == 3
     assert pooled.iloc[0]["repeat_runs"] == "A-r0, A-r1, A-r2"
-    assert pooled.iloc[0]["tokens_per_s_ci_low"] < pooled.iloc[0]["tokens_per_s"] < pooled.iloc[0]["tokens_per_s_ci_high"]
+    first = pooled.iloc[0]
+    assert first["tokens_per_s_ci_low"] < first["tokens_per_s"] < first["tokens_per_s_ci_high"]
     assert len(pool_repeats(pooled)) == 1  # pooling twice changes nothing
 
 
