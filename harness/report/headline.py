@@ -124,7 +124,7 @@ def _comparison(ranked: pd.DataFrame, best: Dict[str, Any], judged: Optional[Ver
     """How the choice stands against the runner-up, and against the best per device if that differs."""
     text = ""
     if judged is not None:
-        text = " " + sentence(judged.text)
+        text = " " + sentence(judged.text) if judged.significant else ""  # else the answer says it
     elif len(ranked) > 1:
         text = f" Runner-up: {ranked.iloc[1]['label']} (no step times to compare them by)."
     per_device = ranked.sort_values("tokens_per_s_per_device", ascending=False).iloc[0]
