@@ -149,3 +149,20 @@ def test_the_step_time_chart_stacks_the_predicted_parts_beside_the_measured_step
     assert measured.x[row] == pytest.approx(run["step_time_s"])
     assert run["step_time_ratio"] == pytest.approx(run["step_time_s"] / 0.04)
     assert run["pred_time_exposed_comm_s"] == pytest.approx(0.25 * 0.04)
+
+
+def test_every_measured_bar_has_its_interval_and_a_disturbed_run_is_marked(sweep_dir):
+    import json
+
+    metrics_file = sweep_dir / "1" / "metrics.json"
+    metrics = json.loads(metrics_file.read_text())
+    metrics["measured"]["host"] = {"disturbed": True, "disturbances": ["busy at start: stress (7) 1.0 cores"]}
+    metrics_file.write_text(json.dumps(metrics))
+    frame = summary_frame([sweep_dir])
+    assert {"tokens_per_s_ci_low", "tokens_per_s_ci_high", "step_time_s_ci_low", "mfu_ci_high"} <= set(frame)
+    done = frame[frame["status"] == "COMPLETED"]
+    assert (done["tokens_per_s_ci_low"] <= done["tokens_per_s"]).all()
+    assert (done["tokens_per_s"] <= done["tokens_per_s_ci_high"]).all()
+    page = render_html(frame, [sweep_dir])
+    assert page.count('"error_x":{') >= 3  # throughput, MFU, step time
+    assert "DISTURBED" in page and "busy at start: stress (7) 1.0 cores" in page
