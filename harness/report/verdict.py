@@ -68,10 +68,13 @@ def verdict(a: Mapping[str, Any], b: Mapping[str, Any], name_a: str, name_b: str
                                  confidence)
     notes = caveats(a, b)
     level = f"{confidence:.0%} CI"
+    single = len(repeats_of(a)) == 1 and len(repeats_of(b)) == 1
     if diff.significant:
         first, second, d = (name_a, name_b, diff) if diff.estimate > 0 else (name_b, name_a, _flip(diff))
         text = (f"{first} is faster than {second} by {_percent(d.estimate)} in tokens/s "
-                f"({level} {_percent(d.low)}–{_percent(d.high)})")
+                f"({level} {_percent(d.low)}–{_percent(d.high)}"
+                + ("; one run each, so the interval holds step-to-step noise only: bench.repeats=2 or more adds "
+                   "run-to-run" if single else "") + ")")
         needed, faster = None, first
     else:
         repeats = max(len(repeats_of(a)), len(repeats_of(b)))

@@ -2,7 +2,7 @@
 judged in every run (report.verdict); prints each pair's verdicts and the count of contradicting significant
 verdicts (one run says A is faster, another says B is; the goal is 0).
 
-    python tests/bench/bench_verdicts.py                      # cpu_grid, three times
+    python tests/bench/bench_verdicts.py                      # cpu_grid with bench.repeats=2, three times
     python tests/bench/bench_verdicts.py --times 2 -- engine=deepspeed layout.zero_stage=1,2   # a smaller grid
     python tests/bench/bench_verdicts.py --reuse DIR          # judge the sweeps already under DIR
 """
@@ -19,6 +19,10 @@ from typing import Dict, List, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = [sys.executable, "-m", "harness.cli"]
+# One run per point leaves run-to-run variation out of every interval: on a shared host it is the larger part
+# (a single-run cpu_grid, three times, gave 1 contradicting verdict of 20 significant ones). Two interleaved
+# repeats put it in.
+DEFAULT_OVERRIDES = ["bench.repeats=2"]
 
 
 def run_sweeps(root: Path, times: int, overrides: Sequence[str]) -> List[Path]:
@@ -67,13 +71,13 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--times", type=int, default=3)
     parser.add_argument("--reuse", type=Path)
-    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("overrides", nargs="*", help=f"sweep overrides (default: {' '.join(DEFAULT_OVERRIDES)})")
     args = parser.parse_args(argv)
     if args.reuse:
         sweeps = sweep_dirs(args.reuse)
     else:
         root = Path(tempfile.mkdtemp(prefix="bench-verdicts-"))
-        sweeps = run_sweeps(root, args.times, args.overrides)
+        sweeps = run_sweeps(root, args.times, args.overrides or DEFAULT_OVERRIDES)
     pairs = judged_pairs(sweeps)
     for (a, b), calls in pairs.items():
         print(f"[bench] {a} vs {b}: " + " | ".join(c if c in ("=", "?") else f"{c} faster" for c in calls))
