@@ -90,6 +90,9 @@ def test_several_sweeps_are_compared(tmp_path):
     assert re.search(r"Fastest measured: dp2 tp1 zero2 mb2 from sweep_[ab]: ", page)
     assert "No significant difference between dp2 tp1 zero2 mb2 (sweep_" in page
     assert "Best of each sweep: sweep_a: " in page
+    # the compare view judges each layout across the sweeps with the same verdict
+    assert ("<li>No significant difference between dp2 tp1 zero2 mb2 in sweep_a and dp2 tp1 zero2 mb2 in sweep_b "
+            "at this sample size (0.0%") in page
 
 
 def test_text_is_escaped(tmp_path):
