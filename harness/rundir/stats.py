@@ -3,8 +3,8 @@ and the interval of the ratio of two runs' throughputs. Pure (standard library a
 
 Anchors: hyperfine and Criterion.rs (warm up until steady, many samples, Tukey outlier classes, an interval per
 figure); Conover, *Practical Nonparametric Statistics* §3.2 (the distribution-free interval of a median from
-order statistics); Davison & Hinkley, *Bootstrap Methods* §3.8 (resampling hierarchical data: clusters first,
-then the units inside them).
+order statistics); Davison & Hinkley, *Bootstrap Methods* (the percentile interval of a statistic of two
+samples); Student's t over repeated runs where runs differ by more than their steps.
 """
 
 from __future__ import annotations
@@ -113,17 +113,48 @@ def step_stats(times: Sequence[float], first_step: int = 0, confidence: float = 
 
 def pooled_stats(repeats: Sequence[Sequence[float]], confidence: float = CONFIDENCE) -> StepStats:
     """The statistics of several repeats of one point: every step pooled for the median and spread; the interval
-    from a two-level bootstrap (repeats, then steps within each), so that run-to-run differences widen it as
-    they should. One repeat: the order-statistic interval of `step_stats`."""
+    from the spread between the repeats (between_runs), since on a shared host the runs differ by more than
+    their steps do. One repeat: the order-statistic interval of `step_stats`."""
     groups = [[float(t) for t in group] for group in repeats if len(group)]
     if len(groups) == 1:
         return step_stats(groups[0], confidence=confidence)
-    pooled = [t for group in groups for t in group]
-    base = step_stats(pooled, confidence=confidence)
-    medians = _bootstrap_medians(groups, _rng(0))
-    low, high = _percentiles(medians, confidence)
-    return StepStats(base.n, base.median_s, low, high, confidence, base.q1_s, base.q3_s, base.iqr_s, base.cv,
-                     [], "bootstrap over repeats and steps")
+    base = step_stats([t for group in groups for t in group], confidence=confidence)
+    spread, df = between_runs([groups])
+    half = t_quantile(df, confidence) * spread / math.sqrt(len(groups))
+    return StepStats(base.n, base.median_s, base.median_s * math.exp(-half), base.median_s * math.exp(half),
+                     confidence, base.q1_s, base.q3_s, base.iqr_s, base.cv, [], f"t over {len(groups)} repeats")
+
+
+# Student's t 97.5% quantiles, df 1-30 (any statistics table, e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
+    """Two-sided Student t quantile for 95% intervals: the table to df 30, then the first Cornish-Fisher term
+    z + (z^3 + z) / (4 df), within 0.1% there (Abramowitz & Stegun 26.7.5)."""
+    if abs(confidence - 0.95) > 1e-9:
+        raise ValueError(f"confidence={confidence}: between-run intervals are tabulated for 0.95 only")
+    if df <= len(T_975):
+        return T_975[max(df, 1) - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df)
+
+
+def between_runs(sides: Sequence[Sequence[Sequence[float]]]) -> Tuple[float, int]:
+    """(standard deviation, degrees of freedom) of the log of each repeat's median step time, pooled over the
+    sides that have two or more repeats: how much whole runs differ. Logs, because a loaded host scales a run's
+    steps; a run's median of many steps is close to normal (the t interval's one assumption, at run level)."""
+    squares, df = 0.0, 0
+    for groups in sides:
+        logs = [math.log(statistics.median(g)) for g in groups if len(g)]
+        if len(logs) > 1:
+            mean = statistics.fmean(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
+    if df == 0:
+        raise ValueError("between_runs needs a side with two or more repeats")
+    return math.sqrt(squares / df), df
 
 
 def inverse_interval(value: float, median_s: float, low_s: float, high_s: float) -> Tuple[float, float]:
@@ -179,14 +210,23 @@ class Difference:
 def throughput_difference(a: Sequence[Sequence[float]], tokens_a: float, b: Sequence[Sequence[float]],
                           tokens_b: float, confidence: float = CONFIDENCE) -> Difference:
     """A's tokens/s over B's, minus one, from their step times (each: a list of repeats, each a list of step
-    times) and tokens per step. The interval is a percentile bootstrap of the ratio of medians, resampled
-    independently per run, repeats first and steps within them (Davison & Hinkley §3.8); seeded, so
-    deterministic."""
+    times) and tokens per step; the estimate from the medians of all their steps.
+
+    With two or more repeats on either side, the interval is Student's t on the log ratio with the spread
+    between repeats (between_runs, pooled over both sides: the host drifts under both), so that run-to-run
+    variation is in it. With one run each, a seeded percentile bootstrap of the ratio of medians over the
+    steps (Davison & Hinkley §5.2): it holds step-to-step noise only.
+    """
     groups_a = [[float(t) for t in g] for g in a if len(g)]
     groups_b = [[float(t) for t in g] for g in b if len(g)]
     median_a = statistics.median([t for g in groups_a for t in g])
     median_b = statistics.median([t for g in groups_b for t in g])
     estimate = (tokens_a / median_a) / (tokens_b / median_b) - 1
+    if len(groups_a) > 1 or len(groups_b) > 1:
+        spread, df = between_runs([groups_a, groups_b])
+        half = t_quantile(df, confidence) * spread * math.sqrt(1 / len(groups_a) + 1 / len(groups_b))
+        log_ratio = math.log1p(estimate)
+        return Difference(estimate, math.expm1(log_ratio - half), math.expm1(log_ratio + half), confidence)
     rng = _rng(1)
     ratios = [(tokens_a / ma) / (tokens_b / mb) - 1
               for ma, mb in zip(_bootstrap_medians(groups_a, rng), _bootstrap_medians(groups_b, rng))]
@@ -215,23 +255,12 @@ def _rng(stream: int):
 
 
 def _bootstrap_medians(groups: Sequence[Sequence[float]], rng, resamples: int = BOOTSTRAP_RESAMPLES) -> List[float]:
-    """Medians of `resamples` two-level resamples: repeats drawn with replacement, then steps within each."""
+    """Medians of `resamples` resamples, with replacement, of one run's steps (`groups`: that one run)."""
     import numpy as np
 
-    arrays = [np.asarray(g, dtype=float) for g in groups]
-    k = len(arrays)
-    if len({len(a) for a in arrays}) == 1:  # repeats of equal length: all resamples at once
-        table = np.stack(arrays)
-        m = table.shape[1]
-        chosen = rng.integers(0, k, (resamples, k)) if k > 1 else np.zeros((resamples, 1), dtype=int)
-        steps = rng.integers(0, m, (resamples, k, m))
-        return np.median(table[chosen[..., None], steps].reshape(resamples, k * m), axis=1).tolist()
-    out = np.empty(resamples)
-    for r in range(resamples):
-        chosen = rng.integers(0, k, k)
-        drawn = [arrays[i][rng.integers(0, len(arrays[i]), len(arrays[i]))] for i in chosen]
-        out[r] = np.median(np.concatenate(drawn))
-    return out.tolist()
+    (steps,) = groups
+    values = np.asarray(steps, dtype=float)
+    return np.median(values[rng.integers(0, len(values), (resamples, len(values)))], axis=1).tolist()
 
 
 def _percentiles(values: Sequence[float], confidence: float) -> Tuple[float, float]:

@@ -72,7 +72,7 @@ def test_repeats_that_differ_widen_the_pooled_interval():
     repeats = [lognormal_steps(rng, 0.05 * o, 0.02, 10) for o in offsets]
     pooled = pooled_stats(repeats)
     naive_low, naive_high, _ = median_interval([t for r in repeats for t in r])
-    assert pooled.n == 30 and pooled.method.startswith("bootstrap")
+    assert pooled.n == 30 and pooled.method == "t over 3 repeats"
     assert (pooled.ci_high_s - pooled.ci_low_s) > 1.1 * (naive_high - naive_low)
 
 
@@ -106,3 +106,25 @@ def test_the_repeats_needed_grow_as_the_difference_shrinks():
     needed = repeats_to_separate(diff, 1)
     assert not diff.significant
     assert needed is None or needed >= 2
+
+
+def drifting_runs(rng: random.Random, median_s: float, repeats: int, run_sd: float = 0.10, steps: int = 10):
+    """Repeats whose whole runs differ (a shared host's load), each with 2% step-to-step noise."""
+    return [lognormal_steps(rng, median_s * math.exp(rng.gauss(0.0, run_sd)), 0.02, steps) for _ in range(repeats)]
+
+
+def test_with_repeats_run_to_run_variation_is_in_the_interval():
+    rng = random.Random(4)
+    covered, called, draws = 0, 0, 400
+    for _ in range(draws):
+        fast, slow = drifting_runs(rng, 0.100, 3), drifting_runs(rng, 0.110, 3)
+        diff = throughput_difference(fast, 1000, slow, 1000)
+        covered += diff.low <= 0.10 <= diff.high
+        same = throughput_difference(drifting_runs(rng, 0.1, 3), 1000, drifting_runs(rng, 0.1, 3), 1000)
+        called += same.significant
+    assert covered >= 0.90 * draws, covered  # about its 95%
+    assert called <= 0.10 * draws, called  # identical layouts: about 5% by chance
+    # one run each cannot see that variation: its interval misses the truth far more often
+    singles = [throughput_difference(drifting_runs(rng, 0.1, 1), 1000, drifting_runs(rng, 0.11, 1), 1000)
+               for _ in range(100)]
+    assert sum(d.low <= 0.10 <= d.high for d in singles) < 0.8 * 100
