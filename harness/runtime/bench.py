@@ -201,7 +201,8 @@ def run(run_dir: Path) -> int:
     peak = measure_matmul_peak_flops(device.dtype_of(cfg.layout.precision)) if measure_peak else None
     source = token_source(cfg.data, cfg.model.hf_config["vocab_size"], cfg.layout.seq_len)
     tracker = open_tracker(run_dir, cfg, plan) if rank == 0 else None
-    report = StepReporter(rank, cfg.bench.warmup_steps + cfg.bench.steps, cfg.bench.warmup_max_steps,
+    # Until warm-up is steady its length is known only to be at most warmup_max_steps (timed_loop sets it then).
+    report = StepReporter(rank, cfg.bench.warmup_max_steps + cfg.bench.steps, cfg.bench.warmup_max_steps,
                           plan["tokens_per_step"], plan["flops_per_token"], dist.get_world_size(), tracker,
                           kind, peak_flops_of(cfg.cluster.accelerator, cfg.layout.precision, peak).flops)
     host_start = snapshot(kind.type == "cuda") if rank == 0 else None
