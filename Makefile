@@ -79,6 +79,7 @@ bench: setup ## overhead and planning benchmarks
 	$(PY) tests/bench/bench_recommend.py
 	$(PY) tests/bench/bench_time_model.py
 	$(PY) tests/bench/bench_overhead.py
+	$(PY) tests/bench/bench_verdicts.py --times 3
 	$(PY) tests/unit/report/bench_build_report.py 100
 
 gpu-wheels: setup ## fetch into gpu-wheels/ the wheels gpu-check installs offline on a GPU machine (run here, with the registries)

@@ -20,6 +20,7 @@ from harness.launch.slurm_commands import SlurmError
 from harness.launch.status import refresh
 from harness.launch.sweep import Options
 from harness.report.build import build_report
+from harness.report.headline import headlines
 from harness.report.table import measured_cells, summary_frame
 from harness.rundir import SWEEP_FILE, run_dirs
 
@@ -89,8 +90,9 @@ def write_reports(sweep_dir: Path) -> orchestrate.Reported:
     frame = summary_frame([sweep_dir])
     paths = build_report([sweep_dir], sweep_dir, frame=frame)
     labels = dict(zip(frame["run"], frame["label"])) if not frame.empty else {}
+    answers = [f"[harness] {item.text} {item.detail}" for item in headlines(frame)]
     return orchestrate.Reported(labels, measured_cells(frame),
-                                [f"[harness] summary: {paths['csv']}", f"[harness] report: {paths['html']}"])
+                                [*answers, f"[harness] summary: {paths['csv']}", f"[harness] report: {paths['html']}"])
 
 
 def status(opts: Options) -> int:

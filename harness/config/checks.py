@@ -25,13 +25,15 @@ SLUG_FIELDS = ("sweep_name", "layout.name", "model.name", "cluster.name")
 AT_LEAST_ONE = (
     "layout.dp_replicate", "layout.dp_shard", "layout.tp", "layout.pp", "layout.cp", "layout.ep",
     "layout.pp_virtual_stages", "layout.micro_batch", "layout.grad_accum", "layout.seq_len",
-    "cluster.nodes", "cluster.accelerators_per_node", "bench.steps", "launcher.array_concurrency",
+    "cluster.nodes", "cluster.accelerators_per_node", "bench.steps", "bench.repeats",
+    "launcher.array_concurrency",
     "launcher.timeout_s", "tracking.init_timeout_s",
 )
 # Physical quantities: finite and above zero (or None where the schema allows "take the default").
 POSITIVE = ("cluster.host_memory_gib", "cluster.memory_per_accelerator_gib", "bench.lr")
 NON_NEGATIVE = ("cluster.memory_allowance_fixed_gib", "cluster.intra_node_gbps", "cluster.inter_node_gbps",
-                "bench.weight_decay", "bench.grad_clip", "bench.warmup_steps", "bench.seed", "data.seed")
+                "bench.weight_decay", "bench.grad_clip", "bench.warmup_steps", "bench.repeat", "bench.seed",
+                "data.seed")
 # A fraction of device memory kept as head-room: below one, or nothing would be left.
 FRACTIONS = ("cluster.memory_allowance_fraction",)
 

@@ -327,8 +327,14 @@ class LauncherConfig:
 class BenchConfig:
     """The timed loop every rank runs."""
 
-    warmup_steps: int = 2
+    warmup_steps: int = 2  # the least warm-up
+    # Warm-up goes on past warmup_steps until step time is steady (harness.rundir.stats.steady), at most this many.
+    warmup_max_steps: int = 6
     steps: int = 5
+    # A sweep runs each point this many times, interleaved (A B C C B A ...) so that slow drift of the host
+    # cancels; the report pools them. `repeat` is which one a run is (set by the sweep, 0-based).
+    repeats: int = 1
+    repeat: int = 0
     seed: int = 0
     lr: float = 1e-3
     weight_decay: float = 0.0

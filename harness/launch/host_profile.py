@@ -3,11 +3,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 from harness.plan.hardware import cpu_profile_name, load_profile, profile_path
+
+# A profile is measured on CALIBRATION_RANKS processes (harness.runtime.calibrate's default); load beyond them
+# above this share of the CPUs means its micro-benchmarks shared their cores (runtime.host_state's rule).
+CALIBRATION_RANKS = 2
+LOADED_SHARE = 0.5
 
 
 def measure_host_profile(cfg: Any) -> bool:
@@ -16,11 +24,40 @@ def measure_host_profile(cfg: Any) -> bool:
     return getattr(cfg.cluster, "profile", None) == "host" and measure_missing_host_profile()
 
 
+def loaded(load: float, cpus: int) -> bool:
+    return load - CALIBRATION_RANKS > LOADED_SHARE * cpus
+
+
+def stale_reason(path: Path, load_now: float, cpus: int) -> Optional[str]:
+    """Why a cached profile should be measured again, or None: it was measured under load and the host is
+    quieter now, or on a host with another number of cores (the cache is keyed by host name only)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    cores = data.get("cores_per_node") or 0
+    if cores and cores != cpus:
+        return f"it was measured on {cores} cores and this host has {cpus}"
+    then = ((data.get("raw") or {}).get("load_average") or [0.0])[0]
+    if loaded(then, cpus) and not loaded(load_now, cpus):
+        return f"it was measured under load {then:.1f} on {cpus} CPUs and the load is {load_now:.1f} now"
+    if loaded(then, cpus):
+        print(f"[harness] warning: this host's profile was measured under load {then:.1f} on {cpus} CPUs; "
+              "predicted step times may be too slow (`harness calibrate` on a quiet host redoes it)",
+              file=sys.stderr, flush=True)
+    return None
+
+
 def measure_missing_host_profile() -> bool:
-    """Measure this host's cached profile when it is missing or older than this calibration; True when it was
-    measured now. A failed measurement is reported and the caller goes on without a time prediction."""
-    if load_profile(profile_path(cpu_profile_name())) is not None:
-        return False
+    """Measure this host's cached profile when it is missing, older than this calibration, or stale (see
+    stale_reason); True when it was measured now. A failed measurement is reported and the caller goes on
+    without a time prediction."""
+    path = profile_path(cpu_profile_name())
+    if load_profile(path) is not None:
+        reason = stale_reason(path, os.getloadavg()[0], len(os.sched_getaffinity(0)))
+        if reason is None:
+            return False
+        print(f"[harness] warning: measuring this host's profile again: {reason}", file=sys.stderr, flush=True)
     print("[harness] measuring this host for the time model (once, about 20 s; `harness calibrate` redoes it)",
           file=sys.stderr, flush=True)
     proc = subprocess.run([sys.executable, "-m", "harness.runtime.calibrate"], capture_output=True, text=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -91,12 +91,39 @@ def _composed(points: Sequence[List[str]]) -> List[RunConfig]:
     return configs
 
 
+def interleaved(count: int, repeats: Sequence[int]) -> List[Tuple[int, int]]:
+    """(point, repeat) in the order they run: A B C, then C B A, then A B C ... (each round reversed), so that a
+    slow drift of the host (warming, a neighbour's job) falls on every point alike and cancels in the pooled
+    figures (the ABBA order of crossover designs). A point with fewer repeats drops out of later rounds."""
+    order = []
+    for round_ in range(max(repeats, default=1)):
+        indices = range(count) if round_ % 2 == 0 else range(count - 1, -1, -1)
+        order += [(i, round_) for i in indices if round_ < repeats[i]]
+    return order
+
+
+def with_repeats(points: List[List[str]], configs: List[RunConfig], names: List[str]):
+    """Every point's repeats (bench.repeats) in interleaved order: names `<name>-r<k>` where a point repeats."""
+    order = interleaved(len(points), [cfg.bench.repeats for cfg in configs])
+    if all(configs[i].bench.repeats == 1 for i in range(len(points))):
+        return points, configs, names
+    out_points, out_configs, out_names = [], [], []
+    for i, k in order:
+        cfg = configs[i]
+        many = cfg.bench.repeats > 1
+        out_points.append([*points[i], f"bench.repeat={k}"] if many else points[i])
+        out_configs.append(replace(cfg, bench=replace(cfg.bench, repeat=k)))
+        out_names.append(f"{names[i]}-r{k}" if many else names[i])
+    return out_points, out_configs, out_names
+
+
 def expand(overrides: Sequence[str], submit_pruned: bool) -> Tuple[Path, List[Point], str]:
     """The grid's run directories under a new sweep directory: (sweep dir, points, launcher backend)."""
     points, params, sweep_dir = grid_points(overrides)
     configs = _composed(points)
     # Names and paths that could not go into a script are rejected before anything is written.
     names = point_names(points, [run_name(cfg) for cfg in configs])
+    points, configs, names = with_repeats(points, configs, names)
     if configs[0].launcher.backend == "slurm":
         for name in names:
             check_run_dir(Path(sweep_dir).resolve() / name)

@@ -65,6 +65,9 @@ def launch_problems(cfg: RunConfig) -> List[str]:
     if cfg.bench.warmup_steps < 2:
         # Step 1 creates the optimizer state; the last warm-up step is the one whose state is measured.
         problems.append(f"bench.warmup_steps={cfg.bench.warmup_steps} must be >= 2")
+    if cfg.bench.warmup_max_steps < cfg.bench.warmup_steps:
+        problems.append(f"bench.warmup_max_steps={cfg.bench.warmup_max_steps} must be >= "
+                        f"bench.warmup_steps={cfg.bench.warmup_steps}")
     problem = tracking_problem(cfg.tracking, dict(os.environ))
     if problem:
         problems.append(problem)

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence
 import pandas as pd
 
 from harness.config.arguments import unwritable_folder
+from harness.report.headline import headlines
 from harness.report.html import write_html
 from harness.report.table import print_table, summary_frame, write_frame
 from harness.report.wandb_report import PUBLISH_TIMEOUT_S, online, publish_with_timeout, report_spec, write_spec
@@ -75,6 +76,8 @@ def report_main(roots: List[Path], out_dir: Optional[Path] = None) -> int:
         return 2
     paths = build_report(roots, out_dir, frame=frame)
     print_table(frame, title=", ".join(str(r) for r in roots))
+    for item in headlines(frame):
+        print(f"[harness] {item.text} {item.detail}")
     for name, path in paths.items():
         print(f"[harness] {name}: {path}")
     if "wandb_report_url" in paths:

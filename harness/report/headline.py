@@ -1,4 +1,5 @@
-"""Which layout to use: the fastest completed layout that fits (most tokens/s), said in one sentence."""
+"""Which layout to use: the fastest completed layout that fits (most tokens/s), said in one sentence, and
+whether the runner-up is really slower (report.verdict)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ from typing import Any, Dict, List, Optional
 
 import pandas as pd
 
+from harness.report.repeats import pool_repeats
+from harness.report.verdict import Verdict, comparable, verdict
 from harness.rundir import COMPLETED, FINAL_STATES
-
-
-# Throughputs closer than this are called level: step times of one run vary by more than that.
-TIE = 0.01
 
 
 @dataclass(frozen=True)
@@ -21,6 +20,7 @@ class Headline:
     runner_up: Optional[Dict[str, Any]]
     text: str  # the answer, one sentence
     detail: str  # what it was chosen among, and what is still missing
+    verdict: Optional[Verdict] = None  # the choice against the runner-up
 
 
 def _num(value: Any) -> Optional[float]:
@@ -45,10 +45,12 @@ def candidates(frame: pd.DataFrame) -> pd.DataFrame:
     """Completed runs that fit their device memory, fastest first (global tokens/s, then per device).
 
     Global tokens/s answers "which layout finishes training soonest on this cluster"; when the runs use
-    different numbers of devices the headline also names the best per device.
+    different numbers of devices the headline also names the best per device. Repeats of a point count once,
+    pooled (report.repeats).
     """
     if frame.empty or "status" not in frame:
         return frame
+    frame = pool_repeats(frame)
     done = frame[(frame["status"] == COMPLETED) & (frame["fits"] != False)]  # noqa: E712 (None = unknown fit)
     done = done[done["tokens_per_s"].notna()]
     return done.sort_values(["tokens_per_s", "tokens_per_s_per_device"], ascending=False)
@@ -80,12 +82,15 @@ def _status_counts(frame: pd.DataFrame) -> str:
     return ", ".join(f"{n} {state.lower()}" for state, n in counts.items())
 
 
-def _answer(best: Dict[str, Any], across: bool = False) -> str:
+def _answer(best: Dict[str, Any], across: bool = False, settled: bool = True) -> str:
     world = _num(best.get("world_size"))
     source = f" from {best['series']}" if across else ""
-    text = (f"Use {best['label']}{source}: {best['tokens_per_s']:,.0f} tokens/s"
+    text = (f"{'Use' if settled else 'Fastest measured:'} {best['label']}{source}: "
+            f"{best['tokens_per_s']:,.0f} tokens/s"
             + (f" on {world:.0f} device{'s' if world != 1 else ''}" if world else "")
             + f" ({best['tokens_per_s_per_device']:,.0f} per device)")
+    if _num(best.get("tokens_per_s_ci_low")) is not None:
+        text += f" [95% CI {best['tokens_per_s_ci_low']:,.0f}–{best['tokens_per_s_ci_high']:,.0f}]"
     if _num(best.get("mfu")) is not None:
         text += f", MFU {best['mfu']:.1%}"
     if _num(best.get("step_time_s")) is not None:
@@ -97,14 +102,31 @@ def _answer(best: Dict[str, Any], across: bool = False) -> str:
     return text + "."
 
 
-def _comparison(ranked: pd.DataFrame, best: Dict[str, Any]) -> str:
+def sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def runner_up_verdict(ranked: pd.DataFrame, across: bool = False) -> Optional[Verdict]:
+    """The best against the runner-up (report.verdict), None with one candidate or without step times."""
+    if len(ranked) < 2:
+        return None
+    best, runner = ranked.iloc[0].to_dict(), ranked.iloc[1].to_dict()
+    if not (comparable(best) and comparable(runner)):
+        return None
+    return verdict(best, runner, _name(best, across), _name(runner, across))
+
+
+def _name(row: Dict[str, Any], across: bool) -> str:
+    return f"{row['label']} ({row['series']})" if across else str(row["label"])
+
+
+def _comparison(ranked: pd.DataFrame, best: Dict[str, Any], judged: Optional[Verdict]) -> str:
     """How the choice stands against the runner-up, and against the best per device if that differs."""
     text = ""
-    if len(ranked) > 1:
-        runner = ranked.iloc[1]
-        lead = best["tokens_per_s"] / runner["tokens_per_s"] - 1
-        text = (f" Level with the runner-up, {runner['label']} (within {TIE:.0%}): either will do." if lead < TIE
-                else f" {lead:.0%} ahead of the runner-up, {runner['label']}.")
+    if judged is not None:
+        text = " " + sentence(judged.text) if judged.significant else ""  # else the answer says it
+    elif len(ranked) > 1:
+        text = f" Runner-up: {ranked.iloc[1]['label']} (no step times to compare them by)."
     per_device = ranked.sort_values("tokens_per_s_per_device", ascending=False).iloc[0]
     if per_device["run_dir"] != best["run_dir"] and ranked["world_size"].nunique() > 1:
         text += (f" Per device, {per_device['label']} is best "
@@ -123,13 +145,18 @@ def headline(frame: pd.DataFrame, sweep: str = "", across: bool = False) -> Head
         return Headline(sweep, None, None, "No layout has completed and fit yet.", detail + partial)
     best = ranked.iloc[0].to_dict()
     runner = ranked.iloc[1].to_dict() if len(ranked) > 1 else None
+    judged = runner_up_verdict(ranked, across)
+    settled = judged is None or judged.significant
     detail = (f"Layout: {layout_summary(best)}. Fastest of {len(ranked)} completed layouts that fit "
               f"({len(frame)} runs: {_status_counts(frame)}).")
     if across:
         per_sweep = [f"{name}: {group.iloc[0]['label']} ({group.iloc[0]['tokens_per_s']:,.0f} tokens/s)"
                      for name, group in ranked.groupby("series", sort=True)]
         detail += " Best of each sweep: " + "; ".join(per_sweep) + "."
-    return Headline(sweep, best, runner, _answer(best, across), detail + _comparison(ranked, best) + partial)
+    answer = _answer(best, across, settled)
+    if not settled:
+        answer += " " + sentence(judged.text)
+    return Headline(sweep, best, runner, answer, detail + _comparison(ranked, best, judged) + partial, judged)
 
 
 def headlines(frame: pd.DataFrame) -> List[Headline]:

@@ -10,7 +10,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from harness.report import plots
-from harness.report.headline import Headline, format_bytes, headlines
+from harness.report.headline import Headline, format_bytes, headlines, sentence
+from harness.report.repeats import pool_repeats
+from harness.report.verdict import comparable, verdict
 from harness.report.table import STATUS_ORDER
 from harness.rundir import COMPLETED, write_text
 
@@ -21,6 +23,7 @@ TITLES = {
     "step_time_parts": "Step time: measured vs predicted, and where the prediction goes",
     "step_times": "Step-time distribution per run",
     "compare": "Sweeps compared",
+    "repeats": "Repeats of each point",
     "status": "Run status and failure reasons",
     "results": "Results table",
 }
@@ -30,9 +33,15 @@ MAX_LABEL = 72
 # Results table: (column, header, kind) where kind picks the cell format.
 RESULT_COLUMNS: Sequence[Tuple[str, str, str]] = (
     ("series", "sweep", "text"), ("label", "layout", "text"), ("status", "status", "status"),
-    ("tokens_per_s", "tokens/s", "rate"), ("tokens_per_s_per_device", "tokens/s/device", "rate"),
+    ("tokens_per_s", "tokens/s", "rate"), ("tokens_per_s_ci_low", "tokens/s 95% CI low", "rate"),
+    ("tokens_per_s_ci_high", "tokens/s 95% CI high", "rate"), ("host_mark", "host", "text"),
+    ("repeats", "repeats", "int"), ("tokens_per_s_per_device", "tokens/s/device", "rate"),
     ("tokens_per_s_predicted", "tokens/s predicted", "rate"),
-    ("step_time_s", "step (median)", "time"), ("step_time_min_s", "step min", "time"),
+    ("step_time_s", "step (median)", "time"), ("step_time_s_ci_low", "step 95% CI low", "time"),
+    ("step_time_s_ci_high", "step 95% CI high", "time"), ("step_time_ci_level", "CI coverage", "pct"),
+    ("step_time_cv", "step CV", "pct"), ("step_time_iqr_s", "step IQR", "time"),
+    ("step_outliers", "outlying steps", "text"), ("warmup_steps_run", "warm-up steps", "int"),
+    ("step_time_min_s", "step min", "time"),
     ("step_time_max_s", "step max", "time"), ("step_time_predicted_s", "step predicted", "time"),
     ("step_time_ratio", "step meas/pred", "ratio"), ("mfu", "MFU", "pct"), ("mfu_predicted", "MFU predicted", "pct"),
     ("mfu_ratio", "MFU meas/pred", "ratio"), ("hfu", "HFU", "pct"),
@@ -86,6 +95,26 @@ def ordered(frame: pd.DataFrame) -> pd.DataFrame:
     key = frame["status"].map(lambda s: STATUS_ORDER.get(s, 9))
     speed = frame["tokens_per_s_per_device"].astype(float).fillna(-1.0)
     return frame.assign(_key=key, _speed=-speed).sort_values(["_key", "_speed", "run"]).drop(columns=["_key", "_speed"])
+
+
+def host_marks(frame: pd.DataFrame) -> pd.Series:
+    """`DISTURBED` where the host disturbed a run (runtime.host_state's rule), `quiet` where it did not."""
+    column = frame["host_disturbed"] if "host_disturbed" in frame else pd.Series([None] * len(frame), index=frame.index)
+    return column.map(lambda d: "DISTURBED" if d is True else "quiet" if d is False else "")
+
+
+def disturbed_caption(frame: pd.DataFrame) -> str:
+    """The runs the host disturbed, and why (busy processes, load, GPU slowdown or sharing)."""
+    if "host_disturbed" not in frame:
+        return ""
+    hit = frame[frame["host_disturbed"] == True]  # noqa: E712 (None: not recorded)
+    if hit.empty:
+        return ""
+    items = [f"{row['label']}: {str(row.get('host_disturbances') or 'repeats disturbed')[:160]}"
+             for _, row in hit.head(3).iterrows()]
+    more = f" (and {len(hit) - 3} more)" if len(hit) > 3 else ""
+    return (f"Host disturbed {len(hit)} of {len(frame)} runs (marked DISTURBED in the tables): "
+            + "; ".join(items) + more + ".")
 
 
 def noise_caption(frame: pd.DataFrame, best_runs: set) -> str:
@@ -149,6 +178,39 @@ def standin_note(row: pd.Series) -> str:
         return ""
     items = [item.split(" (")[0] for item in str(row.get("not_executed") or "").split(" | ") if item]
     return f"of {row['standin_of']}: {'; '.join(items)}"
+
+
+def compare_verdicts(frame: pd.DataFrame) -> List[str]:
+    """For every layout run in several sweeps: each pair of its sweeps' runs, through report.verdict."""
+    done = frame[frame["status"] == COMPLETED]
+    lines = []
+    for label, group in done.groupby("label", sort=True):
+        rows = [row.to_dict() for _, row in group.iterrows() if comparable(row)]
+        for i in range(len(rows)):
+            for j in range(i + 1, len(rows)):
+                judged = verdict(rows[i], rows[j], f"{label} in {rows[i]['series']}", f"{label} in {rows[j]['series']}")
+                lines.append(sentence(judged.text))
+    return lines
+
+
+def verdict_list(lines: Sequence[str]) -> str:
+    return "<ul class=\"verdicts\">" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>" if lines else ""
+
+
+def repeats_table(frame: pd.DataFrame) -> str:
+    """Each repeat of a repeated point on its own row (the charts pool them)."""
+    if "repeats" not in frame or not (frame["repeats"].fillna(1) > 1).any():
+        return ""
+    view = frame[frame["repeats"].fillna(1) > 1].sort_values(["series", "point", "repeat"])
+    view = view.assign(host_mark=host_marks(view))
+    columns = [("label", "layout", "text"), ("run", "run", "text"), ("repeat", "repeat", "int"),
+               ("status", "status", "status"), ("tokens_per_s", "tokens/s", "rate"),
+               ("tokens_per_s_ci_low", "95% CI low", "rate"), ("tokens_per_s_ci_high", "95% CI high", "rate"),
+               ("step_time_s", "step (median)", "time"), ("step_time_cv", "step CV", "pct"),
+               ("host_mark", "host", "text")]
+    return (f"<h2>{TITLES['repeats']}</h2>" + _caption("Repeats ran interleaved (A B C, C B A, ...) so that slow "
+                                                        "drift of the host falls on every layout alike.")
+            + f'<div class="scroll">{_table(view, columns, "repeats-table")}</div>')
 
 
 def compare_table(frame: pd.DataFrame) -> str:
@@ -260,11 +322,12 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
              "<h2>Which layout should I use?</h2>",
              *(headline_block(item, several) for item in items)]
     if not frame.empty:
-        view = ordered(frame)
+        view = ordered(pool_repeats(frame))
+        view = view.assign(host_mark=host_marks(view))
         labels = chart_labels(view)
         best_runs = {item.best["run_dir"] for item in items if item.best is not None}
         memory, caption = plots.memory_figure(view, labels)
-        parts += [_caption(noise_caption(view, best_runs)),
+        parts += [_caption(noise_caption(view, best_runs)), _caption(disturbed_caption(view)),
                   f"<h2>{TITLES['throughput']}</h2>",
                   plots.chart(plots.throughput_figure(view, labels, best_runs), "chart-throughput"),
                   f"<h2>{TITLES['mfu']}</h2>", _caption(peak_caption(view)),
@@ -275,7 +338,9 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
                   f"<h2>{TITLES['step_times']}</h2>",
                   plots.chart(plots.step_time_figure(view[view["status"] == COMPLETED], labels), "chart-step-times")]
         if several:
-            parts += [f"<h2>{TITLES['compare']}</h2>", f'<div class="scroll">{compare_table(view)}</div>']
+            parts += [f"<h2>{TITLES['compare']}</h2>", verdict_list(compare_verdicts(view)),
+                      f'<div class="scroll">{compare_table(view)}</div>']
+        parts.append(repeats_table(frame))
         columns = [c for c in RESULT_COLUMNS if c[0] in view and (c[0] != "series" or several)]
         parts += [f"<h2>{TITLES['status']}</h2>", f'<div class="scroll">{status_table(view)}</div>',
                   f"<h2>{TITLES['results']}</h2>",

@@ -65,11 +65,15 @@ def hover_text(row: pd.Series) -> str:
     pairs = (("tokens/s", num(row.get("tokens_per_s")), "{:,.0f}"),
              ("tokens/s/device", num(row.get("tokens_per_s_per_device")), "{:,.0f}"),
              ("predicted tokens/s", num(row.get("tokens_per_s_predicted")), "{:,.0f}"),
+             ("tokens/s 95% CI", None, ""),
              ("step median", _ms(row.get("step_time_s")), "{:.3g} ms"),
              ("step min / max", None, ""),
              ("MFU", num(row.get("mfu")), "{:.2%}"), ("MFU predicted", num(row.get("mfu_predicted")), "{:.2%}"))
     for name, value, pattern in pairs:
-        if name == "step min / max" and num(row.get("step_time_min_s")) is not None:
+        if name == "tokens/s 95% CI" and num(row.get("tokens_per_s_ci_low")) is not None:
+            lines.append(f"tokens/s 95% CI: {row['tokens_per_s_ci_low']:,.0f}–{row['tokens_per_s_ci_high']:,.0f}"
+                         + (f" ({row['repeats']:.0f} repeats pooled)" if (num(row.get("repeats")) or 1) > 1 else ""))
+        elif name == "step min / max" and num(row.get("step_time_min_s")) is not None:
             lines.append(f"step min / max: {row['step_time_min_s'] * 1e3:.3g} / {row['step_time_max_s'] * 1e3:.3g} ms")
         elif value is not None:
             lines.append(f"{name}: {pattern.format(value)}")
@@ -79,7 +83,22 @@ def hover_text(row: pd.Series) -> str:
         lines.append(f"memory predicted: {format_bytes(row['mem_predicted_gib'], gib=True)}")
     if row.get("reason"):
         lines.append(f"reason: {escape(str(row['reason'])[:120])}")
+    if row.get("host_disturbed") is True:
+        lines.append(f"DISTURBED: {escape(str(row.get('host_disturbances') or '')[:200])}")
     return "<br>".join(lines)
+
+
+def error_bars(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Optional[Dict[str, Any]]:
+    """plotly's asymmetric error bar from `<column>_ci_low` / `_ci_high` (the 95% interval), None without any."""
+    low, high = frame.get(f"{column}_ci_low"), frame.get(f"{column}_ci_high")
+    if low is None or high is None:
+        return None
+    values = [num(v) for v in frame[column]]
+    plus = [None if v is None or num(h) is None else (num(h) - v) * scale for v, h in zip(values, high)]
+    minus = [None if v is None or num(lo) is None else (v - num(lo)) * scale for v, lo in zip(values, low)]
+    if all(p is None for p in plus):
+        return None
+    return dict(type="data", symmetric=False, array=plus, arrayminus=minus, color="#333", thickness=1.5, width=4)
 
 
 def _ms(value: Any) -> Optional[float]:
@@ -109,9 +128,9 @@ def throughput_figure(frame: pd.DataFrame, labels: Dict[int, str], best_runs: se
     values = [num(v) for v in frame["tokens_per_s_per_device"]]
     colours = [RECOMMENDED if run in best_runs else MEASURED for run in frame["run_dir"]]
     notes = ["" if v is not None else _note(row) for v, (_, row) in zip(values, frame.iterrows())]
-    fig = go.Figure(go.Bar(y=names, x=[v or 0 for v in values], orientation="h", name="measured",
+    fig = go.Figure(go.Bar(y=names, x=[v or 0 for v in values], orientation="h", name="measured (95% CI)",
                            marker_color=colours, text=notes, textposition="outside", hovertext=hover,
-                           hoverinfo="text"))
+                           hoverinfo="text", error_x=error_bars(frame, "tokens_per_s_per_device")))
     predicted = [_per_device(row) for _, row in frame.iterrows()]
     _add_predicted(fig, names, predicted, hover, "predicted")
     _layout(fig, "throughput", "tokens/s per device (higher is better)", len(names), ",.0f")
@@ -147,14 +166,15 @@ def mfu_figure(frame: pd.DataFrame, labels: Dict[int, str]):
     names = [labels[i] for i in frame.index]
     hover = [hover_text(row) for _, row in frame.iterrows()]
     mfu = [num(v) for v in frame["mfu"]]
-    fig = go.Figure(go.Bar(y=names, x=[v or 0 for v in mfu], orientation="h", name="MFU measured",
-                           marker_color=MEASURED, hovertext=hover, hoverinfo="text",
+    fig = go.Figure(go.Bar(y=names, x=[v or 0 for v in mfu], orientation="h", name="MFU measured (95% CI)",
+                           marker_color=MEASURED, hovertext=hover, hoverinfo="text", error_x=error_bars(frame, "mfu"),
                            text=["" if v is not None else _note(row) or "MFU unknown"
                                  for v, (_, row) in zip(mfu, frame.iterrows())], textposition="outside"))
     hfu = [num(v) for v in frame["hfu"]]
     if any((h or 0) != (m or 0) for h, m in zip(hfu, mfu)):
         fig.add_trace(go.Bar(y=names, x=[v or 0 for v in hfu], orientation="h", name="HFU measured",
-                             marker_color="#a0cbe8", hovertext=hover, hoverinfo="text"))
+                             marker_color="#a0cbe8", hovertext=hover, hoverinfo="text",
+                             error_x=error_bars(frame, "hfu")))
     predicted = [num(v) for v in frame.get("mfu_predicted", pd.Series([None] * len(frame), index=frame.index))]
     _add_predicted(fig, names, predicted, hover, "MFU predicted")
     _layout(fig, "mfu", "model FLOPs utilization (higher is better)", len(names), ".1%")
@@ -225,7 +245,8 @@ def step_time_parts_figure(frame: pd.DataFrame, labels: Dict[int, str]):
     fig = go.Figure()
     measured = [num(v) for v in frame.get("step_time_s", pd.Series([None] * len(frame), index=frame.index))]
     fig.add_trace(go.Bar(y=names, x=[v or 0.0 for v in measured], orientation="h", offsetgroup="measured",
-                         name="measured (median step)", marker_color=MEASURED, hoverinfo="text",
+                         name="measured (median step, 95% CI)", marker_color=MEASURED, hoverinfo="text",
+                         error_x=error_bars(frame, "step_time_s"),
                          hovertext=[f"measured: {_seconds(v)}<br>{h}" for v, h in zip(measured, hover)]))
     base = [0.0] * len(names)
     for part, shade in zip(TIME_PARTS, TIME_SHADES):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
@@ -11,6 +13,7 @@ import pandas as pd
 from harness.plan.peak import device_memory_gib
 from harness.plan.units import format_bytes
 from harness.report.predicted import GIB, plan_messages, prediction
+from harness.report.repeats import interval_columns
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
@@ -30,6 +33,7 @@ from harness.rundir import (
     run_dirs,
     write_with,
 )
+from harness.rundir.stats import RATE_FIGURES, StepStats, figure_intervals, step_stats
 
 LAYOUT_COLUMNS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch",
                   "grad_accum", "seq_len", "activation_checkpointing", "precision")
@@ -42,7 +46,7 @@ LABEL_AXES = (("engine", ""), ("model", ""), ("cluster", ""), ("dp_replicate", "
               ("offload_params", "offload_param="), ("micro_batch", "mb"), ("grad_accum", "ga"),
               ("seq_len", "seq"), ("activation_checkpointing", "ac="), ("precision", ""))
 # Columns holding lists: kept in Parquet, left out of the CSV.
-LIST_COLUMNS = ("step_times_s",)
+LIST_COLUMNS = ("step_times_s", "step_times_by_repeat")
 # Order in which statuses are listed: what needs attention first.
 STATUS_ORDER = {COMPLETED: 0, RUNNING: 1, PENDING: 2, OOM: 3, FAILED: 4, TIMEOUT: 5, CANCELLED: 6, CORRUPT: 7,
                 PRUNED: 8}
@@ -140,7 +144,37 @@ def _measured_columns(files: RunFiles) -> Dict[str, Any]:
         "flop_convention": metrics.flop_convention if metrics else plan.get("flop_convention"),
         "flops_per_token": metrics.flops_per_token if metrics else plan.get("flops_per_token"),
         "step_times_s": step_times or None,
+        **_statistics_columns(measured),
     }
+
+
+def _statistics_columns(measured: Optional[Measured]) -> Dict[str, Any]:
+    """Each figure's interval and the step time's spread (from metrics.json; recomputed from the step times for
+    runs measured before they were stored), warm-up, and whether the host disturbed the run."""
+    if measured is None or not measured.step_times_s:
+        return {**interval_columns(None, {}, {}), "warmup_steps_run": None, "host_disturbed": None,
+                "host_disturbances": None}
+    stats = StepStats.from_dict(measured.step_stats) or step_stats(measured.step_times_s)
+    figures = {name: getattr(measured, name) for name in RATE_FIGURES}
+    intervals = measured.intervals or figure_intervals(stats, figures)
+    host = measured.host or {}
+    return {**interval_columns(stats, {**figures, "step_time_s": measured.step_time_s}, intervals),
+            "warmup_steps_run": measured.warmup_steps, "host_disturbed": host.get("disturbed"),
+            "host_disturbances": "; ".join(host.get("disturbances") or []) or None}
+
+
+def point_key(config: Mapping[str, Any]) -> Optional[str]:
+    """What repeats of one sweep point share: their resolved config but for `bench.repeat`."""
+    if not config:
+        return None
+    bench = {key: value for key, value in (config.get("bench") or {}).items() if key != "repeat"}
+    text = json.dumps({**config, "bench": bench}, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _repeat_columns(files: RunFiles) -> Dict[str, Any]:
+    bench = files.config.get("bench") or {}
+    return {"point": point_key(files.config), "repeat": bench.get("repeat", 0), "repeats": bench.get("repeats", 1)}
 
 
 def _memory_columns(measured: Optional[Measured], predicted: Predicted, device_gib: Optional[float]) -> Dict[str, Any]:
@@ -210,6 +244,7 @@ def run_row(run_dir: Path) -> Dict[str, Any]:
         **_prediction_columns(measured, predicted),
         **_tracking_columns(files),
         **_standin_columns(files),
+        **_repeat_columns(files),
         "run_dir": str(files.run_dir),
     }
     row["fits"] = _fits(row)
@@ -297,6 +332,8 @@ def _gib_cell(gib: float) -> str:
 TERMINAL_COLUMNS: Sequence[tuple] = (
     ("series", "sweep", "{}"), ("run", "run", "{}"), ("label", "layout", "{}"), ("status", "status", "{}"),
     ("world_size", "devs", "{:.0f}"), ("tokens_per_s", "tok/s", "{:,.0f}"),
+    ("tokens_per_s_ci_low", "tok/s CI low", "{:,.0f}"), ("tokens_per_s_ci_high", "tok/s CI high", "{:,.0f}"),
+    ("host_disturbed", "host", lambda disturbed: "DISTURBED" if disturbed is True else "quiet"),
     ("tokens_per_s_per_device", "tok/s/dev", "{:,.0f}"), ("step_time_s", "step s", "{:.4g}"),
     ("step_time_predicted_s", "step pred", "{:.4g}"),
     ("tflop_per_s_per_device", "TFLOP/s/dev", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),

@@ -1,7 +1,7 @@
 """The run directory as a contract: file names, run states, typed records, one atomic writer, tolerant readers.
 
 The bottom layer: it imports nothing else of the harness, and every other package reads and writes run
-directories through it.
+directories through it. `stats.py` holds the statistics of the step times a run records and a report compares.
 """
 
 from harness.rundir.claim import claim_run_dir  # noqa: F401

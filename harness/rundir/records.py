@@ -132,6 +132,12 @@ class Measured:
     loss_final: float
     per_rank: List[Dict[str, Any]] = field(default_factory=list)
     nvme_bytes: int = 0  # offloaded states in this rank's NVMe swap files (their sizes on disk)
+    # rundir.stats.StepStats of the timed steps: median, its interval, quartiles, CV, outlying steps.
+    step_stats: Optional[Dict[str, Any]] = None
+    # figure -> [low, high] at step_stats' ci_level, for every figure derived from the step time.
+    intervals: Dict[str, List[float]] = field(default_factory=dict)
+    warmup_steps: Optional[int] = None  # warm-up steps run (the steady-state rule may add to the least)
+    host: Optional[Dict[str, Any]] = None  # runtime.host_state.host_record: the host's condition, disturbed or not
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

@@ -38,8 +38,10 @@ from harness.rundir import (
     write_json,
     write_status,
 )
+from harness.rundir.stats import figure_intervals, step_stats, steady
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.fatal_report import FatalReport
+from harness.runtime.host_state import host_record, snapshot
 from harness.runtime.lifecycle import WarningSignal, die_with_parent
 from harness.runtime.meter import (
     SavedActivationMeter,
@@ -65,20 +67,32 @@ def batch_maker(session, source, cfg: RunConfig):
     return batches
 
 
-def warm_up(session, batches, warmup_steps: int, report=None):
-    """Untimed steps. The last one (a steady-state step: optimizer state exists, lazy initialisation and
+def steady_on_every_rank(times_s: List[float], kind: device.DeviceKind) -> bool:
+    """The steady-state rule (rundir.stats.steady) on this rank's warm-up times, agreed by all ranks (a MIN
+    all-reduce), so that every rank leaves warm-up at the same step."""
+    flag = torch.tensor([1.0 if steady(times_s) else 0.0], device=device.torch_device(kind))
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def warm_up(session, batches, bench, kind: device.DeviceKind, report=None):
+    """Untimed steps: at least bench.warmup_steps, more until step time is steady, at most
+    bench.warmup_max_steps. The last one (a steady-state step: optimizer state exists, lazy initialisation and
     torch.distributed.pipelining's first-step metadata pass are behind) is metered for saved activations
     and, at its accumulation boundary, for the bytes of parameters, gradients and optimizer state."""
-    meter, state, losses = SavedActivationMeter(session.model.parameters()), {}, []
-    for step in range(warmup_steps - 1):
-        losses.append(session.train_step(batches(step)))
+    meter, state, losses, timer = SavedActivationMeter(session.model.parameters()), {}, [], StepTimer(kind)
+    step = 0
+    while step < bench.warmup_steps - 1 or (step < bench.warmup_max_steps - 1
+                                            and not steady_on_every_rank(timer.times_s, kind)):
+        with timer.step():
+            losses.append(session.train_step(batches(step)))
         if report:
             report(step, losses[-1], None)
+        step += 1
     with meter.recording():
-        losses.append(session.train_step(batches(warmup_steps - 1),
-                                         on_boundary=lambda: state.update(session.state_bytes())))
+        losses.append(session.train_step(batches(step), on_boundary=lambda: state.update(session.state_bytes())))
     if report:
-        report(warmup_steps - 1, losses[-1], None)
+        report(step, losses[-1], None)
     return losses, meter.peak_bytes, state
 
 
@@ -114,14 +128,15 @@ def cut_short(measured_steps: int, cfg: RunConfig) -> Optional[Dict[str, Any]]:
 def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=None, stop=None):
     bench = cfg.bench
     batches = batch_maker(session, source, cfg)
-    losses, activation_bytes, state = warm_up(session, batches, bench.warmup_steps, report)
+    losses, activation_bytes, state = warm_up(session, batches, bench, kind, report)
+    warmup = len(losses)
     if report:
+        report.warmup, report.total = warmup, warmup + bench.steps
         report.metered_bytes = sum(state.get(k, 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes")) \
             + activation_bytes
     device.reset_peak_memory(kind)
     timer = StepTimer(kind)
-    timed_steps(session, batches, range(bench.warmup_steps, bench.warmup_steps + bench.steps), timer, losses,
-                report, stop)
+    timed_steps(session, batches, range(warmup, warmup + bench.steps), timer, losses, report, stop)
     return timer.times_s, [float(loss) for loss in losses], activation_bytes, state
 
 
@@ -146,7 +161,9 @@ def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, 
     world = len(records)
     n_steps = len(records[0]["step_times_s"])
     step_times = [max(r["step_times_s"][i] for r in records) for i in range(n_steps)]
-    step_time = statistics.median(step_times)
+    warmup = len(records[0]["losses"]) - n_steps
+    stats = step_stats(step_times, first_step=warmup)
+    step_time = stats.median_s
     tokens_per_s = plan["tokens_per_step"] / step_time
     losses = [statistics.fmean(r["losses"][i] for r in records) for i in range(len(records[0]["losses"]))]
     measured_peaks = [r["peak_flops"] for r in records if r["peak_flops"]]
@@ -157,14 +174,14 @@ def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, 
     peak_alloc = [r["peak_allocated_bytes"] for r in records if r["peak_allocated_bytes"] is not None]
     # The rank that needs the most device memory (under PP the stages differ), as the planner predicts.
     worst = max(records, key=device_state_and_activation_bytes)
+    rates = {"tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / world,
+             "tflop_per_s_per_device": tokens_per_s * flops_per_token / world / 1e12,
+             "mfu": mfu(tokens_per_s, flops_per_token, peak_flops, world),
+             "hfu": hfu(tokens_per_s, flops_per_token, recompute_flops, peak_flops, world)}
     return Measured(
-        tokens_per_s=tokens_per_s,
-        tokens_per_s_per_device=tokens_per_s / world,
+        **rates,
         step_time_s=step_time,
         step_times_s=step_times,
-        tflop_per_s_per_device=tokens_per_s * flops_per_token / world / 1e12,
-        mfu=mfu(tokens_per_s, flops_per_token, peak_flops, world),
-        hfu=hfu(tokens_per_s, flops_per_token, recompute_flops, peak_flops, world),
         peak_flop_per_s_per_device=peak_flops,
         peak_flops_source=source,
         param_bytes=worst["param_bytes"],
@@ -178,6 +195,9 @@ def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, 
         loss_first=losses[0],
         loss_final=losses[-1],
         per_rank=[{k: v for k, v in r.items() if k not in ("losses", "step_times_s")} for r in records],
+        step_stats=stats.to_dict(),
+        intervals=figure_intervals(stats, rates),
+        warmup_steps=warmup,
     )
 
 
@@ -203,16 +223,21 @@ def run(run_dir: Path, warning: WarningSignal) -> int:
     peak = measure_matmul_peak_flops(device.dtype_of(cfg.layout.precision)) if measure_peak else None
     source = token_source(cfg.data, cfg.model.hf_config["vocab_size"], cfg.layout.seq_len)
     tracker = open_tracker(run_dir, cfg, plan) if rank == 0 else None
-    report = StepReporter(rank, cfg.bench.warmup_steps + cfg.bench.steps, cfg.bench.warmup_steps,
+    # Until warm-up is steady its length is known only to be at most warmup_max_steps (timed_loop sets it then).
+    report = StepReporter(rank, cfg.bench.warmup_max_steps + cfg.bench.steps, cfg.bench.warmup_max_steps,
                           plan["tokens_per_step"], plan["flops_per_token"], dist.get_world_size(), tracker,
                           kind, peak_flops_of(cfg.cluster.accelerator, cfg.layout.precision, peak).flops)
+    host_start = snapshot(kind.type == "cuda") if rank == 0 else None
     times_s, losses, activation_bytes, state = timed_loop(session, source, cfg, kind, report,
                                                           stop=lambda: agreed_to_stop(warning, kind))
+    host_end = snapshot(kind.type == "cuda") if rank == 0 else None
     record = rank_record(state, kind, times_s, losses, activation_bytes, peak)
     records: List[Dict[str, Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(records, record)
     if rank == 0:
         measured = reduce_ranks(records, cfg, plan)
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        measured.host = host_record(host_start, host_end, local_ranks)
         write_result(run_dir, cfg, plan, measured, tracker, cut_short(len(times_s), cfg))
     dist.barrier()
     dist.destroy_process_group()
@@ -263,6 +288,7 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
     """Run summary for W&B: scalar measurements, the FLOP convention, and the prediction beside them."""
     measured = payload["measured"]
     summary = {k: v for k, v in measured.items() if not isinstance(v, (list, dict))}
+    summary.update(interval_summary(measured))
     summary["memory_per_rank_bytes"] = max(device_state_and_activation_bytes(r) for r in measured["per_rank"])
     # The live chart keys (harness/runtime/progress.py) end on the run's medians rather than its last step.
     summary[MFU_KEY] = None if measured["mfu"] is None else 100 * measured["mfu"]
@@ -283,6 +309,22 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
     parts = Predicted.from_dict(payload["predicted"]).time_parts()
     summary.update({f"predicted_time_{part}_s": seconds for part, seconds in parts.items()})
     return summary
+
+
+def interval_summary(measured: Dict[str, Any]) -> Dict[str, Any]:
+    """W&B summary keys of the statistics: `<figure>_ci_low` / `_ci_high` for every figure with an interval,
+    the interval's coverage, the spread (IQR, CV), the outlying steps' count, warm-up and the host's verdict."""
+    out: Dict[str, Any] = {}
+    for name, (low, high) in (measured.get("intervals") or {}).items():
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = low, high
+    stats = measured.get("step_stats") or {}
+    if stats:
+        out.update(step_time_ci_level=stats["ci_level"], step_time_iqr_s=stats["iqr_s"], step_time_cv=stats["cv"],
+                   step_outliers=len(stats["outliers"]), timed_steps=stats["n"])
+    host = measured.get("host") or {}
+    if host:
+        out["host_disturbed"] = host["disturbed"]
+    return out
 
 
 def main() -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def rank_main(run_dir: Path) -> None:
     model = build_model(cfg.model.hf_config, cfg.bench.seed)
     session = rank_side(cfg.engine.name).apply(cfg, run_dir, model, kind)
     batches = batch_maker(session, token_source(cfg.data, cfg.model.hf_config["vocab_size"], cfg.layout.seq_len), cfg)
-    warm_up(session, batches, 3)
+    warm_up(session, batches, replace(cfg.bench, warmup_steps=3, warmup_max_steps=3), kind)
     totals_s = {"instrumented": 0.0, "bare": 0.0}
 
     def instrumented(steps):

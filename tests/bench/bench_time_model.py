@@ -90,36 +90,68 @@ def predict(run_dir: Path) -> Optional[float]:
     return make_plan(run_config_from_dict(json.loads(config.read_text()))).step_time_s
 
 
+def interval_error(predicted: float, low: float, high: float) -> float:
+    """How far the prediction lies outside the measured 95% interval, relative to the nearer end (0 inside):
+    a prediction inside the interval is as right as this measurement can tell."""
+    if predicted < low:
+        return predicted / low - 1
+    if predicted > high:
+        return predicted / high - 1
+    return 0.0
+
+
 def compare(out: Path) -> List[Dict[str, object]]:
-    """One row per completed run under `out`: measured and predicted step time, error, load."""
+    """One row per completed run under `out`: measured step time with its interval, predicted, the error against
+    the median and against the interval, the load, and whether the host disturbed the run (with why)."""
     rows = []
     for metrics in sorted(out.rglob("metrics.json")):
         payload = json.loads(metrics.read_text())
         predicted = predict(metrics.parent)
-        measured = payload["measured"]["step_time_s"]
+        measured = payload["measured"]
         load_file = metrics.parent / "bench_load.json"
         load = json.loads(load_file.read_text()) if load_file.exists() else {}
         if predicted is None:
             continue
-        rows.append({"run": load.get("label", metrics.parent.name), "measured_s": measured,
-                     "predicted_s": predicted, "error": predicted / measured - 1,
-                     "load": (load.get("load_before") or [None])[0]})
+        low, high = (measured.get("intervals") or {}).get("step_time_s", [measured["step_time_s"]] * 2)
+        host = measured.get("host") or {}
+        rows.append({"run": load.get("label", metrics.parent.name), "measured_s": measured["step_time_s"],
+                     "low_s": low, "high_s": high, "predicted_s": predicted,
+                     "error": predicted / measured["step_time_s"] - 1,
+                     "interval_error": interval_error(predicted, low, high),
+                     "load": (load.get("load_before") or (host.get("start") or {}).get("load_avg") or [None])[0],
+                     "disturbed": host.get("disturbed"), "why": "; ".join(host.get("disturbances") or [])})
     return rows
 
 
+def summary(rows: List[Dict[str, object]], what: str) -> Optional[Tuple[float, float]]:
+    if not rows:
+        print(f"{what}: none")
+        return None
+    errors = [abs(r["error"]) for r in rows]
+    outside = [abs(r["interval_error"]) for r in rows]
+    median, worst = statistics.median(errors), max(errors)
+    print(f"{what}: {len(rows)} runs: median |error| {median:.1%}, max |error| {worst:.1%} (targets 15% / 35%); "
+          f"against the 95% interval: median {statistics.median(outside):.1%}, max {max(outside):.1%}, "
+          f"{sum(e == 0 for e in outside)} predictions inside it")
+    return median, worst
+
+
 def print_table(rows: List[Dict[str, object]]) -> Optional[Tuple[float, float]]:
-    print(f"{'run':<34} {'load':>5} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
+    print(f"{'run':<34} {'load':>5} {'measured ms (95% CI)':>26} {'predicted ms':>13} {'error':>8} {'vs CI':>7} host")
     for r in rows:
         load = f"{r['load']:.1f}" if r["load"] is not None else "-"
-        print(f"{r['run']:<34} {load:>5} {r['measured_s'] * 1e3:>12.1f} {r['predicted_s'] * 1e3:>13.1f} "
-              f"{r['error']:>+8.1%}")
+        interval = f"{r['measured_s'] * 1e3:.1f} ({r['low_s'] * 1e3:.1f}-{r['high_s'] * 1e3:.1f})"
+        host = "DISTURBED" if r["disturbed"] else "quiet" if r["disturbed"] is False else "-"
+        print(f"{r['run']:<34} {load:>5} {interval:>26} {r['predicted_s'] * 1e3:>13.1f} {r['error']:>+8.1%} "
+              f"{r['interval_error']:>+7.1%} {host}")
     if not rows:
         print("no completed run with a prediction")
         return None
-    errors = [abs(r["error"]) for r in rows]
-    median, worst = statistics.median(errors), max(errors)
-    print(f"{len(rows)} runs: median |error| {median:.1%}, max |error| {worst:.1%} (targets 15% / 35%)")
-    return median, worst
+    for r in rows:
+        if r["disturbed"]:
+            print(f"excluded {r['run']}: {r['why']}")
+    summary(rows, "all runs")
+    return summary([r for r in rows if not r["disturbed"]], "undisturbed runs (the check)")
 
 
 def main() -> int:

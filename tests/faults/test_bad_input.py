@@ -59,6 +59,10 @@ CASES = [
     ("grad clip nan", ["plan", "bench.grad_clip=nan"], "bench.grad_clip"),
     ("no steps", ["run", "bench.steps=0"], "bench.steps"),
     ("negative warm-up", ["plan", "bench.warmup_steps=-1"], "bench.warmup_steps"),
+    ("warm-up cap below the least", ["run", "bench.warmup_max_steps=1"], "bench.warmup_max_steps=1 must be >= "
+                                                                          "bench.warmup_steps=2"),
+    ("no repeats", ["sweep", "bench.repeats=0"], "bench.repeats"),
+    ("negative repeat", ["plan", "bench.repeat=-1"], "bench.repeat"),
     ("micro batch 0", ["run", "layout.micro_batch=0"], "layout.micro_batch"),
     ("grad accum 0", ["plan", "layout.grad_accum=0"], "layout.grad_accum"),
     ("seq len 0", ["plan", "layout.seq_len=0"], "layout.seq_len"),

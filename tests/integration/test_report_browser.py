@@ -185,7 +185,7 @@ def test_compare_report_has_one_answer(chromium, tmp_path):
     roots = [make_sweep(tmp_path / "results" / name, "cpu_grid").parent for name in ("monday", "tuesday")]
     paths = build_report(roots, tmp_path / "compare")
     dom = dump_dom(chromium, paths["html"], tmp_path / "profile")
-    assert dom.count('class="headline"') == 1 and re.search(r"Use [^<]* from cpu_grid \((monday|tuesday)", dom)
+    assert dom.count('class="headline"') == 1 and re.search(r"Fastest measured: [^<]* from cpu_grid \((monday|tuesday)", dom)
     shot = tmp_path / "compare.png"
     run_chromium(chromium, ["--virtual-time-budget=10000", f"--screenshot={shot}",
                             f"--window-size={WINDOW[0]},{WINDOW[1]}", paths["html"].as_uri()], tmp_path / "profile")

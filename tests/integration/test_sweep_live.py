@@ -1,5 +1,6 @@
 """A local sweep through the real CLI: each run's step lines, the sweep's counts and ETA."""
 
+import json
 import os
 import subprocess
 import sys
@@ -21,5 +22,6 @@ def test_local_sweep_shows_steps_and_counts(results_root):
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     (log,) = (results_root / "sweep_live").rglob("000-*/launch.log")
     steps = [line for line in log.read_text().splitlines() if line.startswith("[step ")]
-    assert len(steps) == 4 and steps[-1].startswith("[step 4/4] loss "), steps
+    total = json.loads((log.parent / "metrics.json").read_text())["measured"]["warmup_steps"] + 2  # until steady
+    assert len(steps) == total and steps[-1].startswith(f"[step {total}/{total}] loss "), steps
     assert "1 done, 0 failed, 1 pruned, 0 remaining" in out and "ETA 0:00:00" in out

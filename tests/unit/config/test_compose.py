@@ -142,7 +142,7 @@ def test_allowed_values_elsewhere_are_derived_from_the_enums():
 
 def test_sweep_group_is_in_the_defaults_list():
     run = compose_run_config(["sweep=cpu_grid"])
-    assert (run.sweep_name, run.bench.steps) == ("cpu_grid", 3)
+    assert (run.sweep_name, run.bench.steps) == ("cpu_grid", 10)
 
 
 def test_point_names_carry_the_values_that_differ():

@@ -98,7 +98,7 @@ def test_dry_run_prepares_prunes_and_prints_but_submits_nothing(tmp_path, fake_s
     for name in set(runs) - {"003-fsdp-zero1"}:
         assert (root / name / "job.sbatch").exists()
         assert json.loads((root / name / "status.json").read_text())["state"] == "PENDING"
-        assert json.loads((root / name / "config.json").read_text())["bench"]["steps"] == 3
+        assert json.loads((root / name / "config.json").read_text())["bench"]["steps"] == 10
     manifest = (root / "slurm" / "array-001.manifest").read_text().splitlines()
     assert manifest == [str(root / name) for name in runs if name != "003-fsdp-zero1"]
     assert "#SBATCH --array=0-4%2" in out and "would submit: sbatch" in out and "PRUNED" in out
@@ -183,3 +183,16 @@ def test_resume_picks_what_did_not_complete():
     assert "pruned" in names(orchestrate.to_resume(views, True, "slurm"))
     # Locally nothing can still be running after the sweep process ended: RUNNING means interrupted.
     assert "running" in names(orchestrate.to_resume(views, False, "local"))
+
+
+def test_repeats_are_prepared_interleaved(tmp_path):
+    from harness.launch.points import expand
+
+    root, points, _ = expand(["sweep=cpu_grid", "engine=deepspeed", "layout.zero_stage=2,3", "bench.repeats=2",
+                              f"results_dir={tmp_path}"], submit_pruned=False)
+    names = [point.run_dir.name for point in points]
+    assert names == ["000-zero2-r0", "001-zero3-r0", "001-zero3-r1", "000-zero2-r1"]  # A B, then B A
+    assert [point.cfg.bench.repeat for point in points] == [0, 0, 1, 1]
+    recorded = json.loads((root / "sweep.json").read_text())["points"]
+    assert [p["run"] for p in recorded] == names and recorded[2]["overrides"][-1] == "bench.repeat=1"
+    assert json.loads((root / names[3] / "config.json").read_text())["bench"]["repeat"] == 1

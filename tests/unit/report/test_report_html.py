@@ -86,7 +86,13 @@ def test_several_sweeps_are_compared(tmp_path):
     assert TITLES["compare"] in page and 'id="compare-table"' in page
     assert "sweep_a \\u00b7 dp2 tp1 zero2 mb2" in page  # a plot's label, inside plotly's JSON
     assert page.count('class="headline"') == 1  # one answer across the sweeps, naming its sweep
-    assert re.search(r"Use dp2 tp1 zero2 mb2 from sweep_[ab]: ", page) and "Best of each sweep: sweep_a: " in page
+    # the two sweeps hold the same synthetic runs: the answer names the faster measurement, no winner
+    assert re.search(r"Fastest measured: dp2 tp1 zero2 mb2 from sweep_[ab]: ", page)
+    assert "No significant difference between dp2 tp1 zero2 mb2 (sweep_" in page
+    assert "Best of each sweep: sweep_a: " in page
+    # the compare view judges each layout across the sweeps with the same verdict
+    assert ("<li>No significant difference between dp2 tp1 zero2 mb2 in sweep_a and dp2 tp1 zero2 mb2 in sweep_b "
+            "at this sample size (0.0%") in page
 
 
 def test_text_is_escaped(tmp_path):
@@ -117,7 +123,8 @@ def test_measured_columns_come_before_the_configuration(frame, sweep_dir):
     page = render_html(frame, [sweep_dir])
     head = re.search(r'<table id="results-table".*?</thead>', page, re.S).group(0)
     headers = re.findall(r"<th data-kind=\"\w+\">(.*?)</th>", head)
-    assert headers[:4] == ["layout", "status", "tokens/s", "tokens/s/device"]
+    assert headers[:5] == ["layout", "status", "tokens/s", "tokens/s 95% CI low", "tokens/s 95% CI high"]
+    assert headers.index("tokens/s/device") < headers.index("engine")
     assert headers.index("step min") < headers.index("engine") and headers.index("MFU") < headers.index("tp")
 
 
@@ -145,3 +152,20 @@ def test_the_step_time_chart_stacks_the_predicted_parts_beside_the_measured_step
     assert measured.x[row] == pytest.approx(run["step_time_s"])
     assert run["step_time_ratio"] == pytest.approx(run["step_time_s"] / 0.04)
     assert run["pred_time_exposed_comm_s"] == pytest.approx(0.25 * 0.04)
+
+
+def test_every_measured_bar_has_its_interval_and_a_disturbed_run_is_marked(sweep_dir):
+    import json
+
+    metrics_file = sweep_dir / "1" / "metrics.json"
+    metrics = json.loads(metrics_file.read_text())
+    metrics["measured"]["host"] = {"disturbed": True, "disturbances": ["busy at start: stress (7) 1.0 cores"]}
+    metrics_file.write_text(json.dumps(metrics))
+    frame = summary_frame([sweep_dir])
+    assert {"tokens_per_s_ci_low", "tokens_per_s_ci_high", "step_time_s_ci_low", "mfu_ci_high"} <= set(frame)
+    done = frame[frame["status"] == "COMPLETED"]
+    assert (done["tokens_per_s_ci_low"] <= done["tokens_per_s"]).all()
+    assert (done["tokens_per_s"] <= done["tokens_per_s_ci_high"]).all()
+    page = render_html(frame, [sweep_dir])
+    assert page.count('"error_x":{') >= 3  # throughput, MFU, step time
+    assert "DISTURBED" in page and "busy at start: stress (7) 1.0 cores" in page

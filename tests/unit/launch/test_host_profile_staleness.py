@@ -1,0 +1,32 @@
+"""A cached host profile records the load it was measured under; a loaded or foreign one is measured again."""
+
+from __future__ import annotations
+
+import json
+
+from harness.launch.host_profile import stale_reason
+
+
+def profile(tmp_path, load: float, cores: int = 2):
+    path = tmp_path / "cpu-host.json"
+    path.write_text(json.dumps({"cores_per_node": cores, "raw": {"load_average": [load, load, load]}}))
+    return path
+
+
+def test_a_profile_measured_quietly_is_kept(tmp_path):
+    assert stale_reason(profile(tmp_path, load=1.5), load_now=6.0, cpus=2) is None
+
+
+def test_a_profile_measured_under_load_is_measured_again_once_the_host_is_quiet(tmp_path):
+    reason = stale_reason(profile(tmp_path, load=7.0), load_now=2.2, cpus=2)
+    assert reason == "it was measured under load 7.0 on 2 CPUs and the load is 2.2 now"
+
+
+def test_under_load_still_it_is_kept_with_a_warning(tmp_path, capsys):
+    assert stale_reason(profile(tmp_path, load=7.0), load_now=8.0, cpus=2) is None
+    assert "measured under load 7.0 on 2 CPUs" in capsys.readouterr().err
+
+
+def test_a_profile_of_another_core_count_is_measured_again(tmp_path):
+    assert stale_reason(profile(tmp_path, load=0.5, cores=8), load_now=0.5, cpus=2) == (
+        "it was measured on 8 cores and this host has 2")
