@@ -38,7 +38,7 @@ def wait_for(predicate, timeout_s: float, what: str):
 def timed_steps_logged(log: Path) -> int:
     """Rank 0's progress lines past warm-up (`[step N/M]`, harness/runtime/progress.py)."""
     text = log.read_text(errors="replace") if log.exists() else ""
-    return len(re.findall(rf"\[step (\d+)/{STEPS + 2}\]", text))
+    return len(re.findall(r"\[step (\d+)/(\d+)\]", text))
 
 
 def test_the_warning_signal_leaves_a_partial_measurement_and_timeout(slurm_cluster, tmp_path):

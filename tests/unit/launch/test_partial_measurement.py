@@ -3,14 +3,17 @@ kept (the job-end hook, Slurm's view, the local launcher); the rank side stops t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import shutil
 from pathlib import Path
 
 from harness.launch import slurm as slurm_mod
 from harness.launch.local import classify as classify_local
 from harness.launch.status import SlurmView, classify, run_view
 from harness.rundir import metrics_written, read_status, state_from_files, write_json, write_status
+from tests.unit.report import synthetic_runs
 
 PARTIAL = {"steps_measured": 3, "steps_planned": 10, "reason": "stopped at the time limit's warning, SIGUSR1"}
 SUB = {"job_key": "41", "job_id": "41", "array_job_id": None, "array_task_id": None}
@@ -20,7 +23,11 @@ def cut_run(tmp_path: Path, state: str = "RUNNING") -> Path:
     run = tmp_path / "run"
     run.mkdir()
     write_status(run, state)
-    write_json(run / "metrics.json", {"measured": {}, "partial": PARTIAL})
+    # A well-formed metrics.json (status reads a run's files as the report does), marked partial.
+    source = synthetic_runs.make_run(run / "elsewhere", "m", "COMPLETED")
+    metrics = json.loads((source / "metrics.json").read_text())
+    shutil.rmtree(run / "elsewhere")
+    write_json(run / "metrics.json", {**metrics, "partial": PARTIAL})
     return run
 
 
