@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from hydra import compose, initialize_config_dir
@@ -18,8 +20,26 @@ from harness.config.standin import make_standin
 
 CONFIG_DIR = REPO_ROOT / "hydra_configs"
 PRIMARY_CONFIG = "config"
-# The repository root is on the search path so that `recipes/` is the `recipes` config group.
-SEARCHPATH_OVERRIDE = f"hydra.searchpath=[file://{REPO_ROOT}]"
+
+
+def user_config_dir() -> Path:
+    """The user's own config groups (`harness recommend` writes its recipes and sweep presets there), outside
+    the source tree: $HARNESS_CONFIG_DIR, else $XDG_CONFIG_HOME/harness, else ~/.config/harness."""
+    explicit = os.environ.get("HARNESS_CONFIG_DIR")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser().resolve() / "harness"
+
+
+def searchpath_override() -> str:
+    """The repository root is on the search path so that `recipes/` is the `recipes` config group; the user's
+    config directory after it (where it exists: Hydra warns of a missing one) adds its own recipes, sweep presets
+    and any other group's options."""
+    user = user_config_dir()
+    return f"hydra.searchpath=[file://{REPO_ROOT}" + (f",file://{user}]" if user.is_dir() else "]")
+
+
+SEARCHPATH_OVERRIDE = searchpath_override()
 # `standin=cpu`: the CPU stand-in of the composed recipe (harness/config/standin.py).
 STANDIN_KEY, STANDIN_CHOICES = "standin", ("cpu",)
 
@@ -41,7 +61,7 @@ def compose_config(overrides: Iterable[str] = (), return_hydra_config: bool = Fa
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="harness"):
-        cfg = compose(config_name=PRIMARY_CONFIG, overrides=[*overrides, SEARCHPATH_OVERRIDE],
+        cfg = compose(config_name=PRIMARY_CONFIG, overrides=[*overrides, searchpath_override()],
                       return_hydra_config=return_hydra_config)
         if return_hydra_config:
             for node in (cfg.hydra.sweep, cfg.hydra.sweeper):

@@ -1,23 +1,52 @@
-"""`harness recommend`: rank a model's layouts on a cluster, print the top k and why, write a sweep preset."""
+"""`harness recommend`: rank a model's layouts on a cluster, print the top choices part by part and why, and write
+them as recipes with a sweep preset in the user's config directory, ready to run on the launcher the cluster needs."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from harness.config.compose import CONFIG_DIR, compose_run_config
-from harness.plan.planner import Plan
-from harness.plan.recommend import explain, rank
+from harness.config.compose import compose_config, compose_run_config, run_config_to_dict, user_config_dir
+from harness.config.errors import explain as explain_error
+from harness.engines.admission import judge, needed_launcher
+from harness.plan.planner import GIB, Plan
+from harness.plan.recommend import Choice, compare, rank
+from harness.rundir import write_text
 
 LAYOUT_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "pp_schedule",
                  "pp_virtual_stages", "pp_stage_layers", "offload_optimizer", "offload_params", "micro_batch",
                  "grad_accum", "seq_len", "activation_checkpointing", "precision")
+# The groups a written recipe selects by name (the composed run's choices) and the sections it writes whole, so
+# that it composes back to the very config that was ranked (command-line values included).
+CHOSEN_GROUPS = ("model", "engine", "cluster", "launcher", "data", "tracking")
+WRITTEN_SECTIONS = ("engine", "cluster", "launcher", "bench", "data")
+
+
+def admit(cfg: Any, plan: Plan) -> Sequence[str]:
+    """The recommender's validity rule is the one every command uses (harness.engines.admission.judge)."""
+    return judge(cfg, plan).errors
+
+
+def ranked(cfg: Any, global_batch: int, top_k: int) -> Tuple[List[Choice], int]:
+    """The top `top_k` choices among the layouts judge admits, and how many it admits."""
+    return rank(cfg, global_batch, admit, top_k)
+
+
+def recommend_overrides(overrides: Sequence[str]) -> Tuple[List[str], Optional[str]]:
+    """The user's overrides plus the launcher the cluster needs (harness.engines.admission.needed_launcher)
+    where the composed one cannot reach its nodes; (overrides, the launcher added or None)."""
+    cfg = compose_run_config(list(overrides))
+    launcher = needed_launcher(cfg.cluster)
+    if launcher is None or cfg.launcher.backend != "local":
+        return list(overrides), None
+    return [*overrides, f"launcher={launcher}"], launcher
 
 
 def label(plan: Plan) -> str:
@@ -25,82 +54,158 @@ def label(plan: Plan) -> str:
     l = plan.layout
     sched = f" {l.pp_schedule}x{l.pp_virtual_stages}" if l.pp > 1 else ""
     off = f" offload={l.offload_optimizer}" if l.offload_optimizer != "none" else ""
-    return (f"tp{l.tp} cp{l.cp} pp{l.pp}{sched} dp{l.dp_replicate}x{l.dp_shard} zero{l.zero_stage} "
+    return (f"tp{l.tp} cp{l.cp} pp{l.pp}{sched} ep{l.ep} dp{l.dp_replicate}x{l.dp_shard} zero{l.zero_stage} "
             f"mb{l.micro_batch} ga{l.grad_accum} ckpt={l.activation_checkpointing}{off}")
 
 
-def row(index: int, plan: Plan) -> str:
+def breakdown(plan: Plan) -> str:
+    """The predicted step by part, in seconds: compute, exposed communication per axis, bubble, optimizer,
+    offload (axes with nothing exposed are left out)."""
     t = plan.time
-    comm = sum(c["exposed"] for c in t.comm_s.values())
-    return (f"{index}. {label(plan)}\n   {plan.tokens_per_s:,.0f} tokens/s, step {plan.step_time_s:.2f} s, "
-            f"MFU {plan.predicted_mfu:.1%}, HFU {plan.predicted_hfu:.1%}, memory {plan.memory.total_bytes / 2**30:.1f} "
-            f"GiB (margin {plan.margin_bytes / 2**30:.1f})\n   compute {sum(t.compute_s.values()):.2f} s, exposed "
-            f"comm {comm:.2f} s, bubble {t.bubble_s:.2f} s, optimizer {t.optimizer_s:.2f} s, offload {t.offload_s:.2f} s")
+    comm = ", ".join(f"{axis} {c['exposed']:.3g} s" for axis, c in t.comm_s.items() if c["exposed"] > 0)
+    return (f"step {t.step_time_s:.3g} s: compute {sum(t.compute_s.values()):.3g} s, exposed communication "
+            f"{comm or '0 s'}, bubble {t.bubble_s:.3g} s, optimizer {t.optimizer_s:.3g} s, offload {t.offload_s:.3g} s")
 
 
-def sweep_preset(plans: Sequence[Plan], name: str, model: str, engine: str, cluster: str) -> Dict[str, Any]:
-    """Files (relative to hydra_configs/) of one layout preset per plan and a sweep over them."""
-    files: Dict[str, Any] = {}
-    names = []
-    for i, plan in enumerate(plans, 1):
-        layout_name = f"{name}_{i}"
-        fields = {k: _plain(getattr(plan.layout, k)) for k in LAYOUT_FIELDS}
-        files[f"layout/{layout_name}.yaml"] = {"name": layout_name, **fields}
-        names.append(layout_name)
-    files[f"sweep/{name}.yaml"] = {
-        "defaults": [{"override /model": _plain(model)}, {"override /engine": _plain(engine)},
-                     {"override /cluster": _plain(cluster)}],
-        "sweep_name": name,
-        "hydra": {"sweeper": {"params": {"layout": ",".join(names)}}},
-    }
+def row(index: int, choice: Choice) -> str:
+    """One choice: engine and layout, throughput and MFU, the step by part, memory per rank and its margin."""
+    plan = choice.plan
+    alike = f"  (+{len(choice.alike)} layout(s) the model cannot separate: {_alike(choice)})" if choice.alike else ""
+    return (f"#{index} engine={plan.engine.name} {label(plan)}{alike}\n"
+            f"   {plan.tokens_per_s:,.0f} tokens/s, MFU {plan.predicted_mfu:.1%}, {breakdown(plan)}\n"
+            f"   memory {plan.memory.total_bytes / GIB:.1f} GiB per rank of {plan.device_memory_bytes / GIB:.1f} GiB "
+            f"(margin {plan.margin_bytes / GIB:.1f} GiB)")
+
+
+def _alike(choice: Choice, shown: int = 2) -> str:
+    names = [label(p) for p in choice.alike[:shown]]
+    return "; ".join(names) + ("; ..." if len(choice.alike) > shown else "")
+
+
+def why(title: str, best: Plan, other: Plan) -> str:
+    """`best` against `other`, part by part (harness.plan.recommend.compare)."""
+    head, *parts = compare(best, other)
+    return f"why #1 over {title}: {head}\n" + "\n".join(f"   {line}" for line in parts)
+
+
+def against_config(overrides: Sequence[str], name: str) -> Any:
+    """`--against NAME`: a recipe (recipes/NAME.yaml, or one the user wrote) or a layout preset
+    (hydra_configs/layout/NAME.yaml) composed over the same overrides."""
+    try:
+        return compose_run_config([*overrides, f"recipes={name}"])
+    except Exception:  # not a recipe: a layout preset, or the line naming what is wrong
+        return compose_run_config([*overrides, f"layout={name}"])
+
+
+def recipe(plan: Plan, choices: Dict[str, Any], cfg: Any, name: str, note: str) -> Tuple[str, Dict[str, Any]]:
+    """(header, body) of one recipe: the composed groups by name, then every value of the ranked config."""
+    point = replace(cfg, layout=plan.layout, engine=plan.engine)
+    values = run_config_to_dict(point)
+    body: Dict[str, Any] = {"defaults": [{f"override /{group}": choices[group]} for group in CHOSEN_GROUPS
+                                         if choices.get(group)]}
+    body["sweep_name"] = cfg.sweep_name
+    body["layout"] = {"name": name, **{k: _plain(getattr(plan.layout, k)) for k in LAYOUT_FIELDS}}
+    for section in WRITTEN_SECTIONS:
+        body[section] = {k: _plain(v) for k, v in values[section].items() if k != "name"}
+    if plan.cluster.accelerator != "cpu" and point.launcher.backend == "slurm":
+        body["launcher"]["gpus_per_node_gres"] = f"gpu:{plan.cluster.accelerators_per_node}"
+    return f"# @package _global_\n# Written by `harness recommend`: {note}\n", body
+
+
+def preset_files(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg: Any,
+                 command: str) -> Dict[str, Tuple[str, Dict[str, Any]]]:
+    """Files (relative to the user's config directory) of one recipe per choice and a sweep over them."""
+    choices = dict(compose_config(list(overrides), return_hydra_config=True).hydra.runtime.choices)
+    cfg = replace(cfg, sweep_name=name)
+    files = {}
+    for i, choice in enumerate(top, 1):
+        plan = choice.plan
+        note = (f"choice #{i} of `{command}`, predicted {plan.tokens_per_s:,.0f} tokens/s, MFU "
+                f"{plan.predicted_mfu:.1%}, {plan.memory.total_bytes / GIB:.1f} GiB per rank")
+        files[f"recipes/{name}_{i}.yaml"] = recipe(plan, choices, cfg, f"{name}_{i}", note)
+    files[f"sweep/{name}.yaml"] = (
+        f"# @package _global_\n# Written by `harness recommend`: the top choices of `{command}`.\n",
+        {"sweep_name": name,
+         "hydra": {"sweeper": {"params": {"recipes": ",".join(f"{name}_{i}" for i in range(1, len(top) + 1))}}}})
     return files
 
 
 def _plain(value: Any) -> Any:
-    """A layout value as YAML writes it: enums by their value, sequences as lists."""
+    """A value as YAML writes it: enums by their value, sequences as lists, mappings as dicts."""
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     return value
 
 
-def write_preset(files: Dict[str, Any], root: Path) -> List[Path]:
+def write_preset(files: Dict[str, Tuple[str, Dict[str, Any]]], root: Path) -> List[Path]:
     paths = []
-    for rel, content in files.items():
+    for rel, (header, content) in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        header = "# @package _global_\n" if rel.startswith("sweep/") else ""
-        path.write_text(header + "# Written by `harness recommend`: the top layouts by predicted tokens/s.\n"
-                        + yaml.safe_dump(content, sort_keys=False))
+        write_text(path, header + yaml.safe_dump(content, sort_keys=False, default_flow_style=None, width=120))
         paths.append(path)
     return paths
 
 
-def recommend_main(argv: Sequence[str]) -> int:
-    """`harness recommend [--top K] [--global-batch SEQS] [--name NAME] [--no-write] overrides...`."""
+def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str]]:
     parser = argparse.ArgumentParser(prog="harness recommend")
-    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--top", type=int, default=5, help="choices to print and write")
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     parser.add_argument("--name", default="recommended")
+    parser.add_argument("--against", default=None, help="a recipe or layout preset to compare the winner with")
     parser.add_argument("--no-write", action="store_true")
     args, overrides = parser.parse_known_args(list(argv))
     if args.top < 1 or args.global_batch < 1:
         parser.error(f"--top={args.top} and --global-batch={args.global_batch} must be >= 1")
-    cfg = compose_run_config(overrides)
+    return args, overrides
+
+
+def recommend_main(argv: Sequence[str]) -> int:
+    """`harness recommend --global-batch SEQS [--top K] [--name NAME] [--against RECIPE] [--no-write] overrides`."""
+    args, overrides = parse_args(argv)
+    try:
+        overrides, launcher = recommend_overrides(overrides)
+        cfg = compose_run_config(overrides)
+        other = against_config(overrides, args.against) if args.against else None
+    except Exception as error:  # every composition and value error becomes one line
+        print(f"harness recommend: {explain_error(error)}", file=sys.stderr)
+        return 2
+    if launcher:
+        print(f"cluster.nodes={cfg.cluster.nodes}: ranked for launcher={launcher} (a Slurm job across the nodes)")
     start = time.process_time()
-    top, fitting = rank(cfg, args.global_batch, args.top)
-    print(f"{fitting} fitting layouts ranked in {time.process_time() - start:.2f} s CPU")
+    top, admitted = ranked(cfg, args.global_batch, args.top)
+    print(f"{admitted} admitted layouts ranked in {time.process_time() - start:.2f} s CPU")
     if not top:
         print("no layout fits", file=sys.stderr)
         return 1
-    for i, plan in enumerate(top, 1):
-        print(row(i, plan))
+    print("\n".join(row(i, choice) for i, choice in enumerate(top, 1)))
     if len(top) > 1:
-        print("why #1 beats #2: " + explain(top[0], top[1]))
+        print(why("#2", top[0].plan, top[1].plan))
+    if other is not None:
+        print(against(top[0].plan, other, args.against))
     if not args.no_write:
-        files = sweep_preset(top, args.name, cfg.model.name, cfg.engine.name, cfg.cluster.name)
-        for path in write_preset(files, CONFIG_DIR):
-            print(f"wrote {path}")
-        print(f"verify with: harness sweep sweep={args.name}")
+        write_recommendation(top, args.name, overrides, cfg, argv)
     return 0
+
+
+def against(best: Plan, other_cfg: Any, name: str) -> str:
+    """The winner against the user's own recipe or layout, or every reason that one is refused."""
+    verdict = judge(other_cfg)
+    if not verdict.admitted:
+        return f"--against {name} is refused:\n" + "\n".join(f"   {e}" for e in verdict.errors)
+    if verdict.plan.time is None:
+        return f"--against {name}: no predicted step time ({'; '.join(verdict.warnings)})"
+    return why(name, best, verdict.plan)
+
+
+def write_recommendation(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg: Any,
+                         argv: Sequence[str]) -> None:
+    command = "harness recommend " + " ".join(argv)
+    root = user_config_dir()
+    for path in write_preset(preset_files(top, name, overrides, cfg, command), root):
+        print(f"wrote {path}")
+    print(f"run them with: harness sweep sweep={name}   (one alone: harness run recipes={name}_1)")

@@ -32,7 +32,9 @@ class PlannedPoint:
 
     @property
     def fit(self) -> str:
-        if self.errors:
+        # a layout refused only for its memory (admission.memory_problems: its one error) is an OOM, not invalid
+        oom_only = self.plan is not None and self.plan.fits is False and len(self.errors) == 1
+        if self.errors and not oom_only:
             return "invalid"
         return {True: "fits", False: "OOM"}.get(self.plan.fits, "fit?")
 
@@ -217,8 +219,8 @@ def plan_points(overrides: List[str]) -> List[PlannedPoint]:
     from harness.config.compose import compose_run_config
     from harness.config.fill import DegreeFillError
     from harness.config.grid import expand_grid
-    from harness.engines import engine_module
-    from harness.plan.planner import make_plan, plan_rows
+    from harness.engines.admission import judge
+    from harness.plan.planner import plan_rows
 
     composed, refused = [], []
     grid = expand_grid(overrides)
@@ -232,11 +234,9 @@ def plan_points(overrides: List[str]) -> List[PlannedPoint]:
     labels = point_labels(composed) if composed else []
     points = []
     for run, label in zip(composed, labels):
-        plan = make_plan(run)
-        engine = engine_module(run.engine.name)
-        engine_errors = engine.check(run)[0] if plan.valid else []
-        points.append(PlannedPoint(label, plan, [*plan.errors, *engine_errors], list(plan.warnings),
-                                   plan_rows([plan])[0]))
+        verdict = judge(run)
+        points.append(PlannedPoint(label, verdict.plan, list(verdict.errors), list(verdict.warnings),
+                                   plan_rows([verdict.plan])[0]))
     return [*points, *refused]
 
 
