@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -34,9 +34,35 @@ def admit(cfg: Any, plan: Plan) -> Sequence[str]:
     return judge(cfg, plan).errors
 
 
-def ranked(cfg: Any, global_batch: int, top_k: int) -> Tuple[List[Choice], int]:
-    """The top `top_k` choices among the layouts judge admits, and how many it admits."""
-    return rank(cfg, global_batch, admit, top_k)
+def ranked(cfg: Any, global_batch: int, top_k: int,
+           constraint: Optional[Dict[str, str]] = None) -> Tuple[List[Choice], int]:
+    """The top `top_k` choices among the layouts judge admits (and, given a constraint, whose layout fields
+    have its values: `{"tp": "8"}`), and how many it admits."""
+    if not constraint:
+        return rank(cfg, global_batch, admit, top_k)
+
+    def admit_constrained(point: Any, plan: Plan) -> Sequence[str]:
+        return unmet(plan.layout, constraint) or admit(point, plan)
+
+    return rank(cfg, global_batch, admit_constrained, top_k)
+
+
+def unmet(layout: Any, constraint: Dict[str, str]) -> List[str]:
+    """The constraint's fields this layout does not have, one message each."""
+    return [f"layout.{k}={_plain(getattr(layout, k))} is not the constraint's {k}={v}"
+            for k, v in constraint.items() if str(_plain(getattr(layout, k))) != v]
+
+
+def parse_constraint(items: Sequence[str]) -> Dict[str, str]:
+    """`--constrain tp=8 --constrain pp=4` (layout fields; a `layout.` prefix is allowed) -> {"tp": "8", "pp": "4"}."""
+    constraint = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.removeprefix("layout.")
+        if not sep or key not in LAYOUT_FIELDS:
+            raise ValueError(f"--constrain {item}: expected FIELD=VALUE with FIELD one of {', '.join(LAYOUT_FIELDS)}")
+        constraint[key] = value
+    return constraint
 
 
 def recommend_overrides(overrides: Sequence[str]) -> Tuple[List[str], Optional[str]]:
@@ -157,6 +183,8 @@ def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str]]:
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     parser.add_argument("--name", default="recommended")
     parser.add_argument("--against", default=None, help="a recipe or layout preset to compare the winner with")
+    parser.add_argument("--constrain", action="append", default=[], metavar="FIELD=VALUE",
+                        help="rank only layouts with this layout field's value (repeatable): --constrain tp=8")
     parser.add_argument("--no-write", action="store_true")
     args, overrides = parser.parse_known_args(list(argv))
     if args.top < 1 or args.global_batch < 1:
@@ -168,6 +196,7 @@ def recommend_main(argv: Sequence[str]) -> int:
     """`harness recommend --global-batch SEQS [--top K] [--name NAME] [--against RECIPE] [--no-write] overrides`."""
     args, overrides = parse_args(argv)
     try:
+        constraint = parse_constraint(args.constrain)
         overrides, launcher = recommend_overrides(overrides)
         cfg = compose_run_config(overrides)
         other = against_config(overrides, args.against) if args.against else None
@@ -177,7 +206,7 @@ def recommend_main(argv: Sequence[str]) -> int:
     if launcher:
         print(f"cluster.nodes={cfg.cluster.nodes}: ranked for launcher={launcher} (a Slurm job across the nodes)")
     start = time.process_time()
-    top, admitted = ranked(cfg, args.global_batch, args.top)
+    top, admitted = ranked(cfg, args.global_batch, args.top, constraint)
     print(f"{admitted} admitted layouts ranked in {time.process_time() - start:.2f} s CPU")
     if not top:
         print("no layout fits", file=sys.stderr)
@@ -209,3 +238,56 @@ def write_recommendation(top: Sequence[Choice], name: str, overrides: Sequence[s
     for path in write_preset(preset_files(top, name, overrides, cfg, command), root):
         print(f"wrote {path}")
     print(f"run them with: harness sweep sweep={name}   (one alone: harness run recipes={name}_1)")
+
+
+# A shipped recipe whose layout is not the recommender's overall choice says so on one line, with the layout
+# fields it keeps and why: `# constraint: tp=8 pp=4 -- shows TP8 within a node and PP4 across nodes`.
+CONSTRAINT_LINE = "# constraint:"
+# A recipe is the recommender's choice when it is predicted within 3% of the best tokens/s (for its engine, at its
+# global batch, under its constraint): closer than that is inside the model's resolution (RESOLUTION) with room
+# for the choice's representative to be the simplest rather than the fastest of its group.
+CHOICE_TOLERANCE = 0.03
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A recipe's plan beside the recommender's best for the same model, cluster, engine and global batch."""
+
+    recipe: str
+    plan: Plan
+    best: Optional[Choice]
+    constraint: Dict[str, str]
+    reason: str
+
+    @property
+    def ratio(self) -> Optional[float]:
+        """The recipe's predicted tokens/s over the fastest layout of the best choice."""
+        if self.best is None or not self.plan.tokens_per_s:
+            return None
+        return self.plan.tokens_per_s / max(p.tokens_per_s for p in (self.best.plan, *self.best.alike))
+
+
+def recipe_constraint(text: str) -> Tuple[Dict[str, str], str]:
+    """The constraint line of a recipe's text (its reason may go on over `#   ` lines): ({field: value}, why), or
+    ({}, "") without one."""
+    lines = text.splitlines()
+    for at, line in enumerate(lines):
+        if line.startswith(CONSTRAINT_LINE):
+            fields, _, reason = line[len(CONSTRAINT_LINE):].partition(" -- ")
+            for more in lines[at + 1:]:
+                if not more.startswith("#   "):
+                    break
+                reason += " " + more[1:].strip()
+            return parse_constraint(fields.split()), reason.strip()
+    return {}, ""
+
+
+def standing(recipe: str) -> Standing:
+    """A recipe judged against the recommender at its own global batch, under its own constraint."""
+    from harness import REPO_ROOT
+
+    constraint, reason = recipe_constraint((REPO_ROOT / "recipes" / f"{recipe}.yaml").read_text())
+    cfg = compose_run_config([f"recipes={recipe}"])
+    plan = judge(cfg).plan
+    top, _ = ranked(cfg, plan.global_batch, 1, constraint)
+    return Standing(recipe, plan, top[0] if top else None, constraint, reason)
