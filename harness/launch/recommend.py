@@ -16,8 +16,9 @@ import yaml
 from harness.config.compose import compose_config, compose_run_config, run_config_to_dict, user_config_dir
 from harness.config.errors import explain as explain_error
 from harness.engines.admission import judge, needed_launcher
-from harness.plan.planner import GIB, Plan
+from harness.plan.planner import Plan
 from harness.plan.recommend import Choice, compare, rank
+from harness.plan.units import format_bytes
 from harness.rundir import write_text
 
 LAYOUT_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "pp_schedule",
@@ -99,8 +100,8 @@ def row(index: int, choice: Choice) -> str:
     alike = f"  (+{len(choice.alike)} layout(s) the model cannot separate: {_alike(choice)})" if choice.alike else ""
     return (f"#{index} engine={plan.engine.name} {label(plan)}{alike}\n"
             f"   {plan.tokens_per_s:,.0f} tokens/s, MFU {plan.predicted_mfu:.1%}, {breakdown(plan)}\n"
-            f"   memory {plan.memory.total_bytes / GIB:.1f} GiB per rank of {plan.device_memory_bytes / GIB:.1f} GiB "
-            f"(margin {plan.margin_bytes / GIB:.1f} GiB)")
+            f"   memory {format_bytes(plan.memory.total_bytes)} per rank of {format_bytes(plan.device_memory_bytes)} "
+            f"(margin {format_bytes(plan.margin_bytes)})")
 
 
 def _alike(choice: Choice, shown: int = 2) -> str:
@@ -129,7 +130,7 @@ def recipe(plan: Plan, choices: Dict[str, Any], cfg: Any, name: str, note: str) 
     values = run_config_to_dict(point)
     body: Dict[str, Any] = {"defaults": [{f"override /{group}": choices[group]} for group in CHOSEN_GROUPS
                                          if choices.get(group)]}
-    body["sweep_name"] = cfg.sweep_name
+    body["sweep_name"], body["results_dir"] = cfg.sweep_name, cfg.results_dir
     body["layout"] = {"name": name, **{k: _plain(getattr(plan.layout, k)) for k in LAYOUT_FIELDS}}
     for section in WRITTEN_SECTIONS:
         body[section] = {k: _plain(v) for k, v in values[section].items() if k != "name"}
@@ -147,11 +148,11 @@ def preset_files(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg
     for i, choice in enumerate(top, 1):
         plan = choice.plan
         note = (f"choice #{i} of `{command}`, predicted {plan.tokens_per_s:,.0f} tokens/s, MFU "
-                f"{plan.predicted_mfu:.1%}, {plan.memory.total_bytes / GIB:.1f} GiB per rank")
+                f"{plan.predicted_mfu:.1%}, {format_bytes(plan.memory.total_bytes)} per rank")
         files[f"recipes/{name}_{i}.yaml"] = recipe(plan, choices, cfg, f"{name}_{i}", note)
     files[f"sweep/{name}.yaml"] = (
         f"# @package _global_\n# Written by `harness recommend`: the top choices of `{command}`.\n",
-        {"sweep_name": name,
+        {"sweep_name": name, "results_dir": cfg.results_dir,
          "hydra": {"sweeper": {"params": {"recipes": ",".join(f"{name}_{i}" for i in range(1, len(top) + 1))}}}})
     return files
 

@@ -51,7 +51,7 @@ def test_the_table_gives_every_part_with_its_unit_and_the_why_compares_part_by_p
     assert first.startswith("engine=nd ")
     assert re.search(r"[\d,]+ tokens/s, MFU [\d.]+%, step [\d.]+ s: compute [\d.]+ s, exposed communication "
                      r"(\w+ [\d.e-]+ s(, )?)+, bubble [\d.e-]+ s, optimizer [\d.e-]+ s, offload [\d.e-]+ s", first)
-    assert re.search(r"memory [\d.]+ GiB per rank of 80.0 GiB \(margin [\d.]+ GiB\)", first)
+    assert re.search(r"memory [\d.]+ GiB per rank of 80.00 GiB \(margin [\d.]+ (GiB|MiB)\)", first)
     assert re.search(r"why #1 over #2: [\d.]+x the tokens/s \([\d,]+ -> [\d,]+\)\n   \w.* [\d.e-]+ s -> [\d.e-]+ s", out)
     versus = out.split("why #1 over gpu_llama70b_nd_tp8_pp4: ", 1)[1]
     assert re.match(r"[\d.]+x the tokens/s", versus)
