@@ -70,23 +70,31 @@ def main() -> int:
                             f"results_dir={results}", "sweep_name=quality"],
                            cwd=ROOT, env=env, capture_output=True, text=True)
     print(sweep.stdout[-3000:], sweep.stderr[-2000:], flush=True)
+    return summarize(results, names, plans, top)
+
+
+def summarize(results: Path, names, plans, top) -> int:
+    """Each layout's predicted and measured tokens/s, then the top choice's measured share of the best measured."""
     measured = {}
     for metrics_file in results.glob("quality/*/*/metrics.json"):
         record = json.loads(metrics_file.read_text())
         measured[record["layout"]["name"]] = record["measured"]["tokens_per_s"]
-    rows = sorted(((measured.get(f"{name}", 0.0), name, plan) for name, (_, _, plan) in zip(names, plans)),
-                  key=lambda row: -row[0])
+    rows = sorted(((measured.get(name), name, plan) for name, (_, _, plan) in zip(names, plans)),
+                  key=lambda row: -(row[0] or 0.0))
     for tokens, name, plan in rows:
-        print(f"{name}  {plan.engine.name:9s} {label(plan):60s} predicted {plan.tokens_per_s:9,.0f}  "
-              f"measured {tokens:9,.0f} tokens/s")
-    top_name = next(name for name, (_, _, plan) in zip(names, plans) if plan is top)
-    best = rows[0][0]
-    if not best or top_name not in measured:
-        print("no measurement of the best or of the recommender's top", file=sys.stderr)
+        shown = f"{tokens:9,.0f}" if tokens else "   failed"
+        print(f"{name}  {plan.engine.name:9s} {label(plan):60s} predicted {plan.tokens_per_s:9,.0f}  measured {shown}")
+    top_name = next(name for name, (_, _, plan) in zip(names, plans)
+                    if plan.engine.name == top.engine.name and label(plan) == label(top))
+    best, best_name = rows[0][0], rows[0][1]
+    if not best or not measured.get(top_name):
+        print(f"no measurement of the best or of the recommender's top ({top_name})", file=sys.stderr)
         return 1
+    failed = [name for tokens, name, _ in rows if not tokens]
     print(f"untuned recommender's top ({top.engine.name} {label(top)}): {measured[top_name]:,.0f} tokens/s measured "
-          f"= {measured[top_name] / best:.3f} of the best measured ({rows[0][1]}: {best:,.0f}) over {len(rows)} layouts")
-    return 0
+          f"= {measured[top_name] / best:.3f} of the best measured ({best_name}: {best:,.0f}) over {len(rows)} "
+          f"layouts ({len(failed)} failed: {', '.join(failed) or 'none'})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
