@@ -77,6 +77,7 @@ test-unit: setup ## fast pure tests only
 bench: setup ## overhead and planning benchmarks
 	$(PY) tests/bench/bench_plan.py
 	$(PY) tests/bench/bench_recommend.py
+	$(PY) tests/bench/bench_recommend_quality.py
 	$(PY) tests/bench/bench_time_model.py
 	$(PY) tests/bench/bench_overhead.py
 	$(PY) tests/bench/bench_verdicts.py --times 3

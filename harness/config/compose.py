@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -20,8 +21,17 @@ from harness.config.standin import make_standin
 
 CONFIG_DIR = REPO_ROOT / "hydra_configs"
 PRIMARY_CONFIG = "config"
-# The repository root is on the search path so that `recipes/` is the `recipes` config group.
-SEARCHPATH_OVERRIDE = f"hydra.searchpath=[file://{REPO_ROOT}]"
+
+
+def user_config_dir() -> Path:
+    """The user's own config groups (`harness recommend` writes its recipes and sweep presets there), outside
+    the source tree: $HARNESS_CONFIG_DIR, else $XDG_CONFIG_HOME/harness, else ~/.config/harness."""
+    explicit = os.environ.get("HARNESS_CONFIG_DIR")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser().resolve() / "harness"
+
+
 # `standin=cpu`: the CPU stand-in of the composed recipe (harness/config/standin.py).
 STANDIN_KEY, STANDIN_CHOICES = "standin", ("cpu",)
 # How a composed recipe's ranks build its model (`full` or `meta`: model.init with `auto` decided at the
@@ -51,9 +61,10 @@ def register_schemas() -> None:
 
 
 def searchpath_override(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> Tuple[str, List[str]]:
-    """One `hydra.searchpath` override holding the repository root (for recipes/), the `--config-dir` folders
-    and the user's own `hydra.searchpath` entries (a later override would replace, not extend, the list);
-    and the other overrides."""
+    """One `hydra.searchpath` override holding the repository root (for recipes/), the user config directory
+    where it exists (`user_config_dir`: what `harness recommend` writes), the `--config-dir` folders and the
+    user's own `hydra.searchpath` entries (a later override would replace, not extend, the list); and the other
+    overrides."""
     user, rest = [], []
     for text in overrides:
         key, _, value = text.partition("=")
@@ -68,7 +79,9 @@ def searchpath_override(overrides: Sequence[str], config_dirs: Sequence[str] = (
     for flag, folder in folders:
         if not Path(folder).is_dir():  # Hydra only warns, then says the preset is missing
             raise ConfigRejected(flag, folder, "is not a folder of config groups")
-    paths = [f"file://{REPO_ROOT}", *(f"file://{Path(folder).resolve()}" for folder in config_dirs), *user]
+    own = user_config_dir()
+    paths = [f"file://{REPO_ROOT}", *([f"file://{own}"] if own.is_dir() else []),
+             *(f"file://{Path(folder).resolve()}" for folder in config_dirs), *user]
     return f"hydra.searchpath=[{','.join(paths)}]", rest
 
 

@@ -11,9 +11,10 @@ from typing import Any, Dict, List, Tuple
 from harness.config.schema import RunConfig
 from harness.engines.optimizer import adamw_settings
 from harness.engines.rendered import RenderedRun, render_launch
-from harness.plan.model_spec import model_spec_from_hf, param_tensors
+from harness.plan.model_spec import param_tensors
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import stage_layer_counts, stage_layer_indices
+from harness.plan.planner import spec_for
 from harness.rundir import DS_CONFIG_FILE, write_text
 
 CONFIG_FILE = DS_CONFIG_FILE
@@ -118,7 +119,7 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
 def largest_param_partition(cfg: RunConfig) -> int:
     """Elements of the largest parameter partition a rank holds at ZeRO-3: ceil(numel / dp) of the largest
     tensor (an upper bound under AutoTP, which splits some tensors first)."""
-    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    spec = spec_for(cfg.model)
     _, first, last = param_tensors(spec)
     layers = (tensor for kind in spec.layer_kinds for tensor in kind)
     largest = max(math.prod(tensor.shape) for tensor in (*layers, *first, *last))
@@ -136,7 +137,7 @@ def pipeline_problems(cfg: RunConfig) -> List[str]:
     positions and passes no attention mask: tied tables, learned positions, AutoTP inside a stage and a
     kernel that is causal only with a mask are out; so is bf16 at ZeRO-0, whose optimizer wrapper differs."""
     layout, problems = cfg.layout, []
-    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    spec = spec_for(cfg.model)
     if layout.tp > 1:
         problems.append(f"layout.tp={layout.tp} with pp={layout.pp}: engine=deepspeed builds its PipelineModule "
                         "without AutoTP (use tp=1, or engine=nd for tp x pp)")

@@ -16,8 +16,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from harness.config.schema import RunConfig
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, PORT_BASE, PORT_SPAN, RenderedRun
-from harness.plan.model_spec import ModelSpec, model_spec_from_hf
+from harness.plan.model_spec import ModelSpec
 from harness.plan.parallel_dims import ParallelDims
+from harness.plan.planner import spec_for
 from harness.plan.validate import support_problems
 from harness.rundir import MEGATRON_ARGS_FILE, MEGATRON_SCRIPT_FILE, write_text
 
@@ -168,7 +169,7 @@ def megatron_flags(cfg: RunConfig) -> Flags:
     errors, _ = check(cfg)
     if errors:
         raise ValueError("megatron_lm cannot export this layout:\n  - " + "\n  - ".join(errors))
-    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    spec = spec_for(cfg.model)
     flags = _model_flags(spec, cfg.model.hf_config, cfg)
     flags["--make-vocab-size-divisible-by"] = vocab_divisor(spec.vocab_size, cfg.layout.tp)
     flags.update(_parallel_flags(spec, cfg))
@@ -250,7 +251,7 @@ def _checkpoint_lines(cfg: RunConfig) -> List[str]:
 
 def _script(cfg: RunConfig, flags: Flags) -> str:
     layout, cluster = cfg.layout, cfg.cluster
-    vocab = model_spec_from_hf(cfg.model.name, cfg.model.hf_config).vocab_size
+    vocab = spec_for(cfg.model).vocab_size
     tokenizer = cfg.model.hub_id or ""
     lines = [
         "#!/usr/bin/env bash",
@@ -391,7 +392,7 @@ def _expert_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
 
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     """(errors, warnings): Megatron-LM's argument rules this layout could break, each naming field and value."""
-    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    spec = spec_for(cfg.model)
     if spec.model_type not in MEGATRON_FAMILIES:
         return [f"model_type={spec.model_type!r}: the Megatron-LM export knows {', '.join(MEGATRON_FAMILIES)}"], []
     errors = _layout_problems(spec, cfg) + _shape_problems(spec, cfg) + _expert_problems(spec, cfg)

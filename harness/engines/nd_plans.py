@@ -16,6 +16,7 @@ from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import MESH_DIMS, ParallelDims
 from harness.plan.pipeline import V_SCHEDULES, pipeline_problems, stage_layer_counts, stage_to_rank
 from harness.plan.resharding import reshard_after_forward
+from harness.plan.planner import spec_for
 from harness.plan.validate import support_problems
 
 # Families whose causal LM runs as nd's stage module does (harness.engines.stage_module: embed_tokens, the
@@ -147,7 +148,7 @@ def nd_plan(cfg: RunConfig) -> Dict[str, Any]:
     if errors:
         raise ValueError("nd cannot run this layout:\n  - " + "\n  - ".join(errors))
     layout, engine = cfg.layout, cfg.engine
-    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    spec = spec_for(cfg.model)
     sp = engine.sequence_parallel and layout.tp > 1
     lp = engine.loss_parallel and layout.tp > 1
     data = data_parallel_plan(layout)
@@ -252,7 +253,7 @@ def _data_parallel_problems(layout: LayoutConfig) -> List[str]:
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     """(errors, warnings) for running this config with engine=nd; each names the field, value and rule."""
     layout, engine = cfg.layout, cfg.engine
-    spec = model_spec_from_hf(cfg.model.name, cfg.model.hf_config)
+    spec = spec_for(cfg.model)
     errors = support_problems(cfg) + _model_problems(spec, cfg)  # the table's: no ep, cp on GPU only, ...
     warnings: List[str] = []
     errors += ParallelDims.of(layout).world_problems(cfg.cluster.nodes, cfg.cluster.accelerators_per_node)[0]

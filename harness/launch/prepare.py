@@ -12,6 +12,7 @@ from harness.config.hub import HubUnreachable, fetch_hub_config
 from harness.config.schema import RunConfig
 from harness.engines import engine_module, registry
 from harness.engines.deepspeed_ops import ASYNC_IO, op_compatible
+from harness.engines.admission import judge
 from harness.engines.rendered import RenderedRun
 from harness.launch.host_profile import measure_host_profile
 from harness.launch.local import for_backend
@@ -56,10 +57,8 @@ def resolve_model(cfg: RunConfig) -> RunConfig:
 
 
 def launch_problems(cfg: RunConfig) -> List[str]:
-    """Checks that belong to launching rather than to the layout."""
+    """Checks of the run itself rather than of its layout (harness.engines.admission.judge decides the layout)."""
     problems = []
-    if cfg.launcher.backend == "local" and cfg.cluster.nodes != 1:
-        problems.append(f"launcher.backend=local starts one node, but cluster.nodes={cfg.cluster.nodes}")
     if cfg.bench.steps < 1:
         problems.append(f"bench.steps={cfg.bench.steps} must be >= 1")
     if cfg.bench.warmup_steps < 2:
@@ -133,18 +132,9 @@ def prepare_run(cfg: RunConfig, run_dir: Path, prune: bool = False) -> PreparedR
     except HubUnreachable as error:
         raise RunRejected(str(error)) from error
     write_json(run_dir / CONFIG_FILE, run_config_to_dict(cfg))
-    plan = make_plan(cfg)
-    engine = engine_module(cfg.engine.name)
-    engine_errors = engine.check(cfg)[0] if not plan.errors else []
-    errors = [*plan.errors, *engine_errors, *launch_problems(cfg)]
-    launched = not registry.engine(cfg.engine.name).export_only
-    limit = plan_time_limit_problem(cfg, plan) if launched and not errors else None
-    if limit:
-        errors.append(limit)
-    if not errors and plan.fits is False:
-        need, have = plan.memory.total_bytes / 2**30, plan.device_memory_bytes / 2**30
-        errors = [f"predicted {need:.2f} GiB per rank > {have:.2f} GiB of device memory "
-                  f"({plan.device_memory_source}): would run out of memory"]
+    verdict = judge(cfg)
+    plan, engine = verdict.plan, engine_module(cfg.engine.name)
+    errors = [*verdict.errors, *launch_problems(cfg)]
     # a run that will launch and asks for this host's profile gets it measured first, once
     if not errors and plan.step_time_s is None and measure_host_profile(cfg):
         plan = make_plan(cfg)

@@ -1,25 +1,80 @@
-"""`harness recommend`: rank a model's layouts on a cluster, print the top k and why, write a sweep preset."""
+"""`harness recommend`: rank a model's layouts on a cluster, print the top choices part by part and why, and write
+them as recipes with a sweep preset in the user's config directory, ready to run on the launcher the cluster needs."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
 from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_number
-from harness.config.compose import CONFIG_DIR, compose_run_config
+from harness.config.compose import compose_config, compose_run_config, run_config_to_dict, user_config_dir
 from harness.config.errors import explain as explain_error
+from harness.engines.admission import judge, needed_launcher
 from harness.plan.planner import Plan
-from harness.plan.recommend import explain, rank
+from harness.plan.recommend import Choice, compare, rank
+from harness.plan.units import format_bytes
+from harness.rundir import write_text
 
 LAYOUT_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "pp_schedule",
                  "pp_virtual_stages", "pp_stage_layers", "offload_optimizer", "offload_params", "micro_batch",
                  "grad_accum", "seq_len", "activation_checkpointing", "precision")
+# The groups a written recipe selects by name (the composed run's choices) and the sections it writes whole, so
+# that it composes back to the very config that was ranked (command-line values included).
+CHOSEN_GROUPS = ("model", "engine", "cluster", "launcher", "data", "tracking")
+WRITTEN_SECTIONS = ("engine", "cluster", "launcher", "bench", "data")
+
+
+def admit(cfg: Any, plan: Plan) -> Sequence[str]:
+    """The recommender's validity rule is the one every command uses (harness.engines.admission.judge)."""
+    return judge(cfg, plan).errors
+
+
+def ranked(cfg: Any, global_batch: int, top_k: int,
+           constraint: Optional[Dict[str, str]] = None) -> Tuple[List[Choice], int]:
+    """The top `top_k` choices among the layouts judge admits (and, given a constraint, whose layout fields
+    have its values: `{"tp": "8"}`), and how many it admits."""
+    if not constraint:
+        return rank(cfg, global_batch, admit, top_k)
+
+    def admit_constrained(point: Any, plan: Plan) -> Sequence[str]:
+        return unmet(plan.layout, constraint) or admit(point, plan)
+
+    return rank(cfg, global_batch, admit_constrained, top_k)
+
+
+def unmet(layout: Any, constraint: Dict[str, str]) -> List[str]:
+    """The constraint's fields this layout does not have, one message each."""
+    return [f"layout.{k}={_plain(getattr(layout, k))} is not the constraint's {k}={v}"
+            for k, v in constraint.items() if str(_plain(getattr(layout, k))) != v]
+
+
+def parse_constraint(items: Sequence[str]) -> Dict[str, str]:
+    """`--constrain tp=8 --constrain pp=4` (layout fields; a `layout.` prefix is allowed) -> {"tp": "8", "pp": "4"}."""
+    constraint = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.removeprefix("layout.")
+        if not sep or key not in LAYOUT_FIELDS:
+            raise ValueError(f"--constrain {item}: expected FIELD=VALUE with FIELD one of {', '.join(LAYOUT_FIELDS)}")
+        constraint[key] = value
+    return constraint
+
+
+def recommend_overrides(overrides: Sequence[str]) -> Tuple[List[str], Optional[str]]:
+    """The user's overrides plus the launcher the cluster needs (harness.engines.admission.needed_launcher)
+    where the composed one cannot reach its nodes; (overrides, the launcher added or None)."""
+    cfg = compose_run_config(list(overrides))
+    launcher = needed_launcher(cfg.cluster)
+    if launcher is None or cfg.launcher.backend != "local":
+        return list(overrides), None
+    return [*overrides, f"launcher={launcher}"], launcher
 
 
 def label(plan: Plan) -> str:
@@ -27,54 +82,99 @@ def label(plan: Plan) -> str:
     l = plan.layout
     sched = f" {l.pp_schedule}x{l.pp_virtual_stages}" if l.pp > 1 else ""
     off = f" offload={l.offload_optimizer}" if l.offload_optimizer != "none" else ""
-    return (f"tp{l.tp} cp{l.cp} pp{l.pp}{sched} dp{l.dp_replicate}x{l.dp_shard} zero{l.zero_stage} "
+    return (f"tp{l.tp} cp{l.cp} pp{l.pp}{sched} ep{l.ep} dp{l.dp_replicate}x{l.dp_shard} zero{l.zero_stage} "
             f"mb{l.micro_batch} ga{l.grad_accum} ckpt={l.activation_checkpointing}{off}")
 
 
-def row(index: int, plan: Plan) -> str:
+def breakdown(plan: Plan) -> str:
+    """The predicted step by part, in seconds: compute, exposed communication per axis, bubble, optimizer,
+    offload (axes with nothing exposed are left out)."""
     t = plan.time
-    comm = sum(c["exposed"] for c in t.comm_s.values())
-    return (f"{index}. {label(plan)}\n   {plan.tokens_per_s:,.0f} tokens/s, step {plan.step_time_s:.2f} s, "
-            f"MFU {plan.predicted_mfu:.1%}, HFU {plan.predicted_hfu:.1%}, memory {plan.memory.total_bytes / 2**30:.1f} "
-            f"GiB (margin {plan.margin_bytes / 2**30:.1f})\n   compute {sum(t.compute_s.values()):.2f} s, exposed "
-            f"comm {comm:.2f} s, bubble {t.bubble_s:.2f} s, optimizer {t.optimizer_s:.2f} s, offload {t.offload_s:.2f} s")
+    comm = ", ".join(f"{axis} {c['exposed']:.3g} s" for axis, c in t.comm_s.items() if c["exposed"] > 0)
+    return (f"step {t.step_time_s:.3g} s: compute {sum(t.compute_s.values()):.3g} s, exposed communication "
+            f"{comm or '0 s'}, bubble {t.bubble_s:.3g} s, optimizer {t.optimizer_s:.3g} s, offload {t.offload_s:.3g} s")
 
 
-def sweep_preset(plans: Sequence[Plan], name: str, model: str, engine: str, cluster: str) -> Dict[str, Any]:
-    """Files (relative to hydra_configs/) of one layout preset per plan and a sweep over them."""
-    files: Dict[str, Any] = {}
-    names = []
-    for i, plan in enumerate(plans, 1):
-        layout_name = f"{name}_{i}"
-        fields = {k: _plain(getattr(plan.layout, k)) for k in LAYOUT_FIELDS}
-        files[f"layout/{layout_name}.yaml"] = {"name": layout_name, **fields}
-        names.append(layout_name)
-    files[f"sweep/{name}.yaml"] = {
-        "defaults": [{"override /model": _plain(model)}, {"override /engine": _plain(engine)},
-                     {"override /cluster": _plain(cluster)}],
-        "sweep_name": name,
-        "hydra": {"sweeper": {"params": {"layout": ",".join(names)}}},
-    }
+def row(index: int, choice: Choice) -> str:
+    """One choice: engine and layout, throughput and MFU, the step by part, memory per rank and its margin."""
+    plan = choice.plan
+    alike = f"  (+{len(choice.alike)} layout(s) the model cannot separate: {_alike(choice)})" if choice.alike else ""
+    return (f"#{index} engine={plan.engine.name} {label(plan)}{alike}\n"
+            f"   {plan.tokens_per_s:,.0f} tokens/s, MFU {plan.predicted_mfu:.1%}, {breakdown(plan)}\n"
+            f"   memory {format_bytes(plan.memory.total_bytes)} per rank of {format_bytes(plan.device_memory_bytes)} "
+            f"(margin {format_bytes(plan.margin_bytes)})")
+
+
+def _alike(choice: Choice, shown: int = 2) -> str:
+    names = [label(p) for p in choice.alike[:shown]]
+    return "; ".join(names) + ("; ..." if len(choice.alike) > shown else "")
+
+
+def why(title: str, best: Plan, other: Plan) -> str:
+    """`best` against `other`, part by part (harness.plan.recommend.compare)."""
+    head, *parts = compare(best, other)
+    return f"why #1 over {title}: {head}\n" + "\n".join(f"   {line}" for line in parts)
+
+
+def against_config(overrides: Sequence[str], name: str) -> Any:
+    """`--against NAME`: a recipe (recipes/NAME.yaml, or one the user wrote) or a layout preset
+    (hydra_configs/layout/NAME.yaml) composed over the same overrides."""
+    try:
+        return compose_run_config([*overrides, f"recipes={name}"])
+    except Exception:  # not a recipe: a layout preset, or the line naming what is wrong
+        return compose_run_config([*overrides, f"layout={name}"])
+
+
+def recipe(plan: Plan, choices: Dict[str, Any], cfg: Any, name: str, note: str) -> Tuple[str, Dict[str, Any]]:
+    """(header, body) of one recipe: the composed groups by name, then every value of the ranked config."""
+    point = replace(cfg, layout=plan.layout, engine=plan.engine)
+    values = run_config_to_dict(point)
+    body: Dict[str, Any] = {"defaults": [{f"override /{group}": choices[group]} for group in CHOSEN_GROUPS
+                                         if choices.get(group)]}
+    body["sweep_name"], body["results_dir"] = cfg.sweep_name, cfg.results_dir
+    body["layout"] = {"name": name, **{k: _plain(getattr(plan.layout, k)) for k in LAYOUT_FIELDS}}
+    for section in WRITTEN_SECTIONS:
+        body[section] = {k: _plain(v) for k, v in values[section].items() if k != "name"}
+    if plan.cluster.accelerator != "cpu" and point.launcher.backend == "slurm":
+        body["launcher"]["gpus_per_node_gres"] = f"gpu:{plan.cluster.accelerators_per_node}"
+    return f"# @package _global_\n# Written by `harness recommend`: {note}\n", body
+
+
+def preset_files(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg: Any,
+                 command: str) -> Dict[str, Tuple[str, Dict[str, Any]]]:
+    """Files (relative to the user's config directory) of one recipe per choice and a sweep over them."""
+    choices = dict(compose_config(list(overrides), return_hydra_config=True).hydra.runtime.choices)
+    cfg = replace(cfg, sweep_name=name)
+    files = {}
+    for i, choice in enumerate(top, 1):
+        plan = choice.plan
+        note = (f"choice #{i} of `{command}`, predicted {plan.tokens_per_s:,.0f} tokens/s, MFU "
+                f"{plan.predicted_mfu:.1%}, {format_bytes(plan.memory.total_bytes)} per rank")
+        files[f"recipes/{name}_{i}.yaml"] = recipe(plan, choices, cfg, f"{name}_{i}", note)
+    files[f"sweep/{name}.yaml"] = (
+        f"# @package _global_\n# Written by `harness recommend`: the top choices of `{command}`.\n",
+        {"sweep_name": name, "results_dir": cfg.results_dir,
+         "hydra": {"sweeper": {"params": {"recipes": ",".join(f"{name}_{i}" for i in range(1, len(top) + 1))}}}})
     return files
 
 
 def _plain(value: Any) -> Any:
-    """A layout value as YAML writes it: enums by their value, sequences as lists."""
+    """A value as YAML writes it: enums by their value, sequences as lists, mappings as dicts."""
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     return value
 
 
-def write_preset(files: Dict[str, Any], root: Path) -> List[Path]:
+def write_preset(files: Dict[str, Tuple[str, Dict[str, Any]]], root: Path) -> List[Path]:
     paths = []
-    for rel, content in files.items():
+    for rel, (header, content) in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        header = "# @package _global_\n" if rel.startswith("sweep/") else ""
-        path.write_text(header + "# Written by `harness recommend`: the top layouts by predicted tokens/s.\n"
-                        + yaml.safe_dump(content, sort_keys=False))
+        write_text(path, header + yaml.safe_dump(content, sort_keys=False, default_flow_style=None, width=120))
         paths.append(path)
     return paths
 
@@ -84,41 +184,122 @@ def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str]]:
     parser = OneLineParser(
         prog="harness recommend", epilog="Other arguments are Hydra overrides, e.g. model=llama3_1_8b "
         "cluster=h100_8x8 engine=nd.",
-        description="Rank every layout of a model on a cluster by predicted tokens/s; print the top K and why "
-                    "the first beats the second; write them as a sweep preset.")
+        description="Rank every layout of a model on a cluster by predicted tokens/s; print the top K, grouped "
+                    "where the model cannot separate them, and why the first beats the second; write them as "
+                    "recipes and a sweep preset in the user config directory.")
     parser.add_argument("--top", type=whole_number, default=5, metavar="K",
-                        help="how many of the best layouts to print and write (default 5)")
+                        help="how many of the best choices to print and write (default 5)")
     parser.add_argument("--global-batch", type=whole_number, required=True, metavar="SEQS",
                         help="sequences per optimizer step, the same for every layout ranked")
     parser.add_argument("--name", type=slug, default="recommended", metavar="NAME",
-                        help="the preset's name: hydra_configs/sweep/NAME.yaml and layout/NAME_<i>.yaml "
-                             "(letters, digits, '.', '_', '-'; default recommended)")
+                        help="the preset's name: sweep/NAME.yaml and recipes/NAME_<i>.yaml in the user config "
+                             "directory ($HARNESS_CONFIG_DIR, else ~/.config/harness; letters, digits, '.', '_', "
+                             "'-'; default recommended)")
+    parser.add_argument("--against", default=None, metavar="RECIPE",
+                        help="a recipe or layout preset to compare the winner with, part by part")
+    parser.add_argument("--constrain", action="append", default=[], metavar="FIELD=VALUE",
+                        help="rank only layouts with this layout field's value (repeatable): --constrain tp=8")
     parser.add_argument("--no-write", action="store_true", help="print the ranking only, write no preset")
     args, extra = parser.parse_known_args(list(argv))
     return args, refuse_unknown(parser.prog, extra)
 
 
 def recommend_main(argv: Sequence[str]) -> int:
-    """`harness recommend [--top K] [--global-batch SEQS] [--name NAME] [--no-write] overrides...`."""
+    """`harness recommend --global-batch SEQS [--top K] [--name NAME] [--against RECIPE] [--no-write] overrides`."""
     args, overrides = parse_args(argv)
     try:
+        constraint = parse_constraint(args.constrain)
+        overrides, launcher = recommend_overrides(overrides)
         cfg = compose_run_config(overrides)
+        other = against_config(overrides, args.against) if args.against else None
     except Exception as error:  # every composition and value error becomes one line
         print(f"harness recommend: {explain_error(error)}", file=sys.stderr)
         return 2
+    if launcher:
+        print(f"cluster.nodes={cfg.cluster.nodes}: ranked for launcher={launcher} (a Slurm job across the nodes)")
     start = time.process_time()
-    top, fitting = rank(cfg, args.global_batch, args.top)
-    print(f"{fitting} fitting layouts ranked in {time.process_time() - start:.2f} s CPU")
+    top, admitted = ranked(cfg, args.global_batch, args.top, constraint)
+    print(f"{admitted} admitted layouts ranked in {time.process_time() - start:.2f} s CPU")
     if not top:
         print("no layout fits", file=sys.stderr)
         return 1
-    for i, plan in enumerate(top, 1):
-        print(row(i, plan))
+    print("\n".join(row(i, choice) for i, choice in enumerate(top, 1)))
     if len(top) > 1:
-        print("why #1 beats #2: " + explain(top[0], top[1]))
+        print(why("#2", top[0].plan, top[1].plan))
+    if other is not None:
+        print(against(top[0].plan, other, args.against))
     if not args.no_write:
-        files = sweep_preset(top, args.name, cfg.model.name, cfg.engine.name, cfg.cluster.name)
-        for path in write_preset(files, CONFIG_DIR):
-            print(f"wrote {path}")
-        print(f"verify with: harness sweep sweep={args.name}")
+        write_recommendation(top, args.name, overrides, cfg, argv)
     return 0
+
+
+def against(best: Plan, other_cfg: Any, name: str) -> str:
+    """The winner against the user's own recipe or layout, or every reason that one is refused."""
+    verdict = judge(other_cfg)
+    if not verdict.admitted:
+        return f"--against {name} is refused:\n" + "\n".join(f"   {e}" for e in verdict.errors)
+    if verdict.plan.time is None:
+        return f"--against {name}: no predicted step time ({'; '.join(verdict.warnings)})"
+    return why(name, best, verdict.plan)
+
+
+def write_recommendation(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg: Any,
+                         argv: Sequence[str]) -> None:
+    command = "harness recommend " + " ".join(argv)
+    root = user_config_dir()
+    for path in write_preset(preset_files(top, name, overrides, cfg, command), root):
+        print(f"wrote {path}")
+    print(f"run them with: harness sweep sweep={name}   (one alone: harness run recipes={name}_1)")
+
+
+# A shipped recipe whose layout is not the recommender's overall choice says so on one line, with the layout
+# fields it keeps and why: `# constraint: tp=8 pp=4 -- shows TP8 within a node and PP4 across nodes`.
+CONSTRAINT_LINE = "# constraint:"
+# A recipe is the recommender's choice when it is predicted within 3% of the best tokens/s (for its engine, at its
+# global batch, under its constraint): closer than that is inside the model's resolution (RESOLUTION) with room
+# for the choice's representative to be the simplest rather than the fastest of its group.
+CHOICE_TOLERANCE = 0.03
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A recipe's plan beside the recommender's best for the same model, cluster, engine and global batch."""
+
+    recipe: str
+    plan: Plan
+    best: Optional[Choice]
+    constraint: Dict[str, str]
+    reason: str
+
+    @property
+    def ratio(self) -> Optional[float]:
+        """The recipe's predicted tokens/s over the fastest layout of the best choice."""
+        if self.best is None or not self.plan.tokens_per_s:
+            return None
+        return self.plan.tokens_per_s / max(p.tokens_per_s for p in (self.best.plan, *self.best.alike))
+
+
+def recipe_constraint(text: str) -> Tuple[Dict[str, str], str]:
+    """The constraint line of a recipe's text (its reason may go on over `#   ` lines): ({field: value}, why), or
+    ({}, "") without one."""
+    lines = text.splitlines()
+    for at, line in enumerate(lines):
+        if line.startswith(CONSTRAINT_LINE):
+            fields, _, reason = line[len(CONSTRAINT_LINE):].partition(" -- ")
+            for more in lines[at + 1:]:
+                if not more.startswith("#   "):
+                    break
+                reason += " " + more[1:].strip()
+            return parse_constraint(fields.split()), reason.strip()
+    return {}, ""
+
+
+def standing(recipe: str) -> Standing:
+    """A recipe judged against the recommender at its own global batch, under its own constraint."""
+    from harness import REPO_ROOT
+
+    constraint, reason = recipe_constraint((REPO_ROOT / "recipes" / f"{recipe}.yaml").read_text())
+    cfg = compose_run_config([f"recipes={recipe}"])
+    plan = judge(cfg).plan
+    top, _ = ranked(cfg, plan.global_batch, 1, constraint)
+    return Standing(recipe, plan, top[0] if top else None, constraint, reason)

@@ -1,11 +1,12 @@
-"""Enumerate the layouts of a model on a cluster, prune invalid and out-of-memory ones, rank by predicted
-tokens/s (ties by memory margin), and say why the best beats the runner-up."""
+"""Enumerate the layouts of a model on a cluster, keep those the one validity decision admits, rank them by
+predicted tokens/s into choices (layouts the model cannot separate are one), and compare two part by part."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.planner import Plan, make_plan, spec_for, with_time
@@ -77,17 +78,21 @@ def _sharding(base: Dict[str, Any], dp: int, support: Any, pp: int) -> Iterator[
                            offload_optimizer=offload, offload_params=params)
 
 
-def candidates(cfg: Any, global_batch: int) -> Iterator[Plan]:
+# The one validity decision (harness.engines.admission.judge: layout, engine, memory, launcher rules) as the
+# recommender asks it: every reason a config with its plan is refused; empty means it may run.
+Admit = Callable[[Any, Plan], Sequence[str]]
+
+
+def candidates(cfg: Any, global_batch: int, admit: Admit) -> Iterator[Plan]:
     """Plans of every structure x checkpointing x micro-batch whose accumulation makes `global_batch`
-    sequences; a structure stops at the first micro-batch that does not fit (bigger ones need more), and
-    checkpointing modes are tried from least to most activation memory."""
+    sequences and that `admit` accepts; a structure stops at the first micro-batch that does not fit (bigger
+    ones need more), and checkpointing modes are tried from least to most activation memory."""
     spec = spec_for(cfg.model)
     cluster = cfg.cluster
     for fields in structures(spec, cluster.ranks, cluster.accelerators_per_node, cfg.engine.name):
         dp = ParallelDims(dp_replicate=fields["dp_replicate"], dp_shard=fields["dp_shard"]).dp
         tp = fields["tp"]
-        engine = replace(cfg.engine, sequence_parallel=tp > 1, loss_parallel=tp > 1) \
-            if cfg.engine.name == "nd" else cfg.engine
+        engine = tensor_parallel_options(cfg.engine, tp)
         fitted_any = False
         for checkpointing in CHECKPOINTING_BY_MEMORY:
             if checkpointing != "full" and not fitted_any:
@@ -98,54 +103,96 @@ def candidates(cfg: Any, global_batch: int) -> Iterator[Plan]:
                     continue
                 layout = replace(cfg.layout, micro_batch=micro, grad_accum=accum,
                                  activation_checkpointing=checkpointing, **fields)
-                plan = make_plan(replace(cfg, layout=layout, engine=engine), predict_time=False)
-                if not plan.valid:
-                    continue
-                if not plan.fits:
+                point = replace(cfg, layout=layout, engine=engine)
+                plan = make_plan(point, predict_time=False)
+                if plan.valid and not plan.fits:
                     break
+                if admit(point, plan):
+                    continue
                 fitted_any = True
-                yield with_time(plan, replace(cfg, layout=layout, engine=engine))
+                yield with_time(plan, point)
 
 
-def rank(cfg: Any, global_batch: int, top_k: int = 5) -> Tuple[List[Plan], int]:
-    """The `top_k` fitting plans by predicted tokens/s (ties: larger memory margin), and how many fit."""
-    timed: List[Tuple[float, int, Plan]] = []
+def tensor_parallel_options(engine: Any, tp: int) -> Any:
+    """Sequence and loss parallelism on the tensor-parallel axis wherever the engine has the option (nd,
+    Megatron-LM), on exactly when tp > 1: the all-reduce of TP becomes a reduce-scatter + all-gather of the same
+    bytes while norms, dropout and the loss run on 1/tp of the sequence (Korthikanti et al. 2022, sec. 4.2.2),
+    and Megatron-LM requires it with expert parallelism."""
+    names = {f.name for f in dataclass_fields(engine)}
+    return replace(engine, **{option: tp > 1 for option in ("sequence_parallel", "loss_parallel") if option in names})
+
+
+def rank(cfg: Any, global_batch: int, admit: Admit, top_k: int = 5) -> Tuple[List["Choice"], int]:
+    """The `top_k` choices by predicted tokens/s (harness.plan.recommend.choices) among the layouts `admit`
+    accepts, and how many it accepts."""
+    timed: List[Plan] = []
     count = 0
-    for plan in candidates(cfg, global_batch):
+    for plan in candidates(cfg, global_batch, admit):
         count += 1
         if plan.tokens_per_s:
-            timed.append((plan.tokens_per_s, plan.margin_bytes or 0, plan))
-    # six significant digits: layouts the model cannot tell apart are ties
-    timed.sort(key=lambda row: (-float(f"{row[0]:.6g}"), -row[1], _axes(row[2].layout)))
-    return [plan for _, _, plan in timed[:top_k]], count
+            timed.append(plan)
+    timed.sort(key=lambda plan: (-plan.tokens_per_s, -(plan.margin_bytes or 0), _axes(plan.layout)))
+    return choices(timed, top_k), count
+
+
+# Layouts predicted within 1% of each other are one choice: the model's constants (NCCL's latencies, the
+# achievable matmul rate, overlap fractions) are known to a few percent, and its median error against published
+# throughput is far larger (tests/unit/plan/test_published_throughput.py), so a smaller gap ranks nothing.
+RESOLUTION = 0.01
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Layouts the time model cannot separate: `plan` stands for them (the simplest, then the roomiest, then
+    the fastest), `alike` are the others."""
+
+    plan: Plan
+    alike: Tuple[Plan, ...]
+
+
+def choices(ranked: Sequence[Plan], top_k: int) -> List[Choice]:
+    """Plans sorted by tokens/s (fastest first) grouped into the first `top_k` choices: each takes every plan
+    within RESOLUTION of its fastest."""
+    groups: List[List[Plan]] = []
+    for plan in ranked:
+        if groups and plan.tokens_per_s >= groups[-1][0].tokens_per_s * (1 - RESOLUTION):
+            groups[-1].append(plan)
+        elif len(groups) == top_k:
+            break
+        else:
+            groups.append([plan])
+    out = []
+    for group in groups:
+        lead = min(group, key=lambda p: (_axes(p.layout), -(p.margin_bytes or 0), -p.tokens_per_s))
+        out.append(Choice(lead, tuple(p for p in group if p is not lead)))
+    return out
 
 
 def _axes(layout: Any) -> Tuple[int, int]:
-    """Ties go to the simpler layout: fewer parallel axes in use, then smaller model-parallel degrees."""
+    """The simpler layout: fewer parallel axes in use, then smaller model-parallel degrees."""
     degrees = (layout.tp, layout.cp, layout.pp, layout.dp_replicate, layout.pp_virtual_stages)
     return sum(d > 1 for d in degrees), layout.tp * layout.cp * layout.pp
 
 
-def _parts(plan: Plan) -> Dict[str, float]:
+def step_parts(plan: Plan) -> Dict[str, float]:
+    """The predicted step in seconds by part: compute per operation class, exposed communication per axis,
+    pipeline bubble, optimizer, offload (harness.plan.time_model.StepTime)."""
     t = plan.time
     parts = {f"compute {k}": v for k, v in t.compute_s.items()}
-    parts.update({f"exposed {k} comm": v["exposed"] for k, v in t.comm_s.items()})
+    parts.update({f"exposed {k} communication": v["exposed"] for k, v in t.comm_s.items()})
     parts.update({"pipeline bubble": t.bubble_s, "optimizer": t.optimizer_s, "offload": t.offload_s})
     return parts
 
 
-def explain(best: Plan, runner_up: Plan) -> str:
-    """Why `best` is faster: the breakdown items whose difference (per token) decides it, largest first."""
-    a, b = _parts(best), _parts(runner_up)
-    # per token, so layouts with different tokens per step compare fairly
-    ta, tb = best.tokens_per_step, runner_up.tokens_per_step
-    diffs = sorted(((b[k] / tb - a[k] / ta) * ta, k) for k in a)
-    gains = [f"{k} {b[k] / tb * ta:.3g} s -> {a[k]:.3g} s" for d, k in reversed(diffs) if d > 0][:3]
-    losses = [f"{k} {b[k] / tb * ta:.3g} s -> {a[k]:.3g} s" for d, k in diffs if d < 0][:2]
-    ratio = best.tokens_per_s / runner_up.tokens_per_s
-    text = f"{ratio:.3f}x the tokens/s; saves " + ("; ".join(gains) or "nothing measurable")
-    if losses:
-        text += "; pays " + "; ".join(losses)
-    if abs(ratio - 1) < 1e-9:
-        text += f" (a tie: the larger memory margin, then the simpler layout wins)"
-    return text
+def compare(best: Plan, other: Plan, shown: int = 4) -> List[str]:
+    """`other` against `best` part by part, the largest differences first ("exposed dp communication 0.42 s ->
+    0.05 s"). When their tokens per step differ, `other`'s parts are scaled to `best`'s tokens, so the two read
+    as the time for the same tokens."""
+    a, b = step_parts(best), step_parts(other)
+    scale = best.tokens_per_step / other.tokens_per_step
+    keys = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, 0.0) * scale - a.get(k, 0.0)))
+    lines = [f"{k} {b.get(k, 0.0) * scale:.3g} s -> {a.get(k, 0.0):.3g} s" for k in keys
+             if abs(b.get(k, 0.0) * scale - a.get(k, 0.0)) >= 0.0005 * best.step_time_s][:shown]
+    ratio = best.tokens_per_s / other.tokens_per_s
+    head = f"{ratio:.2f}x the tokens/s ({other.tokens_per_s:,.0f} -> {best.tokens_per_s:,.0f})"
+    return [head, *(lines or ["no part differs by more than 0.05% of the step"])]

@@ -32,7 +32,9 @@ class PlannedPoint:
 
     @property
     def fit(self) -> str:
-        if self.errors:
+        # a layout refused only for its memory (admission.memory_problems: its one error) is an OOM, not invalid
+        oom_only = self.plan is not None and self.plan.fits is False and len(self.errors) == 1
+        if self.errors and not oom_only:
             return "invalid"
         return {True: "fits", False: "OOM"}.get(self.plan.fits, "fit?")
 
@@ -226,9 +228,8 @@ def plan_points(overrides: List[str], config_dirs: Sequence[str] = ()) -> List[P
     from harness.config.compose import compose_run_config
     from harness.config.fill import DegreeFillError
     from harness.config.grid import expand_grid
-    from harness.engines import engine_module, registry
-    from harness.plan.planner import make_plan, plan_rows
-    from harness.plan.time_limit import plan_time_limit_problem
+    from harness.engines.admission import judge
+    from harness.plan.planner import plan_rows
 
     composed, refused = [], []
     grid = expand_grid(overrides)
@@ -242,14 +243,9 @@ def plan_points(overrides: List[str], config_dirs: Sequence[str] = ()) -> List[P
     labels = point_labels(composed) if composed else []
     points = []
     for run, label in zip(composed, labels):
-        plan = make_plan(run)
-        engine = engine_module(run.engine.name)
-        engine_errors = engine.check(run)[0] if plan.valid else []
-        # a run the harness launches must end inside its Slurm time limit (an export is never launched)
-        launched = plan.valid and not registry.engine(run.engine.name).export_only
-        limit = plan_time_limit_problem(run, plan) if launched else None
-        points.append(PlannedPoint(label, plan, [*plan.errors, *engine_errors, *([limit] if limit else [])],
-                                   list(plan.warnings), {**plan_rows([plan])[0], **job_time_columns(run, plan)}))
+        verdict = judge(run)
+        points.append(PlannedPoint(label, verdict.plan, list(verdict.errors), list(verdict.warnings),
+                                   {**plan_rows([verdict.plan])[0], **job_time_columns(run, verdict.plan)}))
     return [*points, *refused]
 
 

@@ -52,7 +52,7 @@ def test_megatron_preset_plans_and_renders(name, tmp_path):
 
 def test_gpu_presets_shapes():
     llama70 = compose_run_config(["recipes=gpu_llama70b_nd_tp8_pp4"]).layout
-    assert (llama70.tp, llama70.pp, llama70.dp_shard, llama70.pp_virtual_stages) == (8, 4, 2, 5)
+    assert (llama70.tp, llama70.pp, llama70.dp_shard) == (8, 4, 2)  # its constraint; the rest is the recommender's
     llama405 = compose_run_config(["recipes=gpu_llama405b_nd_tp8_pp16"])
     assert (llama405.layout.tp, llama405.layout.pp) == (8, 16)
     assert llama405.cluster.nodes * llama405.cluster.accelerators_per_node == 1024

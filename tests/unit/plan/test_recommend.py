@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.launch.recommend import sweep_preset
-from harness.plan.recommend import explain, rank, stage_split
+from harness.launch.recommend import ranked
+from harness.plan.recommend import compare, stage_split
 from plan_helpers import run_config
 
 H100_1X8 = dict(name="gpu_h100_1x8", nodes=1, accelerators_per_node=8, accelerator="h100_sxm",
@@ -15,33 +15,27 @@ def llama8b_on_8_h100():
 
 
 def test_top_layouts_fit_are_sorted_and_keep_the_global_batch():
-    top, fitting = rank(llama8b_on_8_h100(), global_batch=64, top_k=5)
+    choices, fitting = ranked(llama8b_on_8_h100(), global_batch=64, top_k=5)
+    top = [choice.plan for choice in choices]
     assert len(top) == 5 and fitting >= 5
-    speeds = [p.tokens_per_s for p in top]
+    speeds = [max([c.plan, *c.alike], key=lambda p: p.tokens_per_s).tokens_per_s for c in choices]
     assert speeds == sorted(speeds, reverse=True)
     for plan in top:
         assert plan.valid and plan.fits and plan.world_size == 8 and plan.global_batch == 64
         assert plan.time is not None and 0 < plan.predicted_mfu < 0.8
 
 
-def test_explanation_names_what_differs():
-    top, _ = rank(llama8b_on_8_h100(), global_batch=64, top_k=8)
-    slower = top[-1]
-    text = explain(top[0], slower)
-    assert text.startswith(f"{top[0].tokens_per_s / slower.tokens_per_s:.3f}x")
+def test_comparison_names_each_part_that_differs_in_seconds():
+    choices, _ = ranked(llama8b_on_8_h100(), global_batch=64, top_k=8)
+    best, slower = choices[0].plan, choices[-1].plan
+    head, *parts = compare(best, slower)
+    assert head.startswith(f"{best.tokens_per_s / slower.tokens_per_s:.2f}x the tokens/s")
+    assert parts and all(" s -> " in part and part.endswith(" s") for part in parts)
 
 
 def test_uneven_stage_split_keeps_every_layer():
     assert stage_split(126, 16) == [7] + [8] * 14 + [7]
     assert sum(stage_split(126, 32)) == 126 and max(stage_split(126, 32)) - min(stage_split(126, 32)) == 1
-
-
-def test_sweep_preset_has_one_layout_per_recommendation():
-    top, _ = rank(llama8b_on_8_h100(), global_batch=64, top_k=3)
-    files = sweep_preset(top, "rec", "llama3_1_8b", "nd", "gpu_h100_1x8")
-    assert sorted(files) == ["layout/rec_1.yaml", "layout/rec_2.yaml", "layout/rec_3.yaml", "sweep/rec.yaml"]
-    assert files["sweep/rec.yaml"]["hydra"]["sweeper"]["params"]["layout"] == "rec_1,rec_2,rec_3"
-    assert files["layout/rec_1.yaml"]["tp"] == top[0].layout.tp
 
 
 def test_recommended_layouts_on_a_measured_cpu_profile_carry_mfu(tmp_path):
@@ -55,37 +49,27 @@ def test_recommended_layouts_on_a_measured_cpu_profile_carry_mfu(tmp_path):
                        source="measured:cpu-test", version=PROFILE_VERSION)
     path = save_profile(measured, tmp_path / "cpu-test.json")
     cfg = run_config(cluster=dict(profile=str(path)))
-    top, _ = rank(cfg, global_batch=8, top_k=2)
+    top = [choice.plan for choice in ranked(cfg, global_batch=8, top_k=2)[0]]
     assert top and all(plan.predicted_mfu is not None and plan.peak_flops_per_device == 2e11 for plan in top)
     direct = make_plan(replace(cfg, layout=top[0].layout, engine=top[0].engine))
     assert top[0].predicted_mfu == direct.predicted_mfu and top[0].peak_flops_source == direct.peak_flops_source
 
 
-def test_written_presets_compose_back_to_the_recommended_layouts(tmp_path):
-    import yaml
-
-    from harness.launch.recommend import write_preset
-
-    cfg = run_config(model="llama3_1_8b", engine=dict(name="nd"),
-                     cluster=dict(name="h100", nodes=1, accelerators_per_node=8, accelerator="h100_sxm",
-                                  memory_per_accelerator_gib=80.0), seq_len=4096)
-    top, _ = rank(cfg, global_batch=64, top_k=3)
-    paths = write_preset(sweep_preset(top, "rec", "llama3_1_8b", cfg.engine.name, "gpu_h100_1x8"), tmp_path)
-    for plan, path in zip(top, sorted(p for p in paths if "layout" in p.parts)):
-        written = yaml.safe_load(path.read_text())
-        assert written["pp_schedule"] == str(getattr(plan.layout.pp_schedule, "value", plan.layout.pp_schedule))
-        assert written["tp"] == plan.layout.tp and written["grad_accum"] == plan.layout.grad_accum
-
-
 def test_expert_parallel_degrees_are_searched_for_moe_models_on_engines_that_have_them():
-    cfg = run_config(model="mixtral_8x7b", engine=dict(name="megatron_lm"),
-                     cluster=dict(name="h100", nodes=4, accelerators_per_node=8, accelerator="h100_sxm",
-                                  memory_per_accelerator_gib=80.0), seq_len=4096)
+    from dataclasses import replace
+
+    from harness.config.schema import LauncherConfig
+
+    cfg = replace(run_config(model="mixtral_8x7b", engine=dict(name="megatron_lm"),
+                             cluster=dict(name="h100", nodes=4, accelerators_per_node=8, accelerator="h100_sxm",
+                                          memory_per_accelerator_gib=80.0), seq_len=4096),
+                  launcher=LauncherConfig(backend="slurm"))
+    from harness.launch.recommend import admit
     from harness.plan.recommend import candidates
 
-    seen = {plan.layout.ep for plan in candidates(cfg, global_batch=256)}
+    seen = {plan.layout.ep for plan in candidates(cfg, global_batch=256, admit=admit)}
     assert seen >= {1, 2, 4, 8} and max(seen) <= 8  # Mixtral has 8 experts
     dense = run_config(model="llama3_1_8b", engine=dict(name="megatron_lm"),
                        cluster=dict(name="h100", nodes=1, accelerators_per_node=8, accelerator="h100_sxm",
                                     memory_per_accelerator_gib=80.0), seq_len=4096)
-    assert {plan.layout.ep for plan in candidates(dense, global_batch=64)} == {1}
+    assert {plan.layout.ep for plan in candidates(dense, global_batch=64, admit=admit)} == {1}

@@ -74,7 +74,7 @@ def test_sweeping_tp_with_filled_dp_keeps_every_layout_valid_and_fits_100_column
 
 
 def test_invalid_layouts_collapse_to_one_line_and_why_shows_all():
-    args = ("model=llama3_1_70b", "cluster=h100_8x8", "engine=nd", "layout.tp=8", "layout.pp=4",
+    args = ("model=llama3_1_70b", "cluster=h100_8x8", "launcher=slurm_gpu", "engine=nd", "layout.tp=8", "layout.pp=4",
             "layout.dp_shard=-1", "layout.grad_accum=8", "layout.zero_stage=1,3")
     short, full = harness_plan(*args), harness_plan(*args, "--why")
     assert short.returncode == 1, short.stderr  # one of the two layouts is refused

@@ -1,0 +1,72 @@
+"""`harness recommend` as a user meets it: a table with units, choices the model can separate, a part-by-part why
+(against the runner-up and the user's own recipe), and recipes written outside the source tree that its printed
+`harness sweep` line prepares without pruning anything, on the launcher the cluster needs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from types import SimpleNamespace
+
+from harness import REPO_ROOT
+from harness.launch.points import expand
+from harness.launch.recommend import recommend_main
+from harness.plan.recommend import RESOLUTION, choices
+
+
+def _git_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+
+
+def test_recommended_recipes_live_outside_the_tree_and_the_printed_sweep_runs_them_on_slurm(tmp_path, monkeypatch,
+                                                                                            capsys):
+    monkeypatch.setenv("HARNESS_CONFIG_DIR", str(tmp_path / "config"))
+    before = _git_status()
+    argv = ["--global-batch", "128", "--top", "2", "--name", "rec_test", "model=llama3_1_8b", "cluster=h100_8x8",
+            "engine=fsdp", "layout.seq_len=4096", "tracking=disabled"]
+    assert recommend_main(argv) == 0
+    out = capsys.readouterr().out
+    assert _git_status() == before  # nothing written into the source tree
+    assert sorted(p.relative_to(tmp_path / "config").as_posix() for p in (tmp_path / "config").rglob("*.yaml")) == [
+        "recipes/rec_test_1.yaml", "recipes/rec_test_2.yaml", "sweep/rec_test.yaml"]
+    command = re.search(r"run them with: harness sweep (\S+)", out).group(1)
+    _, points, backend = expand([command, f"results_dir={tmp_path / 'results'}"], submit_pruned=False)
+    assert backend == "slurm" and len(points) == 2
+    ranked = re.findall(r"^#\d engine=(\S+) (.+?)(?:  \(\+|$)", out, re.M)
+    for point, (engine, layout) in zip(points, ranked):
+        assert point.rendered is not None, point.reason  # nothing pruned
+        assert point.cfg.engine.name == engine and point.cfg.cluster.nodes == 8
+        assert point.cfg.launcher.gpus_per_node_gres == "gpu:8" and point.cfg.layout.seq_len == 4096
+        assert f"mb{point.cfg.layout.micro_batch} ga{point.cfg.layout.grad_accum}" in layout
+
+
+def test_the_table_gives_every_part_with_its_unit_and_the_why_compares_part_by_part(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_CONFIG_DIR", str(tmp_path))
+    argv = ["--global-batch", "512", "--top", "2", "--no-write", "--against", "gpu_llama70b_nd_tp8_pp4",
+            "model=llama3_1_70b", "cluster=h100_8x8", "engine=nd", "layout.seq_len=4096"]
+    assert recommend_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ranked for launcher=slurm_gpu" in out
+    first = out.split("#1 ", 1)[1].split("#2 ", 1)[0]
+    assert first.startswith("engine=nd ")
+    assert re.search(r"[\d,]+ tokens/s, MFU [\d.]+%, step [\d.]+ s: compute [\d.]+ s, exposed communication "
+                     r"(\w+ [\d.e-]+ s(, )?)+, bubble [\d.e-]+ s, optimizer [\d.e-]+ s, offload [\d.e-]+ s", first)
+    assert re.search(r"memory [\d.]+ GiB per rank of 80.00 GiB \(margin [\d.]+ (GiB|MiB)\)", first)
+    assert re.search(r"why #1 over #2: [\d.]+x the tokens/s \([\d,]+ -> [\d,]+\)\n   \w.* [\d.e-]+ s -> [\d.e-]+ s", out)
+    versus = out.split("why #1 over gpu_llama70b_nd_tp8_pp4: ", 1)[1]
+    assert re.match(r"[\d.]+x the tokens/s", versus)
+    assert "exposed tp communication" in versus  # the recipe's tp8 pays its tensor-parallel traffic
+
+
+def _plan(tokens_per_s, margin=0, tp=1):
+    layout = SimpleNamespace(tp=tp, cp=1, pp=1, dp_replicate=1, pp_virtual_stages=1)
+    return SimpleNamespace(tokens_per_s=tokens_per_s, margin_bytes=margin, layout=layout)
+
+
+def test_layouts_the_model_cannot_separate_are_one_choice_led_by_the_simplest():
+    near = 100.0 * (1 - RESOLUTION / 2)
+    ranked = [_plan(100.0, tp=2), _plan(near, margin=5), _plan(near, margin=1), _plan(90.0), _plan(80.0)]
+    top = choices(ranked, top_k=2)
+    assert len(top) == 2
+    assert top[0].plan is ranked[1] and set(map(id, top[0].alike)) == {id(ranked[0]), id(ranked[2])}
+    assert top[1].plan is ranked[3] and top[1].alike == ()
