@@ -17,7 +17,7 @@ from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_
 from harness.config.compose import compose_config, compose_run_config, run_config_to_dict, user_config_dir
 from harness.config.errors import explain as explain_error
 from harness.engines.admission import judge, needed_launcher
-from harness.plan.planner import Plan
+from harness.plan.planner import GIB, Plan
 from harness.plan.recommend import Choice, compare, rank
 from harness.plan.units import format_bytes
 from harness.rundir import write_text
@@ -292,6 +292,19 @@ def recipe_constraint(text: str) -> Tuple[Dict[str, str], str]:
                 reason += " " + more[1:].strip()
             return parse_constraint(fields.split()), reason.strip()
     return {}, ""
+
+
+def preset_row(recipe: str) -> str:
+    """README's GPU-preset table row of one recipe: its layout, predicted MFU and memory, the engine's best MFU
+    without the recipe's constraint, and the constraint kept (`python tools/gpu_preset_table.py` prints all)."""
+    found = standing(recipe)
+    cfg = compose_run_config([f"recipes={recipe}"])
+    overall, _ = ranked(cfg, found.plan.global_batch, 1)
+    best = max((overall[0].plan, *overall[0].alike), key=lambda plan: plan.tokens_per_s) if overall else None
+    kept = " ".join(f"{k}={v}" for k, v in found.constraint.items()) or "-"
+    return (f"| `{recipe}` | {cfg.engine.name} | {cfg.cluster.nodes * cfg.cluster.accelerators_per_node} | "
+            f"{label(found.plan)} | {found.plan.predicted_mfu:.1%} | {found.plan.memory.total_bytes / GIB:.1f} GiB | "
+            f"{best.predicted_mfu:.1%} | {kept} |" if best else "")
 
 
 def standing(recipe: str) -> Standing:

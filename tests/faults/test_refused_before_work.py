@@ -199,7 +199,7 @@ def test_every_command_has_help_that_describes_its_options(monkeypatch, capsys):
     code, out, _ = harness(monkeypatch, capsys, "recommend", "--help")
     assert code == 0
     top, name = (out.split(f"\n  {flag}", 1)[1].split("\n  -", 1)[0] for flag in ("--top K", "--name NAME"))
-    assert "best layouts" in top and "hydra_configs/sweep/NAME.yaml" in name
+    assert "best choices" in top and "sweep/NAME.yaml" in name and "user config" in name
     for command in ("calibrate", "sync", "doctor", "run", "plan", "sweep", "report"):
         code, out, _ = harness(monkeypatch, capsys, command, "--help")
         assert code == 0 and out.startswith("usage") and f"harness {command}" in out

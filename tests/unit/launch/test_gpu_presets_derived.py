@@ -19,6 +19,8 @@ GPU_RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes").glob("gpu_*.yaml"))
 @pytest.mark.parametrize("recipe", GPU_RECIPES)
 def test_gpu_recipe_is_the_recommenders_choice(recipe):
     found = standing(recipe)
+    verdict = judge(compose_run_config([f"recipes={recipe}"]))
+    assert verdict.admitted, f"{recipe} is refused: {verdict.errors}"
     assert found.best is not None, f"{recipe}: the recommender admits no layout under {found.constraint}"
     if found.constraint:
         assert len(found.reason) > 20, f"{recipe}: a constraint needs its reason after ' -- '"
