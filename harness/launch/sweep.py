@@ -14,7 +14,7 @@ from harness.launch.points import Point, load_point, render_pruned, sweep_record
 from harness.launch.run import run_prepared
 from harness.launch.run_lock import live_holder
 from harness.launch.sbatch import Submission, group_runs, write_group, write_job_script
-from harness.launch.slurm_commands import scancel
+from harness.launch.slurm_commands import check_reachable, scancel
 from harness.launch.status import SLURM_FINAL, RunView, one_line, print_status, refresh, timing
 from harness.rundir import (
     CANCELLED,
@@ -122,6 +122,14 @@ def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_
         write_job_script(point.cfg, point.rendered, wandb_environment(point.run_dir, point.cfg.tracking))
     groups = group_runs([(p.run_dir, p.cfg, p.rendered) for p in runnable])
     submissions = [write_group(group, sweep_dir, sweep_name) for group in groups]
+    unreachable = check_reachable() if submissions and not dry_run else None
+    if unreachable:  # said once, here; each run's status keeps the short form
+        print(f"[harness] {unreachable}", file=sys.stderr, flush=True)
+        for submission in submissions:
+            for run_dir in submission.run_dirs:
+                write_status(run_dir, FAILED, f"not submitted: Slurm was not reachable (`harness doctor`); "
+                                              f"submit later with `harness sweep resume {sweep_dir}`")
+        return []
     for submission in submissions:
         if not dry_run:
             _submit_one(submission)
