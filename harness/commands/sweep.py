@@ -97,7 +97,7 @@ def status(opts: Options) -> int:
     sweep_dir = opts.target.resolve()
     runs = run_dirs(sweep_dir)
     if opts.watch:
-        orchestrate.wait_for(runs, opts.poll_s)
+        orchestrate.follow(runs, opts.poll_s)
     if opts.as_json:
         print(json.dumps([{"run": v.run_dir.name, "state": v.state, "reason": v.reason, "job": v.job_key,
                            "slurm_state": v.slurm_state} for v in refresh(runs)], indent=1))

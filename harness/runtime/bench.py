@@ -46,7 +46,7 @@ from harness.runtime.meter import (
     StepTimer,
     measure_matmul_peak_flops,
 )
-from harness.runtime.progress import GIB, MEMORY_KEY, MFU_KEY, StepReporter
+from harness.runtime.progress import GIB, MEMORY_KEY, MFU_KEY, PROGRESS_FILE, StepReporter
 from harness.runtime.sinks import WandbRun, wandb_group
 
 
@@ -205,7 +205,8 @@ def run(run_dir: Path, warning: WarningSignal) -> int:
     tracker = open_tracker(run_dir, cfg, plan) if rank == 0 else None
     report = StepReporter(rank, cfg.bench.warmup_steps + cfg.bench.steps, cfg.bench.warmup_steps,
                           plan["tokens_per_step"], plan["flops_per_token"], dist.get_world_size(), tracker,
-                          kind, peak_flops_of(cfg.cluster.accelerator, cfg.layout.precision, peak).flops)
+                          kind, peak_flops_of(cfg.cluster.accelerator, cfg.layout.precision, peak).flops,
+                          progress_path=run_dir / PROGRESS_FILE)
     times_s, losses, activation_bytes, state = timed_loop(session, source, cfg, kind, report,
                                                           stop=lambda: agreed_to_stop(warning, kind))
     record = rank_record(state, kind, times_s, losses, activation_bytes, peak)
