@@ -39,6 +39,13 @@ class StepFollower:
         while not self._stop.wait(self.interval_s):
             self.read_new_lines()
 
+    def skip_written(self) -> None:
+        """Echo only what is written from now on (a run that ended before it was followed)."""
+        try:
+            self._offset, self._partial = self.path.stat().st_size, b""
+        except OSError:
+            pass
+
     def read_new_lines(self) -> None:
         try:
             with open(self.path, "rb") as progress:

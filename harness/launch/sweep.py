@@ -163,10 +163,12 @@ def wait_for(runs: Sequence[Path], poll_s: float, say: Optional[Callable[[str], 
     seen: Dict[Path, Tuple[str, str]] = {}
     while True:
         views = refresh(runs)
-        for follower in followers:
+        for view, follower in zip(views, followers):
+            if view.run_dir not in seen and view.final:
+                follower.skip_written()  # ended before this wait: its steps are history, not progress
             follower.read_new_lines()
         for view in views:
-            now = (view.state, view.reason, view.slurm_state)
+            now = (view.state, view.reason)  # not Slurm's state alone: a run's COMPLETED is said once
             before = seen.get(view.run_dir)
             if now == before:
                 continue

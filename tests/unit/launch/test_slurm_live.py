@@ -134,3 +134,26 @@ def test_no_wait_prints_the_watch_command(tmp_path, monkeypatch, capsys):
     opts = sweep_mod.Options(wait=False)
     assert sweep_mod.launch(tmp_path, [], "slurm", "grid", opts, report=None) == 0
     assert f"`harness sweep status --watch {tmp_path}`" in capsys.readouterr().out
+
+
+def test_watch_counts_runs_that_ended_before_and_follows_the_rest(tmp_path, monkeypatch, capsys):
+    done = submitted(tmp_path, "000-a", 7)
+    write_measured(done)
+    (done / PROGRESS_FILE).write_text(StepRecord(1, 1, False, 9.9, 0.5, 1.0, None, None).json_line())
+    going = submitted(tmp_path, "001-b", 8)
+    step = StepRecord(1, 1, False, 5.0, 0.02, 100.0, None, None)
+
+    def answers():
+        yield [squeue("COMPLETED", "None", 7), squeue("RUNNING", "None", 8)]
+        (going / PROGRESS_FILE).write_text(step.json_line())
+        write_measured(going)
+        yield [squeue("COMPLETED", "None", 7), squeue("COMPLETED", "None", 8)]
+
+    replies = answers()
+    monkeypatch.setattr(slurm_commands, "squeue_jobs", lambda ids: next(replies))
+    views = sweep_mod.follow([done, going], poll_s=0.01)
+    out = capsys.readouterr().out
+    assert [v.state for v in views] == ["COMPLETED", "COMPLETED"]
+    assert "loss 9.9000" not in out, "a run that ended before the watch began is not replayed"
+    assert f"[001-b] {step.line()}" in out
+    assert "[harness] 2 done, 0 failed, 0 pruned, 0 remaining" in out
