@@ -131,8 +131,7 @@ def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_
         print(f"[harness] {unreachable}", file=sys.stderr, flush=True)
         for submission in submissions:
             for run_dir in submission.run_dirs:
-                write_status(run_dir, FAILED, f"not submitted: Slurm was not reachable (`harness doctor`); "
-                                              f"submit later with `harness sweep resume {sweep_dir}`")
+                write_status(run_dir, FAILED, "not submitted: Slurm was not reachable (`harness doctor` says why)")
         return []
     for submission in submissions:
         if not dry_run:
