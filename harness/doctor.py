@@ -129,9 +129,10 @@ def slurm_facts(timeout_s: float = 5.0) -> List[Fact]:
     except subprocess.TimeoutExpired:
         return [Fact(WARN, "slurm", f"sinfo did not answer in {timeout_s:.0f} s")]
     if out.returncode != 0:
+        from harness.launch.slurm_commands import unreachable_line
+
         first = ((out.stderr or out.stdout).strip().splitlines() or [""])[0]
-        hint = "" if os.environ.get("SLURM_CONF") else " (SLURM_CONF unset: `make slurm-up` prints it)"
-        return [Fact(WARN, "slurm", f"sinfo failed: {first}{hint}")]
+        return [Fact(WARN, "slurm", unreachable_line(out.stderr or "") or f"sinfo failed: {first}")]
     rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
     summary = ", ".join(f"{p} ({n} node(s) {s})" for p, n, s in rows) or "no partitions"
     return [Fact(PASS if rows else WARN, "slurm", f"reachable: {summary}")]

@@ -35,11 +35,13 @@ hydra_configs/sweep/ whose `hydra.sweeper.params` holds the axes. Each point is 
 results/<sweep_name>/<timestamp>/<NNN>-<engine>-<layout>/ (validated, predicted, rendered); points
 the planner rejects or predicts to run out of memory are PRUNED and not run unless --submit-pruned.
 launcher=local runs the points one after another; launcher=slurm submits one job array per resource
-shape and waits for them (--no-wait returns after submitting). --dry-run prepares the directories and
-prints the sbatch scripts without submitting (`resume` submits them later).
+shape and follows them as a local sweep is followed: step lines, bar, ETA (--no-wait returns after
+submitting and prints the `status --watch` command that follows them later). --dry-run prepares the
+directories and prints the sbatch scripts without submitting (`resume` submits them later).
 
   status   refresh every run's state from its files and squeue/sacct, print the grid, write summary.csv
-           (--json: one object per run instead of the table)
+           (--watch: first follow the sweep live until every job ends; --json: one object per run instead of
+           the table)
   resume   run again what did not complete (FAILED, OOM, TIMEOUT, CANCELLED, CORRUPT, never submitted)
   cancel   scancel the sweep's queued and running jobs
 
@@ -99,7 +101,7 @@ def status(opts: Options) -> int:
     sweep_dir = opts.target.resolve()
     runs = run_dirs(sweep_dir)
     if opts.watch:
-        orchestrate.wait_for(runs, opts.poll_s)
+        orchestrate.follow(runs, opts.poll_s)
     if opts.as_json:
         print(json.dumps([{"run": v.run_dir.name, "state": v.state, "reason": v.reason, "job": v.job_key,
                            "slurm_state": v.slurm_state} for v in refresh(runs)], indent=1))

@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 
 from harness.launch.sbatch import Submission
 from harness.launch.slurm_commands import sbatch
+from harness.runtime.progress import PROGRESS_FILE
 from harness.rundir import (
     ATTEMPTS_DIR,
     ERRORS_DIR,
@@ -97,7 +98,7 @@ def archive_attempt(run_dir: Path) -> Optional[Path]:
     """Move what an earlier attempt measured or reported (metrics, rank errors, job record) aside, so
     that the next attempt is classified from its own files only."""
     run_dir = Path(run_dir)
-    leftovers = [run_dir / name for name in (METRICS_FILE, ERRORS_DIR, JOB_RECORD_FILE) if (run_dir / name).exists()]
+    leftovers = [run_dir / name for name in (METRICS_FILE, ERRORS_DIR, JOB_RECORD_FILE, PROGRESS_FILE) if (run_dir / name).exists()]
     if not leftovers:
         return None
     attempts = run_dir / ATTEMPTS_DIR

@@ -17,6 +17,7 @@ from harness.launch.follow import StepFollower
 from harness.launch.oom import KillEvidence, cgroup_oom_kills, host_oom
 from harness.launch.run_lock import RunLock, live_holder
 from harness.launch.watchdog import EXIT_TIMEOUT
+from harness.runtime.progress import PROGRESS_FILE
 from harness.rundir import (
     COMPLETED,
     FAILED,
@@ -146,8 +147,9 @@ def launch_local(rendered: RenderedRun, timeout_s: int, extra_env: Dict[str, str
     announce(rendered.command_line())
     argv = list(rendered.argv)
     (run_dir / LOG_FILE).write_bytes(b"")
+    (run_dir / PROGRESS_FILE).unlink(missing_ok=True)  # an earlier launch's steps are not echoed again
     oom_kills = cgroup_oom_kills()
-    with StepFollower(run_dir / LOG_FILE, say or (lambda line: None), prefix=f"[{run_dir.name}] "):
+    with StepFollower(run_dir, say or (lambda line: None), prefix=f"[{run_dir.name}] "):
         returncode = _run_watched(run_dir, argv, rank_environment(rendered, extra_env, threads), timeout_s)
     state, reason = classify(run_dir, returncode, cgroup_oom_kills() - oom_kills)
     if state != COMPLETED or read_status(run_dir).state != COMPLETED:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 
 class SlurmError(RuntimeError):
@@ -19,8 +20,45 @@ def slurm_command(argv: Sequence[str], timeout: float = 60) -> str:
         raise SlurmError(f"{argv[0]} not found on PATH: is this a Slurm login node (or `make slurm-up` run)?")
     proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
+        unreachable = unreachable_line(proc.stderr)
+        if unreachable:
+            raise SlurmError(unreachable)
         raise SlurmError(f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     return proc.stdout
+
+
+# What every Slurm client prints when it finds no configuration (no SLURM_CONF, no /etc/slurm/slurm.conf,
+# no DNS SRV record: slurm/src/common/fetch_config.c) or no controller answers (slurm_protocol_api.c).
+NO_CONFIG = "Could not establish a configuration source"
+NO_CONTROLLER = "Unable to contact slurm controller"
+
+
+def unreachable_line(stderr: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """One line saying why Slurm cannot be reached and what to do, or None when `stderr` (any Slurm
+    command's) is another failure. `harness doctor` says the same line."""
+    environ = os.environ if environ is None else environ
+    conf = environ.get("SLURM_CONF")
+    if NO_CONFIG in stderr:
+        where = (f"SLURM_CONF={conf} holds no usable slurm.conf" if conf else
+                 "SLURM_CONF is unset and this machine has no slurm.conf")
+        return (f"Slurm is not reachable: {where}; export SLURM_CONF=PATH/slurm.conf "
+                "(`make slurm-up` prints it for the local cluster)")
+    if NO_CONTROLLER in stderr:
+        return (f"Slurm is not reachable: no slurmctld answers{f' (SLURM_CONF={conf})' if conf else ''}; "
+                "`sinfo` says more (`make slurm-up` starts the local cluster)")
+    return None
+
+
+def check_reachable(timeout: float = 30) -> Optional[str]:
+    """None when Slurm's controller answers `sinfo`; else the one line saying why not (asked once,
+    before anything is submitted)."""
+    try:
+        slurm_command(["sinfo", "-h", "-o", "%P"], timeout=timeout)
+    except SlurmError as error:
+        return str(error)
+    except subprocess.TimeoutExpired:
+        return f"Slurm is not reachable: sinfo did not answer in {timeout:.0f} s"
+    return None
 
 
 def sbatch(script: Path) -> str:

@@ -1,10 +1,11 @@
 """`harness run` with a Slurm backend: the run is submitted as a one-point grid (its own job.sbatch, the
-template `harness sweep` uses), then followed until its job ends; Ctrl-C cancels the job."""
+template `harness sweep` uses), then followed until its job ends, its step lines as a local run's;
+Ctrl-C cancels the job."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Tuple
 
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun
@@ -12,16 +13,8 @@ from harness.launch.job_records import read_submission
 from harness.launch.points import Point, record_sweep
 from harness.launch.sbatch import ScriptValueRejected
 from harness.launch.slurm_commands import SlurmError, scancel
-from harness.launch.status import RunView
-from harness.launch.sweep import submit_slurm, wait_for
+from harness.launch.sweep import submit_slurm, wait_for, watch_command
 from harness.rundir import CANCELLED, FAILED, read_status, write_status
-
-
-def describe(views: Sequence[RunView]) -> str:
-    """One run's line while it is followed: its state, Slurm's state and the reason."""
-    (view,) = views
-    slurm = f" [slurm {view.slurm_state}]" if view.slurm_state else ""
-    return f"{view.run_dir.name}: {view.state}{slurm} {view.reason}".rstrip()
 
 
 def run_on_slurm(run_dir: Path, cfg: RunConfig, rendered: RenderedRun, wait: bool, poll_s: float,
@@ -46,10 +39,10 @@ def run_on_slurm(run_dir: Path, cfg: RunConfig, rendered: RenderedRun, wait: boo
     job = submission["job_key"]
     say(f"[harness] slurm job {job}; run directory {run_dir}")
     if not wait:
-        say(f"[harness] submitted; follow with `harness sweep status {sweep_dir}`")
+        say(f"[harness] submitted; follow with `{watch_command(sweep_dir)}`")
         return read_status(run_dir).state, f"submitted as slurm job {job}"
     try:
-        (view,) = wait_for([run_dir], poll_s, describe=describe, say=say)
+        (view,) = wait_for([run_dir], poll_s, say=say)
     except KeyboardInterrupt:
         cancel_job(run_dir, job, say)
         raise

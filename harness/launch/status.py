@@ -25,7 +25,7 @@ from rich.text import Text
 from harness.launch import slurm_commands
 from harness.launch.job_records import read_job_record, read_submission
 from harness.launch.oom import SIG_OOM, SIGKILL, KillEvidence, host_oom, job_logs, slurmstepd_oom_line
-from harness.launch.slurm_reasons import never_starts
+from harness.launch.slurm_reasons import never_starts, pending_reason
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
@@ -160,7 +160,7 @@ def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError],
         if never:
             return FAILED, f"slurm job {view.job_id} can never start: {never}; the harness cancelled it"
         requeued = f"requeued ({view.restart_count}x), " if view.restart_count else ""
-        return PENDING, f"{requeued}slurm job {view.job_id} {view.state.lower()} ({view.reason or 'None'})"
+        return PENDING, f"{requeued}slurm job {view.job_id} {view.state.lower()}: {pending_reason(view.reason)}"
     if view.state in SLURM_ACTIVE:
         return RUNNING, f"slurm job {view.job_id} {view.state.lower()}"
     if partial:

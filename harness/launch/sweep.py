@@ -14,8 +14,10 @@ from harness.launch.points import Point, load_point, render_pruned, sweep_record
 from harness.launch.run import run_prepared
 from harness.launch.run_lock import live_holder
 from harness.launch.sbatch import Submission, group_runs, write_group, write_job_script
-from harness.launch.slurm_commands import scancel
-from harness.launch.status import SLURM_FINAL, RunView, one_line, print_status, refresh, timing
+from harness.launch.follow import FOLLOW_INTERVAL_S, StepFollower
+from harness.launch.slurm_commands import check_reachable, scancel
+from harness.launch.status import SLURM_FINAL, RunView, print_status, refresh, timing
+from harness.launch.sweep_progress import SweepProgress
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
@@ -27,9 +29,11 @@ from harness.rundir import (
     PRUNED,
     RUNNING,
     TIMEOUT,
+    FINAL_STATES,
     CorruptFile,
     RecordError,
     run_dirs,
+    read_status,
     write_status,
 )
 from harness.runtime.sinks import wandb_environment
@@ -122,6 +126,13 @@ def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_
         write_job_script(point.cfg, point.rendered, wandb_environment(point.run_dir, point.cfg.tracking))
     groups = group_runs([(p.run_dir, p.cfg, p.rendered) for p in runnable])
     submissions = [write_group(group, sweep_dir, sweep_name) for group in groups]
+    unreachable = check_reachable() if submissions and not dry_run else None
+    if unreachable:  # said once, here; each run's status keeps the short form
+        print(f"[harness] {unreachable}", file=sys.stderr, flush=True)
+        for submission in submissions:
+            for run_dir in submission.run_dirs:
+                write_status(run_dir, FAILED, "not submitted: Slurm was not reachable (`harness doctor` says why)")
+        return []
     for submission in submissions:
         if not dry_run:
             _submit_one(submission)
@@ -134,19 +145,61 @@ def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_
     return submissions
 
 
-def wait_for(runs: Sequence[Path], poll_s: float, describe: Callable[[Sequence[RunView]], str] = one_line,
-             say: Optional[Callable[[str], None]] = None) -> List[RunView]:
-    """Poll until every submitted run is final; say a line (`describe`: the counts) whenever it changes."""
-    last = None
+def run_line(view: RunView) -> str:
+    """One run's state as it changes while it is followed: its state, Slurm's state and why (in words)."""
+    slurm = f" [slurm {view.slurm_state}]" if view.slurm_state else ""
+    return f"[harness] {view.run_dir.name}: {view.state}{slurm} {view.reason}".rstrip()
+
+
+def wait_for(runs: Sequence[Path], poll_s: float, say: Optional[Callable[[str], None]] = None,
+             progress: Optional[SweepProgress] = None, follow_s: float = FOLLOW_INTERVAL_S) -> List[RunView]:
+    """Follow submitted runs until every one is settled, as a local run is followed: each run's step lines
+    as rank 0 appends them to its progress.jsonl (read every `follow_s` from the shared run directory),
+    a line whenever a run's state or reason changes, and with `progress` the sweep's bar, counts and ETA.
+    Slurm itself is asked every `poll_s` only (each look is an RPC to the shared controller)."""
+    say = progress.echo if progress is not None else (say or _echo)
+    followers = [StepFollower(run, say, prefix=f"[{Path(run).name}] ") for run in runs]
+    seen: Dict[Path, Tuple[str, str]] = {}
     while True:
         views = refresh(runs)
-        line = describe(views)
-        if line != last:
-            (say or _echo)(f"[harness] {time.strftime('%H:%M:%S')} {line}")
-            last = line
+        for view, follower in zip(views, followers):
+            if view.run_dir not in seen and view.final:
+                follower.skip_written()  # ended before this wait: its steps are history, not progress
+            follower.read_new_lines()
+        for view in views:
+            now = (view.state, view.reason)  # not Slurm's state alone: a run's COMPLETED is said once
+            before = seen.get(view.run_dir)
+            if now == before:
+                continue
+            seen[view.run_dir] = now
+            if view.state == PRUNED:
+                continue
+            say(run_line(view))
+            if progress is None or not view.final or (before is not None and before[0] in FINAL_STATES):
+                continue
+            if before is None:
+                progress.already(view.state)  # final before this wait began: counted, its time not in the ETA
+            else:
+                progress.finished(view.run_dir.name, view.state, view.reason)
         if all(v.settled or v.job_key is None for v in views):
             return views
-        time.sleep(poll_s)
+        deadline = time.monotonic() + poll_s
+        while time.monotonic() < deadline:
+            time.sleep(min(follow_s, max(0.0, deadline - time.monotonic())))
+            for follower in followers:
+                follower.read_new_lines()
+
+
+def follow(runs: Sequence[Path], poll_s: float) -> List[RunView]:
+    """A Slurm sweep followed to the end with the local sweep's view: step lines, run lines, bar and ETA."""
+    pruned = sum(1 for run in runs if read_status(run).state == PRUNED)
+    with SweepProgress(len(runs) - pruned, pruned) as progress:
+        return wait_for(runs, poll_s, progress=progress)
+
+
+def watch_command(sweep_dir: Path) -> str:
+    """The command that follows a submitted sweep (or run) live, later or from another shell."""
+    return f"harness sweep status --watch {sweep_dir}"
 
 
 def finish(sweep_dir: Path, report: Reporter, since: float = 0.0, query_slurm: bool = True) -> int:
@@ -196,10 +249,10 @@ def launch(sweep_dir: Path, points: Sequence[Point], backend: str, sweep_name: s
               f"`harness sweep resume {sweep_dir}`")
         return 0
     if not opts.wait:
-        print(f"[harness] submitted; follow with `harness sweep status {sweep_dir}`")
+        print(f"[harness] submitted; follow with `{watch_command(sweep_dir)}`")
         return 0
     try:
-        wait_for(sorted(p.run_dir for p in points), opts.poll_s)
+        follow(sorted(p.run_dir for p in points), opts.poll_s)
     except KeyboardInterrupt:
         print(f"\n[harness] stopped waiting; the jobs go on: harness sweep status {sweep_dir}", file=sys.stderr)
         return 130

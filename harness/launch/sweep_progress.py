@@ -1,4 +1,5 @@
-"""A local sweep's progress: a rich bar (done, failed, pruned, remaining, elapsed, ETA) with each run's lines above it."""
+"""A sweep's progress, local or on Slurm: a rich bar (done, failed, pruned, remaining, elapsed, ETA) with each
+run's lines above it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from harness.rundir import COMPLETED
 
 
 def eta_s(elapsed_s: float, finished: int, remaining: int) -> Optional[float]:
-    """Runs of one sweep go one after another, so the time left is the mean time per finished run times
-    the runs still to go; unknown before the first run ends."""
+    """The runs still to go at the rate runs have finished so far (finished / elapsed): the mean time per
+    run times the runs left when they go one after another (local), the same rate-based estimate when a
+    Slurm array runs several side by side; unknown before the first run ends."""
     if finished == 0:
         return None
     return elapsed_s / finished * remaining
@@ -24,7 +26,7 @@ def clock(seconds: Optional[float]) -> str:
 
 
 class SweepProgress:
-    """Counts the runs of one local sweep as they end and draws them under the run lines."""
+    """Counts the runs of one sweep as they end and draws them under the run lines."""
 
     def __init__(self, runnable: int, pruned: int, console: Any = None):
         from rich.console import Console
@@ -32,6 +34,7 @@ class SweepProgress:
         self.console = console or Console()
         self.runnable, self.pruned = runnable, pruned
         self.done = self.failed = 0
+        self.earlier = 0  # runs already final when following began: not part of the rate behind the ETA
         self.started = time.monotonic()
         self._progress = None
         self._task = None
@@ -39,8 +42,9 @@ class SweepProgress:
     def counts(self) -> str:
         elapsed = time.monotonic() - self.started
         remaining = self.runnable - self.done - self.failed
+        finished_here = self.done + self.failed - self.earlier
         return (f"{self.done} done, {self.failed} failed, {self.pruned} pruned, {remaining} remaining | "
-                f"elapsed {clock(elapsed)} | ETA {clock(eta_s(elapsed, self.done + self.failed, remaining))}")
+                f"elapsed {clock(elapsed)} | ETA {clock(eta_s(elapsed, finished_here, remaining))}")
 
     def __enter__(self) -> "SweepProgress":
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -65,10 +69,19 @@ class SweepProgress:
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         self._refresh()
 
-    def finished(self, name: str, state: str, reason: str) -> None:
+    def _count(self, state: str) -> None:
         if state == COMPLETED:
             self.done += 1
         else:
             self.failed += 1
+
+    def already(self, state: str) -> None:
+        """A run that was final before the sweep was followed (`sweep status --watch` of a running sweep)."""
+        self._count(state)
+        self.earlier += 1
+        self._refresh()
+
+    def finished(self, name: str, state: str, reason: str) -> None:
+        self._count(state)
         # Written out as well, so a log or a terminal without live redraw keeps every count.
         self.echo(f"[harness] {self.counts()}")

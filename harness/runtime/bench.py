@@ -48,7 +48,7 @@ from harness.runtime.meter import (
     StepTimer,
     measure_matmul_peak_flops,
 )
-from harness.runtime.progress import GIB, MEMORY_KEY, MFU_KEY, StepReporter
+from harness.runtime.progress import GIB, MEMORY_KEY, MFU_KEY, PROGRESS_FILE, StepReporter
 from harness.runtime.sinks import WandbRun, wandb_group
 
 
@@ -226,7 +226,8 @@ def run(run_dir: Path, warning: WarningSignal) -> int:
     # Until warm-up is steady its length is known only to be at most warmup_max_steps (timed_loop sets it then).
     report = StepReporter(rank, cfg.bench.warmup_max_steps + cfg.bench.steps, cfg.bench.warmup_max_steps,
                           plan["tokens_per_step"], plan["flops_per_token"], dist.get_world_size(), tracker,
-                          kind, peak_flops_of(cfg.cluster.accelerator, cfg.layout.precision, peak).flops)
+                          kind, peak_flops_of(cfg.cluster.accelerator, cfg.layout.precision, peak).flops,
+                          progress_path=run_dir / PROGRESS_FILE)
     host_start = snapshot(kind.type == "cuda") if rank == 0 else None
     times_s, losses, activation_bytes, state = timed_loop(session, source, cfg, kind, report,
                                                           stop=lambda: agreed_to_stop(warning, kind))

@@ -1,14 +1,21 @@
-"""Rank 0's live record of every training step: one console line (kept in launch.log) and one W&B row."""
+"""Rank 0's live record of every training step: one console line (kept in launch.log or the Slurm job's
+log), one JSON line in the run directory's progress.jsonl (what the harness follows, locally and on Slurm)
+and one W&B row."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 from harness.plan.utilization import mfu
 
-# The harness echoes the lines that start with this from launch.log to the console (harness/launch/follow.py).
+# Every step line starts with this.
 PROGRESS_PREFIX = "[step "
+# One StepRecord per line, appended by rank 0 as each step ends; harness/launch/follow.py reads it live from
+# the run directory (on the shared filesystem for Slurm runs) and prints each record's line().
+PROGRESS_FILE = "progress.jsonl"
 # W&B history keys, each with its unit; `step` is the x-axis of every chart.
 STEP_KEY = "step"
 LOSS_KEY = "loss"
@@ -49,6 +56,17 @@ class StepRecord:
             parts.append(f"| {1000 * self.step_time_s:.1f} ms")
         return " ".join(parts)
 
+    def json_line(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":")) + "\n"
+
+    @classmethod
+    def from_json_line(cls, line: str) -> Optional["StepRecord"]:
+        """The record of one progress.jsonl line; None for a line that is not one (a torn or foreign line)."""
+        try:
+            return cls(**json.loads(line))
+        except (ValueError, TypeError):
+            return None
+
     def wandb_row(self) -> Dict[str, float]:
         row = {STEP_KEY: self.step, LOSS_KEY: self.loss}
         optional = {STEP_TIME_KEY: self.step_time_s, TOKENS_KEY: self.tokens_per_s,
@@ -80,8 +98,11 @@ class StepReporter:
 
     def __init__(self, rank: int, total_steps: int, warmup_steps: int, tokens_per_step: int,
                  flops_per_token: Optional[float], world_size: int, tracker: Any, kind: Any,
-                 peak_flops: Optional[float]):
+                 peak_flops: Optional[float], progress_path: Optional[Path] = None):
         self.rank, self.total, self.warmup = rank, total_steps, warmup_steps
+        self.progress_path = Path(progress_path) if progress_path is not None else None
+        if self.progress_path is not None and rank == 0:
+            self.progress_path.write_text("")  # this attempt's steps only
         self.tokens_per_step, self.flops_per_token, self.world = tokens_per_step, flops_per_token, world_size
         self.tracker, self.kind, self.peak_flops = tracker, kind, peak_flops
         self.metered_bytes: Optional[int] = None
@@ -104,6 +125,10 @@ class StepReporter:
         record = StepRecord(step + 1, self.total, step < self.warmup, float(loss), step_time_s, tokens,
                             utilization, self.memory_bytes())
         print(record.line(), flush=True)
+        if self.progress_path is not None:
+            # One write of one whole line: a reader polling the file sees whole records or a tail it waits on.
+            with open(self.progress_path, "a") as out:
+                out.write(record.json_line())
         if self.tracker is not None:
             self.tracker.log_step(record.wandb_row())
         return record

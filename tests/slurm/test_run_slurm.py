@@ -36,3 +36,11 @@ def test_harness_run_submits_and_follows_the_job(slurm_cluster, tmp_path):
         (row,) = list(csv.DictReader(handle))
     assert row["status"] == "COMPLETED" and float(row["tokens_per_s"]) > 0
     assert f"{run.name}: COMPLETED" in proc.stdout
+    # Followed live as a local run is: rank 0's step lines, read from the run directory while the job ran,
+    # each the very line the rank printed into the job's log, before the run's final line.
+    echoed = [line.split("] ", 1)[1] for line in proc.stdout.splitlines() if line.startswith(f"[{run.name}] [step ")]
+    logged = [line for line in (run / f"slurm-{job_id}.out").read_text().splitlines() if line.startswith("[step ")]
+    assert echoed and echoed == logged, proc.stdout
+    assert "tokens/s" in echoed[-1]
+    assert proc.stdout.index(echoed[-1]) < proc.stdout.index(f"{run.name}: COMPLETED")
+    assert "(None)" not in proc.stdout

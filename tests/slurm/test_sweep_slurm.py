@@ -36,7 +36,7 @@ def harness(env, *args, timeout=900, check=True) -> subprocess.CompletedProcess:
 
 
 def submitted_dir(proc: subprocess.CompletedProcess) -> Path:
-    match = re.search(r"harness sweep status (\S+)`", proc.stdout)
+    match = re.search(r"harness sweep status --watch (\S+)`", proc.stdout)
     assert match, proc.stdout + proc.stderr
     return Path(match.group(1))
 

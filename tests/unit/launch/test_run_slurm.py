@@ -63,7 +63,7 @@ def test_a_two_node_run_is_submitted_not_refused(tmp_path, monkeypatch, capsys):
     run = the_run(tmp_path)
     assert fake.ran("sbatch") == [["sbatch", "--parsable", str(run / "job.sbatch")]]
     assert f"slurm job {JOB}; run directory {run}" in out.out
-    assert f"harness sweep status {run.parent}" in out.out
+    assert f"harness sweep status --watch {run.parent}" in out.out
     script = (run / "job.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "srun --nodes=2" in script
     assert json.loads((run / "slurm.json").read_text())["job_key"] == JOB

@@ -8,7 +8,7 @@ import pytest
 
 from harness.launch.sweep_progress import SweepProgress, clock, eta_s
 from harness.plan.utilization import mfu
-from harness.runtime.progress import PROGRESS_PREFIX, StepRecord, StepReporter
+from harness.runtime.progress import PROGRESS_FILE, PROGRESS_PREFIX, StepRecord, StepReporter
 
 
 class FakeTracker:
@@ -61,3 +61,14 @@ def test_sweep_progress_counts_done_failed_pruned_remaining():
         progress.finished("001-b", "FAILED", "rank 1: boom")
     text = out.getvalue()
     assert "1 done, 1 failed, 1 pruned, 1 remaining" in text and "ETA" in text
+
+
+def test_rank0_appends_each_record_to_the_run_directorys_progress_file(tmp_path, capsys):
+    path = tmp_path / PROGRESS_FILE
+    path.write_text("an earlier attempt's line\n")
+    first = StepReporter(0, 5, 2, 256, 1e6, 2, None, None, 1e9, progress_path=path)
+    StepReporter(1, 5, 2, 256, 1e6, 2, None, None, 1e9, progress_path=path)(0, 9.0, None)  # rank 1 writes nothing
+    records = [first(0, 5.5, None), first(2, 5.25, 0.128)]
+    lines = path.read_text().splitlines()
+    assert [StepRecord.from_json_line(line) for line in lines] == records
+    assert capsys.readouterr().out.splitlines() == [r.line() for r in records]
