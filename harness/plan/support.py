@@ -36,6 +36,9 @@ class EngineSupport:
     # Engine options (field, value) tensor and context parallelism need, and why (ends up in the error).
     tp_cp_options: Tuple[Tuple[str, Any], ...] = ()
     tp_cp_reason: str = ""
+    # ZeRO stages allowed together with tp > 1 (empty: any of zero_stages), and why.
+    tp_zero_stages: Tuple[int, ...] = ()
+    tp_zero_reason: str = ""
 
 
 ENGINE_SUPPORT: Dict[str, EngineSupport] = {
@@ -51,7 +54,10 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         pp_schedules=("1F1B",), pp_zero_stages=(0, 1), hybrid_zero_stages=(0, 3),
         offload_optimizer={"cpu": (1, 2, 3), "nvme": (3,)}, offload_params={"cpu": (3,), "nvme": (3,)},
         offload_together=False, tp_shards_vocab=(False, True), activation_profile="hf",
-        meta_init_stages=(3,)),
+        meta_init_stages=(3,), tp_zero_stages=(0, 1, 2),
+        # DeepSpeed's AutoTP training tutorial: TP "with ZeRO Stage 0, 1, or 2"; at stage 3 (0.19.8, tiny
+        # Llama, tp=2) the ranks of one job disagree on the data-parallel world and assert train_batch_size.
+        tp_zero_reason="DeepSpeed's AutoTP trains with ZeRO stages 0-2 only"),
     # FSDP through Accelerate: 3 FULL_SHARD, 2 SHARD_GRAD_OP, 0 NO_SHARD (no optimizer-only level);
     # no pipeline; CPUOffload moves parameters, gradients and optimizer together, at FULL_SHARD.
     # Tensor and context parallelism through Accelerate's ParallelismConfig on GPU clusters only (it refuses

@@ -198,6 +198,9 @@ def check_engine(engine: str, unmet_options: Tuple[Tuple[str, Any], ...], zero: 
         errors.append(f"engine={engine} cannot shard over dp_shard only (dp_replicate={dp_replicate}) at "
                       f"zero_stage={zero} (hybrid sharding: "
                       f"{', '.join(map(str, support.hybrid_zero_stages)) or 'none'})")
+    if tp > 1 and support.tp_zero_stages and zero not in support.tp_zero_stages:
+        errors.append(f"engine={engine} rejects zero_stage={zero} with tp={tp} (allowed: "
+                      f"{', '.join(map(str, support.tp_zero_stages))}: {support.tp_zero_reason})")
     if tp > 1 or cp > 1:
         errors += [f"engine={engine} {option}={value} cannot compose tp={tp} / cp={cp} ({support.tp_cp_reason})"
                    for option, value in unmet_options]

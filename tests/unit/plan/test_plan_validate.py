@@ -92,6 +92,11 @@ def test_engine_support_matrix():
     assert "engine=deepspeed rejects zero_stage=2 with pp=2 (allowed: 0, 1)" in errors_of(zero_stage=2, **pp2)
     assert errors_of(zero_stage=1, **pp2) == []
     assert "engine=fsdp does not support pp=2" in errors_of(engine=dict(name="fsdp"), zero_stage=3, **pp2)
+    # DeepSpeed's AutoTP trains at ZeRO 0-2 only (at 3 the ranks disagree on the data-parallel world).
+    tp2 = dict(dp_shard=1, tp=2)
+    assert any(e.startswith("engine=deepspeed rejects zero_stage=3 with tp=2 (allowed: 0, 1, 2")
+               for e in errors_of(zero_stage=3, **tp2))
+    assert errors_of(zero_stage=2, **tp2) == []
     assert "engine=deepspeed does not support cp=2" in errors_of(
         cp=2, dp_shard=1, cluster=H100 | dict(accelerators_per_node=2))
     assert any(e.startswith("engine=megatron_lm does not support zero_stage=3") for e in
