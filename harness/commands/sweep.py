@@ -24,9 +24,9 @@ from harness.report.table import measured_cells, summary_frame
 from harness.rundir import SWEEP_FILE, run_dirs
 
 USAGE = """usage:
-  harness sweep [sweep=PRESET] [OVERRIDES...] [--dry-run] [--submit-pruned] [--no-wait] [--poll=SECONDS]
-  harness sweep status SWEEP_DIR [--watch] [--json] [--poll=SECONDS]
-  harness sweep resume SWEEP_DIR [--dry-run] [--submit-pruned] [--no-wait] [--poll=SECONDS]
+  harness sweep [sweep=PRESET] [OVERRIDES...] [--dry-run] [--submit-pruned] [--no-wait] [--poll=SECONDS] [--wide]
+  harness sweep status SWEEP_DIR [--watch] [--json] [--wide] [--poll=SECONDS]
+  harness sweep resume SWEEP_DIR [--dry-run] [--submit-pruned] [--no-wait] [--poll=SECONDS] [--wide]
   harness sweep cancel SWEEP_DIR
 
 A grid is Hydra multirun syntax (`layout.zero_stage=1,2,3 engine=deepspeed,fsdp`) and/or a preset in
@@ -38,7 +38,7 @@ shape and waits for them (--no-wait returns after submitting). --dry-run prepare
 prints the sbatch scripts without submitting (`resume` submits them later).
 
   status   refresh every run's state from its files and squeue/sacct, print the grid, write summary.csv
-           (--json: one object per run instead of the table)
+           (--json: one object per run instead of the table; --wide: every column, however wide)
   resume   run again what did not complete (FAILED, OOM, TIMEOUT, CANCELLED, CORRUPT, never submitted)
   cancel   scancel the sweep's queued and running jobs
 
@@ -52,7 +52,8 @@ examples:
 """
 
 SUBCOMMANDS = ("status", "resume", "cancel")
-FLAGS = {"--dry-run": "dry_run", "--submit-pruned": "submit_pruned", "--watch": "watch", "--json": "as_json"}
+FLAGS = {"--dry-run": "dry_run", "--submit-pruned": "submit_pruned", "--watch": "watch", "--json": "as_json",
+         "--wide": "wide"}
 
 
 def parse_args(args: Sequence[str]) -> Options:
@@ -102,7 +103,7 @@ def status(opts: Options) -> int:
         print(json.dumps([{"run": v.run_dir.name, "state": v.state, "reason": v.reason, "job": v.job_key,
                            "slurm_state": v.slurm_state} for v in refresh(runs)], indent=1))
         return 0
-    orchestrate.finish(sweep_dir, write_reports)
+    orchestrate.finish(sweep_dir, write_reports, wide=opts.wide)
     return 0
 
 
