@@ -116,7 +116,7 @@ def _write_summary(sweep_dir: Path) -> None:
 
     frame = summary_frame([sweep_dir])
     paths = build_report([sweep_dir], sweep_dir, frame=frame)
-    print_table(frame, title=str(sweep_dir), wide=_run_options["wide"])
+    print_table(frame, title=str(sweep_dir), wide=_run_options.get("wide", False))
     say(f"[harness] summary: {paths['csv']}\n[harness] report: {paths['html']}")
 
 

@@ -190,3 +190,11 @@ def test_sweep_status_takes_wide(sweep_dir):
     assert dropped_headers(narrow)
     wide = harness("sweep", "status", str(sweep_dir), "--wide", columns=80)
     assert not dropped_headers(wide) and all(header in wide for header in dropped_headers(narrow))
+
+
+def test_run_takes_wide_and_leaves_hydra_its_arguments(monkeypatch):
+    from harness import cli
+
+    monkeypatch.setattr(cli, "_run_options", {"wait": True, "poll_s": None, "wide": False})
+    assert cli._take_run_options(["--wide", "layout.tp=2"]) == ["layout.tp=2"]
+    assert cli._run_options["wide"] is True
