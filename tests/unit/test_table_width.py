@@ -3,6 +3,8 @@ it left out and how to see them, wraps free text and never cuts a value."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -21,14 +23,22 @@ DROPPED = re.compile(r"(\d+) column\(s\) left out to fit (\d+) columns: (.*?) \(
 
 
 @lru_cache(maxsize=None)
-def harness(*args, columns=None):
-    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+def harness(command, *args, columns=None):
+    """The command's stdout, run in this process (COLUMNS as given, else unset; stdout is not a terminal)."""
+    from harness import cli
+
+    saved = os.environ.pop("COLUMNS", None)
     if columns is not None:
-        env["COLUMNS"] = str(columns)
-    out = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=REPO_ROOT, capture_output=True,
-                         text=True, timeout=300, env={**env, "PYTHONPATH": str(REPO_ROOT)})
-    assert "Traceback" not in out.stdout + out.stderr, out.stderr
-    return out.stdout
+        os.environ["COLUMNS"] = str(columns)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            {"plan": cli.plan_command, "sweep": cli.sweep_command, "doctor": cli.doctor_command}[command](list(args))
+    finally:
+        os.environ.pop("COLUMNS", None)
+        if saved is not None:
+            os.environ["COLUMNS"] = saved
+    return out.getvalue()
 
 
 def flat(text: str) -> str:
@@ -122,12 +132,24 @@ def test_plan_in_a_pseudo_terminal_fits_its_width():
     assert dropped_headers(out)
 
 
-def test_doctor_wraps_its_hints_at_80_columns():
+SLURM_HINT = ("sinfo failed: sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host "
+              "(SLURM_CONF unset: `make slurm-up` prints it)")
+
+
+def test_doctor_wraps_its_hints_at_80_columns(monkeypatch):
+    from harness import doctor
+
+    facts = [doctor.Fact(doctor.PASS, "python", "3.11.7"), doctor.Fact(doctor.WARN, "slurm", SLURM_HINT),
+             doctor.Fact(doctor.WARN, "deepspeed op async_io", "not compatible on this machine (NVMe offload; "
+                                                               "needs Debian's libaio-dev) " + "x" * 90)]
+    monkeypatch.setattr(doctor, "gather", lambda: facts)
     out = harness("doctor", columns=80)
     assert_fits(out, 80)
-    wide = harness("doctor", "--wide")
-    for line in wide.splitlines():  # every fact's whole detail is in the wrapped output
-        assert flat(line) in flat(out)
+    for fact in facts:  # the whole detail, wrapped under itself
+        assert flat(fact.detail) in flat(out)
+    assert all(line.startswith((doctor.PASS, doctor.WARN, " ")) for line in out.splitlines()[:-1])
+    wide = harness("doctor", "--wide", columns=80)
+    assert any(SLURM_HINT in line for line in wide.splitlines())
 
 
 def test_priorities_drop_whole_columns_highest_number_first():
