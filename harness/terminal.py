@@ -85,6 +85,10 @@ def fit_columns(columns: Sequence[Column], natural: Sequence[int], width: Option
         if not droppable:
             break
         shown.remove(max(droppable, key=lambda i: (columns[i].priority, i)))
+    # A narrow column left out before a wide one of the same priority may fit again once that one is gone.
+    for i in sorted(set(range(len(columns))) - set(shown), key=lambda i: (columns[i].priority, i)):
+        if table_width([least(j) for j in (*shown, i)]) <= width:
+            shown = sorted((*shown, i))
     widths = {i: least(i) for i in shown}
     spare = width - table_width(list(widths.values()))
     for i in (i for i in shown if columns[i].wrap):

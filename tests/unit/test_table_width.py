@@ -159,6 +159,9 @@ def test_priorities_drop_whole_columns_highest_number_first():
     fitted = fit_columns(columns, natural, 60)
     assert fitted.dropped == ["b"] and table_width(list(fitted.widths.values())) <= 60
     assert fit_columns(columns, natural, 40).dropped == ["b", "c"]
+    # "narrow" goes first (the rightmost of priority 1), then "wide"; without "wide", "narrow" fits again
+    columns = [Column("a"), Column("wide", 1), Column("narrow", 1)]
+    assert fit_columns(columns, [10, 30, 5], 30).dropped == ["wide"]
 
 
 def test_a_value_wider_than_the_terminal_is_folded_not_cut(capsys):
