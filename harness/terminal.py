@@ -103,8 +103,8 @@ def dropped_line(dropped: Sequence[str], width: Optional[int], hint: str) -> str
 
 
 def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], title: str = "", wide: bool = False,
-                hint: str = "--wide shows every column", width: Optional[int] = None, console: Any = None,
-                show_header: bool = True) -> List[str]:
+                hint: str = "--wide shows every column", width: Optional[int] = None,
+                console: Any = None) -> List[str]:
     """Print the rows under the columns that fit the terminal (`width`, else terminal_width()); `wide`: every
     column at full width. A line names the columns left out and `hint` says how to see them. Returns the
     headers left out."""
@@ -114,7 +114,7 @@ def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], title
     from rich.text import Text
 
     texts = [[_text(cell) for cell in row] for row in rows]
-    natural = [max([len(column.header) if show_header else 0] + [row[i].cell_len for row in texts])
+    natural = [max([len(column.header)] + [row[i].cell_len for row in texts])
                for i, column in enumerate(columns)]
     limit = None if wide else (width if width is not None else terminal_width())
     longest_word = [max([len(word) for row in texts for word in row[i].plain.split()] or [0])
@@ -122,7 +122,7 @@ def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], title
     fitted = fit_columns(columns, natural, limit, longest_word)
     fits = limit is None or table_width(list(fitted.widths.values())) <= limit
     table = Table(title=Text(title, style="table.title") if title else None, box=box.SIMPLE_HEAD,
-                  show_edge=False, show_header=show_header)
+                  show_edge=False)
     for i, cell_width in fitted.widths.items():
         # Where even the must-keep columns are wider than the terminal, rich narrows them and folds the
         # longest values onto more lines: a value is split, never cut.
