@@ -33,7 +33,7 @@ examples:
 
 _failed_runs: List[str] = []
 # `harness run` on a Slurm backend: wait for the job (or only submit it) and how often to look.
-_run_options = {"wait": True, "poll_s": None}
+_run_options = {"wait": True, "poll_s": None, "wide": False}
 # The shell's code for a command ended by SIGINT (128 + 2); SIGTERM ends `run` and `sweep` the same way.
 INTERRUPTED = 130
 
@@ -116,7 +116,7 @@ def _write_summary(sweep_dir: Path) -> None:
 
     frame = summary_frame([sweep_dir])
     paths = build_report([sweep_dir], sweep_dir, frame=frame)
-    print_table(frame, title=str(sweep_dir))
+    print_table(frame, title=str(sweep_dir), wide=_run_options.get("wide", False))
     say(f"[harness] summary: {paths['csv']}\n[harness] report: {paths['html']}")
 
 
@@ -171,13 +171,15 @@ def split_hydra_flags(args: List[str]) -> Tuple[List[str], List[str]]:
 
 
 COMMAND_USAGE = {
-    "run": "usage: harness run [hydra overrides...] [-m] [--cfg job|hydra|all] [--no-wait] [--poll=SECONDS]\n\n"
+    "run": "usage: harness run [hydra overrides...] [-m] [--cfg job|hydra|all] [--no-wait] [--poll=SECONDS]\n"
+           "       [--wide]\n\n"
            "  Compose one config (or, with -m, a Hydra grid), plan, render and launch each point: on this\n"
            "  machine (launcher=local), or submitted as a Slurm job (launcher=slurm*) and followed until it\n"
            "  ends (Ctrl-C cancels the job; --no-wait only submits; `harness sweep status DIR` follows).",
-    "plan": "usage: harness plan [hydra overrides...]   (comma lists expand to a grid)\n\n"
+    "plan": "usage: harness plan [hydra overrides...] [--why] [--wide] [--json] [--csv]\n"
+            "       (comma lists expand to a grid)\n\n"
             "  Predict memory, FLOPs and validity per layout; nothing is launched. Exit 1 if any is refused.",
-    "report": "usage: harness report [SWEEP_DIR ...] [--out DIR]\n\n"
+    "report": "usage: harness report [SWEEP_DIR ...] [--out DIR] [--wide]\n\n"
               "  Build summary.csv/.parquet, report.html and the W&B report spec (newest sweep by default;\n"
               "  several sweeps: a comparison, written under compare/ or into --out DIR).",
 }
@@ -258,7 +260,8 @@ def _point_name(num: int, default: str) -> str:
 
 
 def _take_run_options(args: List[str]) -> List[str]:
-    """--no-wait (submit a Slurm run and return) and --poll=SECONDS; the rest is Hydra's."""
+    """--no-wait (submit a Slurm run and return), --poll=SECONDS and --wide (every column of the final
+    table); the rest is Hydra's."""
     from harness.config.arguments import poll_seconds
 
     rest = []
@@ -267,6 +270,8 @@ def _take_run_options(args: List[str]) -> List[str]:
             _run_options["wait"] = False
         elif arg.startswith("--poll="):
             _run_options["poll_s"] = poll_seconds(arg, "harness run")
+        elif arg == "--wide":
+            _run_options["wide"] = True
         else:
             rest.append(arg)
     return rest
@@ -380,10 +385,11 @@ def report_command(args: List[str]) -> int:
     from harness.config.arguments import CommandLineError
     from harness.report.build import report_main
 
-    unknown = [arg for arg in args if arg.startswith("-") and arg != "--out"]
+    unknown = [arg for arg in args if arg.startswith("-") and arg not in ("--out", "--wide")]
     if unknown:
         raise CommandLineError(f"harness report: unknown option {unknown[0]} (see `harness report --help`)")
-    return report_main([Path(arg) for arg in args] or [_newest_sweep(Path("results"))])
+    paths = [Path(arg) for arg in args if arg != "--wide"]
+    return report_main(paths or [_newest_sweep(Path("results"))], wide="--wide" in args)
 
 
 def _newest_sweep(results: Path) -> Path:

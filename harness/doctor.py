@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from harness import REPO_ROOT
 
 PASS, WARN = "PASS", "WARN"
+# Narrowest the wrapped detail of a fact gets, however narrow the terminal.
+MIN_DETAIL_WIDTH = 20
 LIBRARIES = ("torch", "deepspeed", "accelerate", "transformers", "hydra-core", "wandb", "wandb-workspaces",
              "pandas", "rich", "plotly")
 # torch.cuda.get_device_name() strings (as nvidia-smi / rocm-smi print them) -> keys of harness/plan/peak.py.
@@ -178,14 +181,18 @@ def gather(checks: Sequence[Tuple[str, Callable[[], List[Fact]]]] = CHECKS) -> L
     return facts
 
 
-def fact_lines(facts: Sequence[Fact], width: int) -> List[str]:
-    """One line per fact, `STATUS  name  detail`, the detail cut to `width` (never wrapped)."""
+def fact_lines(facts: Sequence[Fact], width: Optional[int]) -> List[List[str]]:
+    """Per fact, `STATUS  name  detail`, the detail wrapped under itself to `width` (None: one line each);
+    a word longer than the room left is split across lines, never cut."""
     name_width = max((len(fact.name) for fact in facts), default=0)
-    lines = []
+    indent = len(PASS) + 2 + name_width + 2
+    room = max(width - indent, MIN_DETAIL_WIDTH) if width else None
+    out = []
     for fact in facts:
-        line = f"{fact.status}  {fact.name:<{name_width}}  {fact.detail}"
-        lines.append(line if len(line) <= width else line[: width - 1] + "…")
-    return lines
+        detail = textwrap.wrap(fact.detail, room) if room and len(fact.detail) > room else [fact.detail]
+        out.append([f"{fact.status}  {fact.name:<{name_width}}  {detail[0]}".rstrip(),
+                    *(" " * indent + part for part in detail[1:])])
+    return out
 
 
 def doctor_main(args: List[str]) -> int:
@@ -194,16 +201,22 @@ def doctor_main(args: List[str]) -> int:
     from rich.text import Text
 
     from harness.config.arguments import OneLineParser
+    from harness.terminal import terminal_width
 
-    OneLineParser(prog="harness doctor", description="Environment facts, one line each, PASS or WARN: versions, "
-                  "CUDA / NCCL, GPUs, DeepSpeed ops, Slurm, W&B. Exit 0: the doctor informs, it never blocks."
-                  ).parse_args(list(args))
+    parser = OneLineParser(prog="harness doctor", description="Environment facts, one line each, PASS or WARN: "
+                           "versions, CUDA / NCCL, GPUs, DeepSpeed ops, Slurm, W&B. Exit 0: the doctor informs, "
+                           "it never blocks.")
+    parser.add_argument("--wide", action="store_true", help="each fact on one line, however long")
+    options = parser.parse_args(list(args))
     facts = gather()
-    console = Console()
-    for fact, line in zip(facts, fact_lines(facts, console.width)):
-        text = Text(line)
-        text.stylize("green" if fact.status == PASS else "yellow", 0, len(fact.status))
-        console.print(text, no_wrap=True, overflow="ignore")
+    width = None if options.wide else terminal_width()
+    console = Console(width=100_000, highlight=False)  # lines are already wrapped to the terminal
+    for fact, lines in zip(facts, fact_lines(facts, width)):
+        for number, line in enumerate(lines):
+            text = Text(line)
+            if number == 0:
+                text.stylize("green" if fact.status == PASS else "yellow", 0, len(fact.status))
+            console.print(text, no_wrap=True, overflow="ignore")
     warnings = sum(fact.status == WARN for fact in facts)
     console.print(f"{len(facts) - warnings} pass, {warnings} warn", highlight=False)
     return 0

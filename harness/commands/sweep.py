@@ -25,9 +25,9 @@ from harness.report.table import measured_cells, summary_frame
 from harness.rundir import SWEEP_FILE, run_dirs
 
 USAGE = """usage:
-  harness sweep [sweep=PRESET] [OVERRIDES...] [--dry-run] [--submit-pruned] [--no-wait] [--poll=SECONDS]
-  harness sweep status SWEEP_DIR [--watch] [--json] [--poll=SECONDS]
-  harness sweep resume SWEEP_DIR [--dry-run] [--submit-pruned] [--no-wait] [--poll=SECONDS]
+  harness sweep [sweep=PRESET] [OVERRIDES...] [--dry-run] [--submit-pruned] [--no-wait] [--poll=SECONDS] [--wide]
+  harness sweep status SWEEP_DIR [--watch] [--json] [--wide] [--poll=SECONDS]
+  harness sweep resume SWEEP_DIR [--dry-run] [--submit-pruned] [--no-wait] [--poll=SECONDS] [--wide]
   harness sweep cancel SWEEP_DIR
 
 A grid is Hydra multirun syntax (`layout.zero_stage=1,2,3 engine=deepspeed,fsdp`) and/or a preset in
@@ -41,7 +41,7 @@ directories and prints the sbatch scripts without submitting (`resume` submits t
 
   status   refresh every run's state from its files and squeue/sacct, print the grid, write summary.csv
            (--watch: first follow the sweep live until every job ends; --json: one object per run instead of
-           the table)
+           the table; --wide: every column, however wide)
   resume   run again what did not complete (FAILED, OOM, TIMEOUT, CANCELLED, CORRUPT, never submitted)
   cancel   scancel the sweep's queued and running jobs
 
@@ -55,7 +55,8 @@ examples:
 """
 
 SUBCOMMANDS = ("status", "resume", "cancel")
-FLAGS = {"--dry-run": "dry_run", "--submit-pruned": "submit_pruned", "--watch": "watch", "--json": "as_json"}
+FLAGS = {"--dry-run": "dry_run", "--submit-pruned": "submit_pruned", "--watch": "watch", "--json": "as_json",
+         "--wide": "wide"}
 
 
 def parse_args(args: Sequence[str]) -> Options:
@@ -106,7 +107,7 @@ def status(opts: Options) -> int:
         print(json.dumps([{"run": v.run_dir.name, "state": v.state, "reason": v.reason, "job": v.job_key,
                            "slurm_state": v.slurm_state} for v in refresh(runs)], indent=1))
         return 0
-    orchestrate.finish(sweep_dir, write_reports)
+    orchestrate.finish(sweep_dir, write_reports, wide=opts.wide)
     return 0
 
 

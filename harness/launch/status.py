@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -431,23 +431,31 @@ def one_line(views: Sequence[RunView]) -> str:
 
 
 MEASURED_HEADERS = ("tokens/s", "MFU", "memory")
+# Priority of each column on a narrow terminal (harness.terminal): 0 always shown, higher numbers left out first.
+STATUS_PRIORITY = {"run": 0, "layout": 1, "state": 0, "tokens/s": 1, "MFU": 2, "memory": 2, "slurm job": 3,
+                   "slurm state": 2, "reason": 0}
+BAR_WIDTH = 50
+MIN_BAR_WIDTH = 10
 
 
 def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[str, str]] = None,
-                 measured: Optional[Mapping[str, Sequence[str]]] = None) -> None:
-    """The grid as a table, with a progress bar of the runs that reached a final state. `measured`: the
-    cells of MEASURED_HEADERS per run name; Slurm's columns only where a run has a Slurm job."""
+                 measured: Optional[Mapping[str, Sequence[str]]] = None, wide: bool = False,
+                 width: Optional[int] = None) -> List[str]:
+    """The grid as a table that fits the terminal, with a progress bar of the runs that reached a final state.
+    `measured`: the cells of MEASURED_HEADERS per run name; Slurm's columns only where a run has a Slurm job.
+    Returns the headers left out."""
+    from harness.terminal import Column, print_table, terminal_width
+
     active = [v for v in views if v.state != PRUNED]
     done = sum(v.final for v in active)
-    table = Table(title=Text(title, style="table.title"))
     on_slurm = any(view.job_key for view in views)
-    columns = ["run", "layout", "state", *(MEASURED_HEADERS if measured is not None else ()),
+    headers = ["run", "layout", "state", *(MEASURED_HEADERS if measured is not None else ()),
                *(("slurm job", "slurm state") if on_slurm else ()), "reason"]
-    for column in columns:
-        table.add_column(column, overflow="fold", max_width=70 if column == "reason" else None,
-                         justify="right" if column in MEASURED_HEADERS else "left")
+    columns = [Column(h, STATUS_PRIORITY[h], "right" if h in MEASURED_HEADERS else "left", wrap=h == "reason")
+               for h in headers]
     styles = {COMPLETED: "green", FAILED: "red", OOM: "red", TIMEOUT: "red", CANCELLED: "yellow",
               RUNNING: "cyan", PENDING: "white", PRUNED: "dim", CORRUPT: "magenta"}
+    rows = []
     for view in views:
         name = view.run_dir.name
         # Text, not markup: a reason quotes a rank's error, which may hold brackets ("[.../pair.cc:553]").
@@ -456,8 +464,22 @@ def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[
             cells += [Text(c) for c in measured.get(name, ("-",) * len(MEASURED_HEADERS))]
         if on_slurm:
             cells += [Text(view.job_key or "-"), Text(view.slurm_state or "-")]
-        table.add_row(*cells, Text(view.reason or ""))
-    bar = ProgressBar(total=max(len(active), 1), completed=done, width=50)
+        rows.append([*cells, Text(view.reason or "")])
+    limit = None if wide else (width if width is not None else terminal_width())
+    dropped = print_table(columns, rows, title, wide=wide, width=limit,
+                          hint="--wide shows every column; summary.csv holds every field")
+    line = one_line(views)
+    room = (limit or BAR_WIDTH + 1 + len(line)) - 1 - len(line)
+    console = Console(width=limit or BAR_WIDTH + 1 + len(line))
+    bar_width = min(BAR_WIDTH, room if room >= MIN_BAR_WIDTH else (limit or BAR_WIDTH))
+    bar = ProgressBar(total=max(len(active), 1), completed=done, width=bar_width)
     summary = Table.grid(padding=(0, 1))
-    summary.add_row(bar, Text(one_line(views)))
-    Console(width=200).print(Group(table, summary))
+    if room >= MIN_BAR_WIDTH:  # the bar beside the counts
+        summary.add_column(width=bar_width, no_wrap=True)
+        summary.add_column()
+        summary.add_row(bar, Text(line))
+    else:  # the bar above them
+        summary.add_row(bar)
+        summary.add_row(Text(line))
+    console.print(summary)
+    return dropped

@@ -72,6 +72,7 @@ class Options:
     watch: bool = False
     as_json: bool = False
     poll_s: float = POLL_S
+    wide: bool = False  # every column of the final table, however wide
 
 
 def _echo(text: str) -> None:
@@ -202,12 +203,13 @@ def watch_command(sweep_dir: Path) -> str:
     return f"harness sweep status --watch {sweep_dir}"
 
 
-def finish(sweep_dir: Path, report: Reporter, since: float = 0.0, query_slurm: bool = True) -> int:
+def finish(sweep_dir: Path, report: Reporter, since: float = 0.0, query_slurm: bool = True,
+           wide: bool = False) -> int:
     """The whole grid's state, its reports, the table, and the exit code: 0 when every run that ran
     completed. `since`: time of this invocation's first sbatch (the timing line covers those jobs)."""
     views = refresh(run_dirs(sweep_dir), query_slurm=query_slurm)
     reported = report(sweep_dir)
-    print_status(str(sweep_dir), views, reported.labels, reported.measured)
+    print_status(str(sweep_dir), views, reported.labels, reported.measured, wide=wide)
     records = {v.run_dir: read_submission(v.run_dir) for v in views}
     ours = [v for v in views if records[v.run_dir] and records[v.run_dir].get("submitted", 0) >= since]
     line = timing(ours, [records[v.run_dir]["submitted"] for v in ours])
@@ -231,9 +233,9 @@ def _launch_local(sweep_dir: Path, points: Sequence[Point], opts: Options, repor
     try:
         run_local(points)
     except KeyboardInterrupt:  # SIGINT / SIGTERM: the running point is CANCELLED; the summary still builds
-        finish(sweep_dir, report, query_slurm=False)
+        finish(sweep_dir, report, query_slurm=False, wide=opts.wide)
         raise
-    return finish(sweep_dir, report, query_slurm=False)
+    return finish(sweep_dir, report, query_slurm=False, wide=opts.wide)
 
 
 def launch(sweep_dir: Path, points: Sequence[Point], backend: str, sweep_name: str, opts: Options,
@@ -256,7 +258,7 @@ def launch(sweep_dir: Path, points: Sequence[Point], backend: str, sweep_name: s
     except KeyboardInterrupt:
         print(f"\n[harness] stopped waiting; the jobs go on: harness sweep status {sweep_dir}", file=sys.stderr)
         return 130
-    return finish(sweep_dir, report, since)
+    return finish(sweep_dir, report, since, wide=opts.wide)
 
 
 def to_resume(views: Sequence[RunView], submit_pruned: bool, backend: str) -> List[RunView]:
@@ -308,7 +310,7 @@ def resume(opts: Options, report: Reporter) -> int:
     chosen = to_resume(views, opts.submit_pruned, backend)
     if not chosen:
         print("[harness] nothing to resume: every run completed, is pruned, or is still queued/running")
-        return finish(sweep_dir, report, query_slurm=backend == "slurm")
+        return finish(sweep_dir, report, query_slurm=backend == "slurm", wide=opts.wide)
     points = [point for point in (_resumable(view, opts) for view in chosen) if point is not None]
     return launch(sweep_dir, points, backend, record["sweep_name"], opts, report)
 

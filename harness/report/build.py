@@ -52,8 +52,9 @@ def default_out_dir(roots: Sequence[Path]) -> Path:
     return common / "compare" / (name if len(name) <= 120 else name[:100] + f"-and-{len(names)}-sweeps")
 
 
-def report_main(roots: List[Path], out_dir: Optional[Path] = None) -> int:
-    """What `harness report DIR [DIR ...] [--out DIR]` does: build, print the table and where everything went."""
+def report_main(roots: List[Path], out_dir: Optional[Path] = None, wide: bool = False) -> int:
+    """What `harness report DIR [DIR ...] [--out DIR] [--wide]` does: build, print the table and where everything
+    went."""
     if any(str(root) == "--out" for root in roots):
         at = [str(root) for root in roots].index("--out")
         if at + 1 >= len(roots):
@@ -75,7 +76,7 @@ def report_main(roots: List[Path], out_dir: Optional[Path] = None) -> int:
         print(f"harness report: the report folder {out_dir} {problem}", file=sys.stderr)
         return 2
     paths = build_report(roots, out_dir, frame=frame)
-    print_table(frame, title=", ".join(str(r) for r in roots))
+    print_table(frame, title=", ".join(str(r) for r in roots), wide=wide)
     for item in headlines(frame):
         print(f"[harness] {item.text} {item.detail}")
     for name, path in paths.items():

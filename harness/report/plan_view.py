@@ -15,9 +15,6 @@ import pandas as pd
 from harness.plan.units import memory_unit
 
 FIT_ORDER = {"fits": 0, "fit?": 1, "OOM": 2, "invalid": 3}
-# rich draws " cell |" per column plus one outer edge.
-COLUMN_CHROME = 3
-MIN_REASON_WIDTH = 24
 
 
 @dataclass(frozen=True)
@@ -120,51 +117,24 @@ def _first_problem(point: PlannedPoint) -> str:
     return point.errors[0] + (f" (+{more} more)" if more else "")
 
 
-def fit_columns(headers: List[str], priorities: List[int], cells: List[List[str]], width: int) -> Dict[int, int]:
-    """{column index: width} of the columns shown: the least useful are dropped until the rest fit `width`
-    at their natural widths; the last column (the first problem) takes what is left, cut with an ellipsis."""
-    natural = [max([len(headers[i])] + [len(row[i]) for row in cells]) for i in range(len(headers))]
-    reason = len(headers) - 1
-    shown = [i for i in range(len(headers)) if i != reason or any(row[reason] for row in cells)]
+def print_plan_table(points: Sequence[PlannedPoint], wide: bool = False, width: Optional[int] = None) -> List[str]:
+    """The table: the most useful columns that fit the terminal (harness.terminal), the first problem wrapped;
+    returns the headers left out."""
+    from harness.terminal import Column, print_table
 
-    def total(indices: List[int]) -> int:
-        return sum(COLUMN_CHROME + (min(natural[i], MIN_REASON_WIDTH) if i == reason else natural[i])
-                   for i in indices)
-
-    while total(shown) > width:
-        droppable = [i for i in shown if priorities[i] > 0]
-        if not droppable:
-            break
-        shown.remove(max(droppable, key=lambda i: (priorities[i], i)))
-    widths = {i: natural[i] for i in shown}
-    if reason in widths:
-        rest = width - total([i for i in shown if i != reason]) - COLUMN_CHROME
-        widths[reason] = max(min(natural[reason], rest), min(natural[reason], MIN_REASON_WIDTH))
-    return widths
-
-
-def print_plan_table(points: Sequence[PlannedPoint], console: Any = None) -> None:
-    """The compact table: the most useful columns that fit the console's width (COLUMNS is honoured)."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = console or Console()
     columns = table_columns(points)
+    last = len(columns) - 1  # the first problem: free text, wrapped like the layout label
+    shape = [Column(header, priority, "left" if index in (0, 1, last) else "right", wrap=index in (0, last))
+             for index, (header, priority, _) in enumerate(columns)]
     cells = [[cell(point) for _, _, cell in columns] for point in points]
-    widths = fit_columns([c[0] for c in columns], [c[1] for c in columns], cells, console.width)
+    if not any(row[last] for row in cells):  # no layout has a problem: no empty column
+        shape, cells = shape[:last], [row[:last] for row in cells]
     counts = pd.Series([point.fit for point in points]).value_counts()
     worlds = _world_sizes(points)
     title = (f"{len(points)} layout(s)" + (f" on {worlds.pop()} ranks" if len(worlds) == 1 else "") + ": "
              + ", ".join(f"{counts[k]} {k}" for k in FIT_ORDER if k in counts))
-    table = Table(title=Text(title, style="table.title"), box=box.SIMPLE_HEAD, show_edge=False)
-    for index, column_width in widths.items():
-        table.add_column(columns[index][0], no_wrap=True, overflow="ellipsis", width=column_width,
-                         justify="left" if index < 2 or index == len(columns) - 1 else "right")
-    for row in cells:
-        table.add_row(*(Text(row[index]) for index in widths))
-    console.print(table)
+    return print_table(shape, cells, title, wide=wide, width=width,
+                       hint="--wide shows every column, --json every field")
 
 
 def print_messages(points: Sequence[PlannedPoint], why: bool, out: Callable[[str], None] = print) -> None:
@@ -249,7 +219,7 @@ def plan_points(overrides: List[str], config_dirs: Sequence[str] = ()) -> List[P
     return [*points, *refused]
 
 
-PLAN_FLAGS = ("--why", "--json", "--csv")
+PLAN_FLAGS = ("--why", "--json", "--csv", "--wide")
 
 
 def parse_args(args: List[str]) -> tuple:
@@ -260,6 +230,7 @@ def parse_args(args: List[str]) -> tuple:
     parser.add_argument("--why", action="store_true", help="every error and warning of every layout")
     parser.add_argument("--json", action="store_true", help="every column as JSON on stdout (no table)")
     parser.add_argument("--csv", action="store_true", help="every column as CSV on stdout (no table)")
+    parser.add_argument("--wide", action="store_true", help="every column of the table, however wide")
     options, extra = parser.parse_known_args(args)
     return options, refuse_unknown(parser.prog, extra)
 
@@ -279,8 +250,11 @@ def plan_main(args: List[str], config_dirs: Sequence[str] = ()) -> int:
     else:
         from rich.console import Console
 
-        console = Console()
-        print_plan_table(points, console)
-        # One layout: every message is worth its lines.
-        print_messages(points, options.why or len(points) == 1, lambda line: console.print(line, markup=False, highlight=False))
+        from harness.terminal import terminal_width
+
+        print_plan_table(points, wide=options.wide)
+        # One layout: every message is worth its lines (wrapped to the terminal; a pipe gets them whole).
+        console = Console(width=terminal_width() or 100_000)
+        print_messages(points, options.why or len(points) == 1,
+                       lambda line: console.print(line, markup=False, highlight=False))
     return 1 if any(point.errors for point in points) else 0

@@ -328,22 +328,26 @@ def _gib_cell(gib: float) -> str:
     return format_bytes(gib * GIB)
 
 
-# Terminal columns: (column, header, format string or function).
+# Terminal columns: (column, header, format string or function, priority): priority 0 is always shown, higher
+# numbers are left out first on a narrow terminal (harness.terminal); the reason is free text, wrapped.
 TERMINAL_COLUMNS: Sequence[tuple] = (
-    ("series", "sweep", "{}"), ("run", "run", "{}"), ("label", "layout", "{}"), ("status", "status", "{}"),
-    ("world_size", "devs", "{:.0f}"), ("tokens_per_s", "tok/s", "{:,.0f}"),
-    ("tokens_per_s_ci_low", "tok/s CI low", "{:,.0f}"), ("tokens_per_s_ci_high", "tok/s CI high", "{:,.0f}"),
-    ("host_disturbed", "host", lambda disturbed: "DISTURBED" if disturbed is True else "quiet"),
-    ("tokens_per_s_per_device", "tok/s/dev", "{:,.0f}"), ("step_time_s", "step s", "{:.4g}"),
-    ("step_time_predicted_s", "step pred", "{:.4g}"),
-    ("tflop_per_s_per_device", "TFLOP/s/dev", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
-    ("mfu_predicted", "MFU pred", "{:.1%}"),
+    ("series", "sweep", "{}", 3), ("run", "run", "{}", 0), ("label", "layout", "{}", 1),
+    ("status", "status", "{}", 0), ("world_size", "devs", "{:.0f}", 4), ("tokens_per_s", "tok/s", "{:,.0f}", 1),
+    ("tokens_per_s_ci_low", "tok/s CI low", "{:,.0f}", 2), ("tokens_per_s_ci_high", "tok/s CI high", "{:,.0f}", 2),
+    ("host_disturbed", "host", lambda disturbed: "DISTURBED" if disturbed is True else "quiet", 2),
+    ("tokens_per_s_per_device", "tok/s/dev", "{:,.0f}", 5), ("step_time_s", "step s", "{:.4g}", 2),
+    ("step_time_predicted_s", "step pred", "{:.4g}", 5),
+    ("tflop_per_s_per_device", "TFLOP/s/dev", "{:.4g}", 5), ("mfu", "MFU", "{:.1%}", 2),
+    ("mfu_predicted", "MFU pred", "{:.1%}", 4),
     # Like with like: the measured state + activation bytes of the largest rank, the same four terms
     # predicted, and their ratio; each in MiB or GiB by magnitude.
-    ("mem_state_activation_gib", "mem", _gib_cell), ("mem_predicted_state_activation_gib", "mem pred", _gib_cell),
-    ("mem_ratio", "mem/pred", "{:.2f}"),
-    ("loss_final", "loss", "{:.4g}"), ("reason", "reason", "{}"),
+    ("mem_state_activation_gib", "mem", _gib_cell, 2), ("mem_predicted_state_activation_gib", "mem pred", _gib_cell, 4),
+    ("mem_ratio", "mem/pred", "{:.2f}", 3),
+    ("loss_final", "loss", "{:.4g}", 3), ("reason", "reason", "{}", 0),
 )
+TEXT_COLUMNS = ("run", "label", "status", "series", "reason")
+# How to see what a narrow terminal leaves out of the run table.
+HIDDEN_HINT = "--wide shows every column; summary.csv holds every field"
 
 
 # The measured cells of a sweep's final status table (launch.status.MEASURED_HEADERS), formatted as above.
@@ -356,18 +360,15 @@ def measured_cells(frame: pd.DataFrame) -> Dict[str, tuple]:
             for _, row in frame.iterrows()}
 
 
-def print_table(frame: pd.DataFrame, title: str = "") -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+def print_table(frame: pd.DataFrame, title: str = "", wide: bool = False, width: Optional[int] = None) -> List[str]:
+    """The runs as a terminal table that fits (harness.terminal); returns the headers left out."""
+    from harness.terminal import Column, print_table as print_fitted
 
     columns = [c for c in TERMINAL_COLUMNS if c[0] in frame and (c[0] != "series" or frame["series"].nunique() > 1)]
-    table = Table(title=Text(title, style="table.title") if title else None)
-    for _, header, _ in columns:
-        table.add_column(header, overflow="fold", max_width=60 if header == "reason" else None)
-    for _, row in frame.iterrows():  # Text, not markup: cells quote run names and ranks' errors
-        table.add_row(*(Text(_cell(row.get(column), fmt)) for column, _, fmt in columns))
-    Console(width=240).print(table)
+    shape = [Column(header, priority, "left" if column in TEXT_COLUMNS else "right", wrap=column == "reason")
+             for column, header, _, priority in columns]
+    rows = [[_cell(row.get(column), fmt) for column, _, fmt, _ in columns] for _, row in frame.iterrows()]
+    return print_fitted(shape, rows, title, wide=wide, width=width, hint=HIDDEN_HINT)
 
 
 def _cell(value: Any, fmt: str = "") -> str:
@@ -385,16 +386,10 @@ def _cell(value: Any, fmt: str = "") -> str:
     return str(value)
 
 
-def print_rows(rows: List[Dict[str, Any]], title: str = "") -> None:
-    """Any list of uniform dicts as a terminal table (used by `harness plan`)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+def print_rows(rows: List[Dict[str, Any]], title: str = "", wide: bool = False) -> List[str]:
+    """Any list of uniform dicts as a terminal table, every column equally important (left out from the right)."""
+    from harness.terminal import Column, print_table as print_fitted
 
-    table = Table(title=Text(title, style="table.title") if title else None)
     columns = list(rows[0]) if rows else []
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*(Text(_cell(row.get(column))) for column in columns))
-    Console(width=240).print(table)
+    shape = [Column(column, priority=index) for index, column in enumerate(columns)]
+    return print_fitted(shape, [[_cell(row.get(column)) for column in columns] for row in rows], title, wide=wide)

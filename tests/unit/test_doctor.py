@@ -59,4 +59,7 @@ def test_doctor_prints_one_screen_of_pass_and_warn():
     names = " ".join(line.split()[1] for line in facts)
     for expected in ("python", "torch", "deepspeed", "gloo", "cuda", "slurm", "wandb"):
         assert expected in names
-    assert lines[-1].endswith("warn") and len(facts) == len(lines) - 1
+    passed, warned = (int(n) for n in lines[-1].replace(",", "").split()[::2])
+    assert lines[-1].endswith("warn") and len(facts) == passed + warned
+    # a long detail continues, wrapped, under itself
+    assert all(line.startswith(" ") for line in lines[:-1] if not line.startswith((PASS, WARN)))

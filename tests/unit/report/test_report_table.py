@@ -157,7 +157,8 @@ def test_write_summary_keeps_its_contract(sweep_dir):
     assert len(frame) == 8
 
 
-def test_terminal_table(frame, capsys):
+def test_terminal_table(frame, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # not a terminal, no COLUMNS: every column
     print_table(frame.reset_index(drop=True), title="synthetic")
     out = capsys.readouterr().out
     for text in ("synthetic", "COMPLETED", "PRUNED", "RUNNING", "tok/s/dev", "MFU pred", "step pred"):
