@@ -160,6 +160,10 @@ class EngineConfig:
 
     name: EngineName = EngineName.deepspeed
     launcher: Launcher = Launcher.torchrun
+    # torch.compile (inductor): nd and fsdp compile each decoder layer after tensor parallelism and activation
+    # checkpointing, before FSDP2 shards it (as torchtitan does); deepspeed writes its `compile` section and
+    # calls the engine's own compile(). Every engine reads it, so an engine without it refuses it at plan time.
+    compile: bool = False
 
     @property
     def fsdp_version(self) -> int:

@@ -19,6 +19,7 @@ from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
+    CheckpointWrapper,
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
@@ -37,6 +38,7 @@ from transformers.distributed import DistributedConfig
 from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
 from harness.config.schema import RunConfig
+from harness.engines.compile_blocks import compile_modules, is_compiled
 from harness.engines.fsdp import CONFIG_FILE
 from harness.engines.grad_norm import clip_grad_norm
 from harness.engines.lm_loss import context_parallel_loss
@@ -145,7 +147,7 @@ def checkpoint_layers(model, is_layer) -> None:
     apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=is_layer)
 
 
-def apply_fsdp2(model, settings: LaunchedSettings, kind):
+def apply_fsdp2(model, settings: LaunchedSettings, kind, compile_blocks: bool = False):
     """fully_shard each decoder layer, then the root (embedding, final norm, lm_head), on a
     (replicate, shard) mesh: 1-D FSDP when nothing replicates, 2-D HSDP otherwise. With tensor or
     context parallelism, on Accelerate's N-D mesh instead (returned; None otherwise)."""
@@ -163,6 +165,10 @@ def apply_fsdp2(model, settings: LaunchedSettings, kind):
         fsdp_mesh = data_parallel_mesh(settings, kind)
     if plugin.activation_checkpointing:
         checkpoint_layers(model, is_layer)  # before sharding, as Accelerate does for FSDP2
+    if compile_blocks:
+        # Each block as checkpointing left it (the wrapper, else the layer); fully_shard then wraps the compiled one.
+        compile_modules(model, outermost(model, lambda m: isinstance(m, CheckpointWrapper) or is_layer(m)))
+        is_layer = functools.partial(_compiled_or, is_layer)
     options = dict(
         mesh=fsdp_mesh,
         mp_policy=fsdp2_mixed_precision(settings.precision),
@@ -172,6 +178,10 @@ def apply_fsdp2(model, settings: LaunchedSettings, kind):
         fully_shard(layer, reshard_after_forward=plugin.reshard_after_forward, **options)
     fully_shard(model, **options)  # root: torch keeps it gathered after forward (used first in backward)
     return model, mesh
+
+
+def _compiled_or(is_layer, module) -> bool:
+    return is_compiled(module) or is_layer(module)
 
 
 def data_parallel_mesh(settings: LaunchedSettings, kind):
@@ -357,7 +367,7 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> FsdpSession:
     init_process_group(kind, settings)
     mesh = None
     if settings.version == 2:
-        model, mesh = apply_fsdp2(model, settings, kind)
+        model, mesh = apply_fsdp2(model, settings, kind, cfg.engine.compile)
     else:
         model = apply_fsdp1(model, settings, kind)
     if settings.cp > 1:

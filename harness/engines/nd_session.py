@@ -35,6 +35,7 @@ from torch.utils.checkpoint import (
 
 from harness.config.schema import RunConfig
 from harness.engines import nd_plans, nd_tp
+from harness.engines.compile_blocks import compile_modules
 from harness.engines.grad_norm import clip_grad_norm
 from harness.engines.lm_loss import (
     causal_lm_loss,
@@ -361,6 +362,8 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> NdSession:
         if tp_plan["size"] > 1:
             _apply_tensor_parallel(stage, mesh["tp"], tp_plan)
         _apply_checkpointing(stage, plan["activation_checkpointing"])
+        if cfg.engine.compile:
+            compile_modules(stage, list(stage.layers.values()))
         if dp_mesh is not None:
             _apply_data_parallel(stage, dp_mesh, data, kind.type == "cuda")
         if on_meta:

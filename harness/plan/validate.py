@@ -11,7 +11,7 @@ from harness.plan.model_spec import ModelSpec
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.peak import accelerator_problem
 from harness.plan.pipeline import pipeline_problems
-from harness.plan.support import ENGINE_SUPPORT, unmet_parallel_options
+from harness.plan.support import ENGINE_SUPPORT, compile_problem, unmet_parallel_options
 
 # Each rule is a pure function of the few primitive fields it reads, returning (errors, warnings);
 # memoised, since a sweep repeats the same sub-combinations many times.
@@ -62,6 +62,7 @@ def support_found(cfg: Any) -> List[Found]:
                      cfg.cluster.accelerator),
         check_offload(engine.name, layout.zero_stage, layout.offload_optimizer, layout.offload_params,
                       bool(layout.nvme_path)),
+        check_compile(engine.name, engine.compile, engine.fsdp_version),
     ]
 
 
@@ -204,6 +205,13 @@ def check_engine(engine: str, unmet_options: Tuple[Tuple[str, Any], ...], zero: 
     if state_convention(engine, precision, zero) is None:
         errors.append(f"no memory convention for engine={engine} precision={precision}")
     return tuple(errors), ()
+
+
+@lru_cache(maxsize=None)
+def check_compile(engine: str, compile: bool, fsdp_version: int) -> Found:
+    """engine.compile only where the engine compiles (harness.plan.support.compile_problem)."""
+    problem = compile_problem(engine, compile, fsdp_version)
+    return ((problem,), ()) if problem else OK
 
 
 @lru_cache(maxsize=None)

@@ -132,6 +132,11 @@ class Measured:
     loss_final: float
     per_rank: List[Dict[str, Any]] = field(default_factory=list)
     nvme_bytes: int = 0  # offloaded states in this rank's NVMe swap files (their sizes on disk)
+    # The first warm-up step (slowest rank), never among the timed steps: it carries lazy initialisation and, with
+    # engine.compile, torch.compile's tracing and code generation. compile_s = first_step_s - step_time_s
+    # when the run compiles (None otherwise).
+    first_step_s: Optional[float] = None
+    compile_s: Optional[float] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

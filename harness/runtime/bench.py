@@ -7,6 +7,7 @@ import os
 import statistics
 import sys
 import traceback
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -65,16 +66,19 @@ def batch_maker(session, source, cfg: RunConfig):
     return batches
 
 
-def warm_up(session, batches, warmup_steps: int, report=None):
+def warm_up(session, batches, warmup_steps: int, report=None, timer: Optional[StepTimer] = None):
     """Untimed steps. The last one (a steady-state step: optimizer state exists, lazy initialisation and
     torch.distributed.pipelining's first-step metadata pass are behind) is metered for saved activations
-    and, at its accumulation boundary, for the bytes of parameters, gradients and optimizer state."""
+    and, at its accumulation boundary, for the bytes of parameters, gradients and optimizer state. `timer`
+    times each of them (the first carries torch.compile's work)."""
     meter, state, losses = SavedActivationMeter(session.model.parameters()), {}, []
+    timed = timer.step if timer else nullcontext
     for step in range(warmup_steps - 1):
-        losses.append(session.train_step(batches(step)))
+        with timed():
+            losses.append(session.train_step(batches(step)))
         if report:
             report(step, losses[-1], None)
-    with meter.recording():
+    with meter.recording(), timed():
         losses.append(session.train_step(batches(warmup_steps - 1),
                                          on_boundary=lambda: state.update(session.state_bytes())))
     if report:
@@ -114,7 +118,9 @@ def cut_short(measured_steps: int, cfg: RunConfig) -> Optional[Dict[str, Any]]:
 def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=None, stop=None):
     bench = cfg.bench
     batches = batch_maker(session, source, cfg)
-    losses, activation_bytes, state = warm_up(session, batches, bench.warmup_steps, report)
+    warmup_timer = StepTimer(kind)
+    losses, activation_bytes, state = warm_up(session, batches, bench.warmup_steps, report, warmup_timer)
+    state = {**state, "warmup_step_times_s": warmup_timer.times_s}
     if report:
         report.metered_bytes = sum(state.get(k, 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes")) \
             + activation_bytes
@@ -178,7 +184,16 @@ def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, 
         loss_first=losses[0],
         loss_final=losses[-1],
         per_rank=[{k: v for k, v in r.items() if k not in ("losses", "step_times_s")} for r in records],
+        **compile_time(records, step_time, cfg.engine.compile),
     )
+
+
+def compile_time(records: List[Dict[str, Any]], step_time: float, compiled: bool) -> Dict[str, Optional[float]]:
+    """The first warm-up step of the slowest rank, and the compile time it carries beyond a steady step."""
+    firsts = [r["warmup_step_times_s"][0] for r in records if r.get("warmup_step_times_s")]
+    first = max(firsts) if firsts else None
+    return {"first_step_s": first,
+            "compile_s": max(first - step_time, 0.0) if compiled and first is not None else None}
 
 
 def run(run_dir: Path, warning: WarningSignal) -> int:
