@@ -158,8 +158,8 @@ def _critical_ranks(layout: Any):
 def _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first, last):
     """(forward, backward, recompute) OpTimes of one micro-batch on this rank."""
     tp = layout.tp
-    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False)
-    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True)
+    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=engine.compile)
+    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=engine.compile)
     vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
     outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last)
     # Weight-shared stacks (HRM, pp = 1): every run is a forward, the runs with gradient a backward and a recompute
