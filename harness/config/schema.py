@@ -31,9 +31,12 @@ class Launcher(Choice):
 
 
 class Precision(Choice):
+    """Training precision; fp8 runs the decoder layers' linear projections in FP8 and everything else in bf16."""
+
     bf16 = "bf16"
     fp16 = "fp16"
     fp32 = "fp32"
+    fp8 = "fp8"
 
 
 class OffloadTarget(Choice):

@@ -39,12 +39,14 @@ from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
 from harness.config.schema import RunConfig
 from harness.engines.compile_blocks import compile_modules, is_compiled
+from harness.engines.float8 import convert_to_float8
 from harness.engines.fsdp import CONFIG_FILE
 from harness.engines.grad_norm import clip_grad_norm
 from harness.engines.lm_loss import context_parallel_loss
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.engines.shards import sharded_state_bytes
 from harness.modeling.device import torch_device
+from harness.plan.regime import torchao_float8_config
 
 # Builds nothing itself: the runtime builds the model (whole on every rank).
 construct = None
@@ -104,7 +106,8 @@ def launched_settings(world_size: int) -> LaunchedSettings:
 
 
 def compute_dtype(precision: str):
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    # fp8: float8 linears (converted before sharding) inside the bf16 policy.
+    return {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
 # Precision policy (both versions): the parameters FSDP keeps sharded are fp32 and are the optimizer's
@@ -365,6 +368,8 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> FsdpSession:
             "ParallelismConfig on GPU only (engine=nd runs tensor parallelism on CPU)"
         )
     init_process_group(kind, settings)
+    if settings.precision == "fp8":
+        convert_to_float8(model, torchao_float8_config())
     mesh = None
     if settings.version == 2:
         model, mesh = apply_fsdp2(model, settings, kind, cfg.engine.compile)

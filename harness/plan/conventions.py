@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Dict, Optional, Sequence, Tuple, Union
 
-COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+from harness.plan.regime import compute_precision
+
+# fp8: activations, saved tensors and everything FP8 does not convert stay bf16 (harness.plan.regime).
+COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,9 @@ STATE_CONVENTIONS: Dict[Union[Tuple[str, str], Tuple[str, str, int]], StateConve
 
 def state_convention(engine: str, precision: str, zero_stage: int, fsdp_version: int = 2) -> Optional[StateConvention]:
     """The table entry for this engine, precision and stage (stage-specific entries win); FSDP1 keeps
-    the same bytes per parameter as FSDP2 but partitions flat parameters."""
+    the same bytes per parameter as FSDP2 but partitions flat parameters. FP8 keeps bf16's states (its FP8
+    copies are per-GEMM transients; harness.plan.regime)."""
+    precision = compute_precision(precision)
     conv = STATE_CONVENTIONS.get((engine, precision, zero_stage)) or STATE_CONVENTIONS.get((engine, precision))
     if conv is not None and engine == "fsdp" and fsdp_version == 1:
         conv = replace(conv, partition="flat", states_for_untrained=True)

@@ -9,7 +9,8 @@ from harness.plan.construction import check_model_init
 from harness.plan.conventions import state_convention
 from harness.plan.model_spec import ModelSpec
 from harness.plan.parallel_dims import ParallelDims
-from harness.plan.peak import accelerator_problem
+from harness.plan.peak import accelerator_problem, peak_flops
+from harness.plan.regime import fp8_linear_dims, fp8_problems
 from harness.plan.pipeline import pipeline_problems
 from harness.plan.support import ENGINE_SUPPORT, compile_problem, unmet_parallel_options
 
@@ -49,6 +50,8 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
         *support_found(cfg),
         check_model_init(engine.name, layout.zero_stage, cfg.model.init, spec.total_params,
                          cluster.accelerators_per_node, cluster.host_memory_gib, layout.offload_params),
+        check_fp8(engine.name, cluster.accelerator, tuple(fp8_linear_dims(spec, layout.tp).items()))
+        if layout.precision == "fp8" else OK,
     ]
     return _merge(found)
 
@@ -205,6 +208,14 @@ def check_engine(engine: str, unmet_options: Tuple[Tuple[str, Any], ...], zero: 
     if state_convention(engine, precision, zero) is None:
         errors.append(f"no memory convention for engine={engine} precision={precision}")
     return tuple(errors), ()
+
+
+@lru_cache(maxsize=None)
+def check_fp8(engine: str, accelerator: str, dims: Tuple[Tuple[str, int], ...]) -> Found:
+    """layout.precision=fp8 only on an engine and a device with FP8, with GEMM dimensions FP8 takes
+    (harness.plan.regime.fp8_problems; the device's FP8 figure is its datasheet row in harness.plan.peak)."""
+    has_fp8 = peak_flops(accelerator, "fp8").flops is not None
+    return tuple(fp8_problems(engine, accelerator, has_fp8, dict(dims))), ()
 
 
 @lru_cache(maxsize=None)
