@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Dict, Optional, Sequence, Tuple, Union
 
-from harness.plan.regime import compute_precision
-
 # fp8: activations, saved tensors and everything FP8 does not convert stay bf16 (harness.plan.regime).
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 
@@ -79,12 +77,16 @@ STATE_CONVENTIONS: Dict[Union[Tuple[str, str], Tuple[str, str, int]], StateConve
     ("megatron_lm", "fp32"): StateConvention(4, 4, 0, 8, working=4),
 }
 
+# fp8 keeps bf16's states: torchao's Float8Linear holds the high-precision weight and casts it per GEMM,
+# Transformer Engine likewise keeps bf16 parameters (its FP8 copies are transients; harness.plan.regime).
+# DeepSpeed's row exists for the table's completeness; validation refuses fp8 there.
+STATE_CONVENTIONS.update({(key[0], "fp8", *key[2:]): conv for key, conv in list(STATE_CONVENTIONS.items())
+                          if key[1] == "bf16"})
+
 
 def state_convention(engine: str, precision: str, zero_stage: int, fsdp_version: int = 2) -> Optional[StateConvention]:
     """The table entry for this engine, precision and stage (stage-specific entries win); FSDP1 keeps
-    the same bytes per parameter as FSDP2 but partitions flat parameters. FP8 keeps bf16's states (its FP8
-    copies are per-GEMM transients; harness.plan.regime)."""
-    precision = compute_precision(precision)
+    the same bytes per parameter as FSDP2 but partitions flat parameters."""
     conv = STATE_CONVENTIONS.get((engine, precision, zero_stage)) or STATE_CONVENTIONS.get((engine, precision))
     if conv is not None and engine == "fsdp" and fsdp_version == 1:
         conv = replace(conv, partition="flat", states_for_untrained=True)

@@ -120,3 +120,14 @@ def test_nd_and_fsdp_render_torchaos_float8_settings():
     accelerate = accelerate_config(compose_run_config(["engine=fsdp", *base]))
     assert accelerate["mixed_precision"] == "fp8" and accelerate["fp8_config"] == {"backend": "AO"}
     assert nd_plan(compose_run_config(["engine=nd", *base[:-1]]))["float8"] is None
+
+
+def test_megatron_fp8_flags_pass_megatron_cores_config(monkeypatch):
+    from tests.unit.engines.megatron_core_config import transformer_config
+
+    flags = megatron_flags(compose_run_config(["engine=megatron_lm", "model=llama3_1_70b", "cluster=h100_8x8",
+                                               "layout.dp_shard=8", "layout.tp=8", "layout.zero_stage=1",
+                                               "layout.precision=fp8"]))
+    config = transformer_config(flags)
+    assert (config.fp8, config.fp8_amax_history_len, config.fp8_amax_compute_algo) == ("hybrid", 1024, "max")
+    assert config.bf16
