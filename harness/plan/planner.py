@@ -410,6 +410,7 @@ def plan_rows(plans: Iterable[Plan]) -> List[Dict[str, Any]]:
             "tokens_per_step": plan.tokens_per_step,
             "mfu": plan.predicted_mfu,
             "mfu(bf16 peak)": plan.mfu_by_peak.get("bf16_peak"),
+            "peak_source": plan.peak_flops_source,
             "step_time(s)": plan.step_time_s,
             "tokens_per_s": plan.tokens_per_s,
         })
