@@ -131,3 +131,17 @@ def test_megatron_fp8_flags_pass_megatron_cores_config(monkeypatch):
     config = transformer_config(flags)
     assert (config.fp8, config.fp8_amax_history_len, config.fp8_amax_compute_algo) == ("hybrid", 1024, "max")
     assert config.bf16
+
+
+def test_fsdp_fp8_config_reads_back_through_accelerates_launcher(tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+
+    from harness.engines import fsdp
+
+    fsdp.render(compose_run_config(["engine=fsdp", "model=llama3_1_8b", "cluster=h100_8x8", "layout.dp_shard=64",
+                                    "layout.zero_stage=3", "layout.precision=fp8"]), tmp_path)
+    loaded = load_config_from_file(str(tmp_path / fsdp.CONFIG_FILE))
+    assert loaded.mixed_precision == "fp8" and loaded.fp8_config == {"backend": "AO"}
+    # accelerate launch turns each fp8_config key into its --fp8_<key> argument.
+    assert "fp8_backend" in vars(launch_command_parser().parse_args(["x.py"]))
