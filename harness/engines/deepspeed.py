@@ -115,7 +115,7 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
     if "nvme" in (layout.offload_optimizer, layout.offload_params):
         config["aio"] = dict(AIO_CONFIG)
     if engine.compile:
-        config["compile"] = COMPILE_SECTION
+        config["compile"] = dict(COMPILE_SECTION)
     unknown = set(config) - KNOWN_TOP_LEVEL_KEYS
     assert not unknown, f"renderer wrote unknown DeepSpeed keys {sorted(unknown)}"
     return config
