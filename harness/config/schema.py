@@ -31,9 +31,12 @@ class Launcher(Choice):
 
 
 class Precision(Choice):
+    """Training precision; fp8 runs the decoder layers' linear projections in FP8 and everything else in bf16."""
+
     bf16 = "bf16"
     fp16 = "fp16"
     fp32 = "fp32"
+    fp8 = "fp8"
 
 
 class OffloadTarget(Choice):
@@ -160,6 +163,10 @@ class EngineConfig:
 
     name: EngineName = EngineName.deepspeed
     launcher: Launcher = Launcher.torchrun
+    # torch.compile (inductor): nd and fsdp compile each decoder layer after tensor parallelism and activation
+    # checkpointing, before FSDP2 shards it (as torchtitan does); deepspeed writes its `compile` section and
+    # calls the engine's own compile(). Every engine reads it, so an engine without it refuses it at plan time.
+    compile: bool = False
 
     @property
     def fsdp_version(self) -> int:

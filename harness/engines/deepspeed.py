@@ -24,7 +24,7 @@ KNOWN_TOP_LEVEL_KEYS = frozenset(
         "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
         "gradient_clipping", "bf16", "fp16", "zero_optimization", "optimizer", "tensor_parallel",
         "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-        "aio",
+        "aio", "compile",
     }
 )  # fmt: skip
 # DeepSpeed's async I/O settings for NVMe offload (its defaults, deepspeed/runtime/swap_tensor/constants.py,
@@ -36,6 +36,10 @@ AIO_CONFIG = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1
 # sub-group's tensors (fp32 partition, gradient, two Adam moments).
 NVME_PARAM_BUFFERS = 5
 NVME_OPTIMIZER_BUFFERS = 4
+# engine.compile: DeepSpeed's `compile` section (deepspeed/compile/config.py, CompileConfig) with DeepCompile off,
+# so engine.compile() runs plain torch.compile (inductor) over the whole module, ZeRO's hooks staying eager.
+# DeepCompile's own ZeRO passes are a different engine, which this harness does not plan.
+COMPILE_SECTION = {"deepcompile": False}
 
 
 def ranks_in_batch_check(cfg: RunConfig) -> int:
@@ -111,6 +115,8 @@ def ds_config(cfg: RunConfig) -> Dict[str, Any]:
         config["tensor_parallel"] = {"autotp_size": layout.tp}
     if "nvme" in (layout.offload_optimizer, layout.offload_params):
         config["aio"] = dict(AIO_CONFIG)
+    if engine.compile:
+        config["compile"] = dict(COMPILE_SECTION)
     unknown = set(config) - KNOWN_TOP_LEVEL_KEYS
     assert not unknown, f"renderer wrote unknown DeepSpeed keys {sorted(unknown)}"
     return config
@@ -156,6 +162,11 @@ def pipeline_problems(cfg: RunConfig) -> List[str]:
     if spec.attn_implementation == "eager":
         problems.append(f"attn_implementation=eager with pp={layout.pp}: engine=deepspeed's stages pass no "
                         "attention mask, and eager attention without one is not causal (use sdpa)")
+    if cfg.engine.compile:
+        # PipelineEngine runs its stages' layers one by one from its own schedule; engine.compile() would wrap
+        # only the PipelineModule's forward, which the schedule does not call.
+        problems.append(f"engine.compile=true with pp={layout.pp}: engine=deepspeed compiles the whole module, "
+                        "which its PipelineEngine never calls as one (use pp=1, or engine=nd for compiled stages)")
     return problems
 
 

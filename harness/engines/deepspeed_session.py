@@ -230,4 +230,6 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind):
         engine, _, _, _ = deepspeed.initialize(model=pipe, model_parameters=pipe.parameters(), config=config)
         return PipelineSession(engine, cfg)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    if cfg.engine.compile:
+        engine.compile(backend="inductor")  # torch.compile as the config's `compile` section sets it
     return DeepSpeedSession(engine, cfg)

@@ -33,7 +33,8 @@ CONFIG_FILE = ACCELERATE_CONFIG_FILE
 # layout.zero_stage -> FSDP1 sharding strategy (FSDP2 spells the same as reshard_after_forward + mesh).
 FSDP1_STRATEGIES = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 0: "NO_SHARD"}
 # layout.precision -> Accelerate's `mixed_precision` (fp32 is "no": no mixed precision policy at all).
-ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+# fp8 is Accelerate's torchao backend (`fp8_config: {backend: AO}`): float8 linears, bf16 elsewhere.
+ACCELERATE_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}
 # Ring-attention rotation Accelerate sets for context parallelism (its launcher's default).
 CP_COMM_STRATEGY = "allgather"
 # Every fsdp_config key the renderer may write; each is an `accelerate launch --<key>` argument (tested).
@@ -194,6 +195,8 @@ def accelerate_config(cfg: RunConfig, layer_class: Optional[str] = None) -> Dict
     }
     if cfg.engine.fsdp_version == 2:
         config["parallelism_config"] = parallelism_config(cfg)
+    if cfg.layout.precision == "fp8":
+        config["fp8_config"] = {"backend": "AO"}
     return config
 
 

@@ -19,6 +19,7 @@ from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
+    CheckpointWrapper,
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
@@ -37,12 +38,15 @@ from transformers.distributed import DistributedConfig
 from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
 from harness.config.schema import RunConfig
+from harness.engines.compile_blocks import compile_modules, is_compiled
+from harness.engines.float8 import convert_to_float8
 from harness.engines.fsdp import CONFIG_FILE
 from harness.engines.grad_norm import clip_grad_norm
 from harness.engines.lm_loss import context_parallel_loss
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.engines.shards import sharded_state_bytes
 from harness.modeling.device import torch_device
+from harness.plan.regime import torchao_float8_config
 
 # Builds nothing itself: the runtime builds the model (whole on every rank).
 construct = None
@@ -102,7 +106,8 @@ def launched_settings(world_size: int) -> LaunchedSettings:
 
 
 def compute_dtype(precision: str):
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    # fp8: float8 linears (converted before sharding) inside the bf16 policy.
+    return {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
 # Precision policy (both versions): the parameters FSDP keeps sharded are fp32 and are the optimizer's
@@ -145,7 +150,7 @@ def checkpoint_layers(model, is_layer) -> None:
     apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=is_layer)
 
 
-def apply_fsdp2(model, settings: LaunchedSettings, kind):
+def apply_fsdp2(model, settings: LaunchedSettings, kind, compile_blocks: bool = False):
     """fully_shard each decoder layer, then the root (embedding, final norm, lm_head), on a
     (replicate, shard) mesh: 1-D FSDP when nothing replicates, 2-D HSDP otherwise. With tensor or
     context parallelism, on Accelerate's N-D mesh instead (returned; None otherwise)."""
@@ -163,6 +168,10 @@ def apply_fsdp2(model, settings: LaunchedSettings, kind):
         fsdp_mesh = data_parallel_mesh(settings, kind)
     if plugin.activation_checkpointing:
         checkpoint_layers(model, is_layer)  # before sharding, as Accelerate does for FSDP2
+    if compile_blocks:
+        # Each block as checkpointing left it (the wrapper, else the layer); fully_shard then wraps the compiled one.
+        compile_modules(model, outermost(model, lambda m: isinstance(m, CheckpointWrapper) or is_layer(m)))
+        is_layer = functools.partial(_compiled_or, is_layer)
     options = dict(
         mesh=fsdp_mesh,
         mp_policy=fsdp2_mixed_precision(settings.precision),
@@ -172,6 +181,10 @@ def apply_fsdp2(model, settings: LaunchedSettings, kind):
         fully_shard(layer, reshard_after_forward=plugin.reshard_after_forward, **options)
     fully_shard(model, **options)  # root: torch keeps it gathered after forward (used first in backward)
     return model, mesh
+
+
+def _compiled_or(is_layer, module) -> bool:
+    return is_compiled(module) or is_layer(module)
 
 
 def data_parallel_mesh(settings: LaunchedSettings, kind):
@@ -355,9 +368,11 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> FsdpSession:
             "ParallelismConfig on GPU only (engine=nd runs tensor parallelism on CPU)"
         )
     init_process_group(kind, settings)
+    if settings.precision == "fp8":
+        convert_to_float8(model, torchao_float8_config())
     mesh = None
     if settings.version == 2:
-        model, mesh = apply_fsdp2(model, settings, kind)
+        model, mesh = apply_fsdp2(model, settings, kind, cfg.engine.compile)
     else:
         model = apply_fsdp1(model, settings, kind)
     if settings.cp > 1:

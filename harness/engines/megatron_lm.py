@@ -19,6 +19,7 @@ from harness.engines.rendered import MASTER_ADDR, MASTER_PORT, NODE_RANK, PORT_B
 from harness.plan.model_spec import ModelSpec
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.planner import spec_for
+from harness.plan.regime import megatron_fp8_flags
 from harness.plan.validate import support_problems
 from harness.rundir import MEGATRON_ARGS_FILE, MEGATRON_SCRIPT_FILE, write_text
 
@@ -141,6 +142,9 @@ def _parallel_flags(spec: ModelSpec, cfg: RunConfig) -> Flags:
         flags["--bf16"] = True
     elif layout.precision == "fp16":
         flags["--fp16"] = True
+    elif layout.precision == "fp8":
+        flags["--bf16"] = True  # FP8 GEMMs inside Transformer Engine layers, bf16 everywhere else
+        flags.update(megatron_fp8_flags())
     return flags
 
 

@@ -35,6 +35,8 @@ from torch.utils.checkpoint import (
 
 from harness.config.schema import RunConfig
 from harness.engines import nd_plans, nd_tp
+from harness.engines.compile_blocks import compile_modules
+from harness.engines.float8 import convert_to_float8
 from harness.engines.grad_norm import clip_grad_norm
 from harness.engines.lm_loss import (
     causal_lm_loss,
@@ -358,9 +360,13 @@ def apply(cfg: RunConfig, run_dir: Path, model, kind) -> NdSession:
     for stage in stages:
         if not on_meta:
             stage.to(device)
+        if plan["float8"]:
+            convert_to_float8(stage, plan["float8"])  # first, as torchtitan's converters run
         if tp_plan["size"] > 1:
             _apply_tensor_parallel(stage, mesh["tp"], tp_plan)
         _apply_checkpointing(stage, plan["activation_checkpointing"])
+        if cfg.engine.compile:
+            compile_modules(stage, list(stage.layers.values()))
         if dp_mesh is not None:
             _apply_data_parallel(stage, dp_mesh, data, kind.type == "cuda")
         if on_meta:

@@ -8,6 +8,7 @@ from typing import NamedTuple
 from harness.plan.flops import mixer_flops_per_token
 from harness.plan.hardware import HardwareProfile
 from harness.plan.model_spec import ModelSpec
+from harness.plan.regime import COMPILED_LAYER_ELEMENTWISE_OPS, compiled_layer_elementwise_bytes, fp8_cast_bytes
 
 
 class OpTime(NamedTuple):
@@ -129,18 +130,29 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
 
 @lru_cache(maxsize=1 << 16)
 def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
-               peak: float, backward: bool) -> OpTime:
+               peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0) -> OpTime:
     """One decoder layer on one rank for one micro-batch of `tokens` local tokens: forward, or backward
     (two GEMMs per weight GEMM, one for the input gradient and one for the weight gradient; twice the
-    elementwise traffic)."""
+    elementwise traffic). `compiled`: the block runs under torch.compile. `fp8_speedup` > 1: the weight
+    GEMMs run in FP8 (1-byte operands, the faster peak) and pay their casts as elementwise work
+    (harness.plan.regime); attention and the elementwise chain stay in the compute precision."""
     per_gemm = 2 if backward else 1
-    gemm = sum(count * per_gemm * gemm_time(m, k, n, dtype_bytes, hw, peak)
-               for m, k, n, count in layer_gemms(spec, tokens, tp))
+    fp8 = fp8_speedup != 1.0
+    gemms = layer_gemms(spec, tokens, tp)
+    gemm_bytes, gemm_peak = (1, peak * fp8_speedup) if fp8 else (dtype_bytes, peak)
+    gemm = sum(count * per_gemm * gemm_time(m, k, n, gemm_bytes, hw, gemm_peak) for m, k, n, count in gemms)
     attention = (attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward) * attention_share(spec)
                  + mixer_time(spec, tokens, seq_len, tp, peak, backward))
-    ops = LAYER_ELEMENTWISE_OPS["backward" if backward else "forward"]
-    elementwise = streaming_time(layer_elementwise_bytes(spec, tokens, tp, dtype_bytes) * (2 if backward else 1),
-                                 ops, hw)
+    direction = "backward" if backward else "forward"
+    if compiled:  # the block under torch.compile: fused elementwise kernels (harness.plan.regime)
+        ops, moved = COMPILED_LAYER_ELEMENTWISE_OPS[direction], compiled_layer_elementwise_bytes(spec, tokens, tp,
+                                                                                                  dtype_bytes)
+    else:
+        ops, moved = LAYER_ELEMENTWISE_OPS[direction], layer_elementwise_bytes(spec, tokens, tp, dtype_bytes)
+    elementwise = streaming_time(moved * (2 if backward else 1), ops, hw)
+    if fp8:
+        casts = sum(count for *_, count in gemms) * (3 if backward else 2)
+        elementwise += streaming_time(fp8_cast_bytes(gemms, dtype_bytes, backward), 0 if compiled else casts, hw)
     return OpTime(gemm, attention, elementwise)
 
 

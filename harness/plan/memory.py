@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict
 
 from harness.plan.activations import layout_token_activations, rank_activation_bytes
+from harness.plan.compute_time import layer_gemms
+from harness.plan.regime import fp8_scaling_state_bytes
 from harness.plan.model_spec import ModelSpec
 from harness.plan.records import build
 from harness.plan.states import rank_states
@@ -38,6 +40,7 @@ class MemoryBreakdown:
     total_bytes: int  # device total
     host_bytes: int  # states offloaded to host memory by this rank
     nvme_bytes: int  # states offloaded to NVMe by this rank
+    scaling_state_bytes: int = 0  # FP8 scaling state kept between steps (harness.plan.regime)
 
     @property
     def optimizer_bytes(self) -> int:
@@ -66,16 +69,25 @@ def memory_per_rank(spec: ModelSpec, layout: Any, engine: Any, accelerator: str,
         # weight-shared stacks (HRM, pp = 1 by validation): each run with gradient saves its layer's activations
         saved = spec.saved_layer_runs if spec.layer_runs else st.layers
         activations, recompute = rank_activation_bytes(tok, layout, st.rank, saved, st.first, st.last)
+        scaling = fp8_scaling_bytes(spec, layout, engine.name, st.layers)
         predicted = (st.param + st.grad + st.master + st.moments + st.optimizer_grad + st.gathered
-                     + st.accumulated_grad + activations + recompute)
+                     + st.accumulated_grad + activations + recompute + scaling)
         if best is None or predicted > best[0]:
-            best = (predicted, activations, recompute, st)
-    predicted, activations, recompute, st = best
+            best = (predicted, activations, recompute, st, scaling)
+    predicted, activations, recompute, st, scaling = best
     extra = int(allowance.fraction * predicted) + allowance.fixed_bytes
     return build(
         MemoryBreakdown, pp_rank=st.rank, param_bytes=st.param, grad_bytes=st.grad, master_bytes=st.master,
         moment_bytes=st.moments, optimizer_grad_bytes=st.optimizer_grad, gathered_bytes=st.gathered,
         accumulated_grad_bytes=st.accumulated_grad, activation_bytes=activations, recompute_bytes=recompute,
         allowance_bytes=extra,
-        total_bytes=predicted + extra, host_bytes=st.host, nvme_bytes=st.nvme,
+        total_bytes=predicted + extra, host_bytes=st.host, nvme_bytes=st.nvme, scaling_state_bytes=scaling,
     )
+
+
+def fp8_scaling_bytes(spec: ModelSpec, layout: Any, engine: str, layers: int) -> int:
+    """The FP8 scaling state of a rank's `layers` decoder layers (their weight GEMMs are what FP8 converts)."""
+    if layout.precision != "fp8":
+        return 0
+    linears = sum(count for *_, count in layer_gemms(spec, 1, 1))
+    return fp8_scaling_state_bytes(engine, layers * linears)

@@ -12,6 +12,7 @@ from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.peak import Peak, device_memory_gib, peak_flops
 from harness.plan.records import build
+from harness.plan.regime import compute_precision, fp8_gemm_speedup, mfu_by_peak
 from harness.plan.time_model import StepTime, predict_step_time
 from harness.plan.utilization import hfu, mfu, tokens_per_step
 from harness.plan.validate import validate
@@ -70,6 +71,19 @@ class Plan:
         if self.flops_per_token is None:
             return None
         return mfu(tokens_per_s, self.flops_per_token, self.peak_flops_per_device, self.world_size)
+
+    @property
+    def mfu_by_peak(self) -> Dict[str, Optional[float]]:
+        """An FP8 plan's predicted MFU against the bf16 and the FP8 dense peaks (harness.plan.regime.mfu_by_peak;
+        `predicted_mfu` is the FP8-peak one); empty for other precisions."""
+        if self.layout.precision != "fp8" or self.tokens_per_s is None or self.flops_per_token is None:
+            return {}
+        accelerator = self.cluster.accelerator
+        return mfu_by_peak(self.mfu_at_peak, _peak(accelerator, "bf16", None).flops,
+                           _peak(accelerator, "fp8", None).flops)
+
+    def mfu_at_peak(self, peak: Optional[float]) -> Optional[float]:
+        return mfu(self.tokens_per_s, self.flops_per_token, peak, self.world_size)
 
     def hfu(self, tokens_per_s: float) -> Optional[float]:
         """HFU at a measured global throughput: MFU plus the recomputed FLOPs."""
@@ -310,6 +324,13 @@ def measured_when_missing(peak: Peak, measured: Optional[float], time_source: st
     return peak
 
 
+def _fp8_speedup(accelerator: str, precision: str) -> float:
+    """How much faster FP8 runs the converted GEMMs on this device (1 unless precision=fp8)."""
+    if precision != "fp8":
+        return 1.0
+    return fp8_gemm_speedup(_peak(accelerator, "bf16", None).flops, _peak(accelerator, "fp8", None).flops)
+
+
 def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optional[StepTime], str, Optional[float]]:
     """(predicted step time, the profile it came from, the profile's measured peak) for a valid layout."""
     cluster = cfg.cluster
@@ -318,7 +339,7 @@ def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optio
     hit = _PROFILES.get(key)
     if hit is None:
         hw = hardware_profile(cluster)
-        rate = achievable_peak(hw, cluster.accelerator, cfg.layout.precision) if hw else None
+        rate = achievable_peak(hw, cluster.accelerator, compute_precision(cfg.layout.precision)) if hw else None
         hit = (hw, rate)
         if hw is not None:  # a missing profile is looked for again (a calibration may write it)
             _PROFILES[key] = hit
@@ -329,7 +350,8 @@ def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optio
         warnings.append(f"no hardware profile for accelerator={cluster.accelerator!r}: step time not predicted "
                         f"({hint})")
         return None, "none", None
-    step = predict_step_time(spec, cfg.layout, cfg.engine, hw, rate, clip=cfg.bench.grad_clip > 0)
+    step = predict_step_time(spec, cfg.layout, cfg.engine, hw, rate, clip=cfg.bench.grad_clip > 0,
+                             fp8_speedup=_fp8_speedup(cluster.accelerator, cfg.layout.precision))
     return step, hw.source, hw.measured_peak_flops
 
 
@@ -387,6 +409,8 @@ def plan_rows(plans: Iterable[Plan]) -> List[Dict[str, Any]]:
             "flop_convention": plan.flop_convention,
             "tokens_per_step": plan.tokens_per_step,
             "mfu": plan.predicted_mfu,
+            "mfu(bf16 peak)": plan.mfu_by_peak.get("bf16_peak"),
+            "peak_source": plan.peak_flops_source,
             "step_time(s)": plan.step_time_s,
             "tokens_per_s": plan.tokens_per_s,
         })

@@ -39,6 +39,9 @@ class EngineSupport:
     # ZeRO stages allowed together with tp > 1 (empty: any of zero_stages), and why.
     tp_zero_stages: Tuple[int, ...] = ()
     tp_zero_reason: str = ""
+    # Why engine.compile=true is refused ("" where the engine compiles), and the FSDP versions it compiles under.
+    compile_reason: str = ""
+    compile_fsdp_versions: Tuple[int, ...] = (1, 2)
 
 
 ENGINE_SUPPORT: Dict[str, EngineSupport] = {
@@ -69,7 +72,10 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)}, offload_together=True,
         tp_shards_vocab=(True, True), activation_profile="hf", gpu_only_axes=("tp", "cp"),
         gpu_only_reason="Accelerate's ParallelismConfig refuses a MULTI_CPU state; engine=nd runs tp on CPU",
-        tp_cp_options=(("fsdp_version", 2),), tp_cp_reason="needs FSDP2"),
+        tp_cp_options=(("fsdp_version", 2),), tp_cp_reason="needs FSDP2",
+        # Blocks are compiled before fully_shard wraps them; FSDP1 flattens parameters into FlatParameters that
+        # a block compiled beforehand no longer reads (torch.compile with FSDP1 needs use_orig_params=True).
+        compile_fsdp_versions=(2,)),
     # Torch-native: DTensor TP (+ sequence parallel, vocab-parallel embedding and lm_head as torchtitan
     # does), torch.distributed.pipelining schedules, FSDP2 on the data axis (3 reshard after forward,
     # 2 keep, 0 replicate).
@@ -84,7 +90,11 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         zero_stages=(0, 1), zero_reason="the export maps zero_stage 1 to --use-distributed-optimizer only",
         tp=True, cp=True, ep=True, pp_schedules=("1F1B", "Interleaved1F1B"), pp_zero_stages=(0, 1),
         hybrid_zero_stages=(1,), offload_optimizer={}, offload_params={}, offload_together=False,
-        tp_shards_vocab=(True, True), activation_profile="megatron"),
+        tp_shards_vocab=(True, True), activation_profile="megatron",
+        # Megatron-LM's arguments.py has no torch.compile switch: its fusions are hand-written kernels
+        # (--bias-gelu-fusion, --bias-dropout-fusion, --masked-softmax-fusion, on by default).
+        compile_reason="Megatron-LM's command line has no torch.compile option (its fused kernels are on by "
+                       "default); use engine.compile=false"),
 }
 
 
@@ -93,3 +103,16 @@ def unmet_parallel_options(engine: Any) -> Tuple[Tuple[str, Any], ...]:
     support = ENGINE_SUPPORT.get(engine.name)
     needs = support.tp_cp_options if support is not None else ()
     return tuple((option, getattr(engine, option)) for option, value in needs if getattr(engine, option) != value)
+
+
+def compile_problem(engine: str, compile: bool, fsdp_version: int) -> str:
+    """Why engine.compile=true cannot run on this engine ("" when it can, or when compile is off)."""
+    support = ENGINE_SUPPORT.get(engine)
+    if not compile or support is None:
+        return ""
+    if support.compile_reason:
+        return f"engine.compile=true with engine={engine}: {support.compile_reason}"
+    if fsdp_version not in support.compile_fsdp_versions:
+        return (f"engine.compile=true with engine.fsdp_version={fsdp_version}: blocks are compiled before sharding, "
+                "which FSDP1's flat parameters replace; use engine.fsdp_version=2")
+    return ""

@@ -112,8 +112,10 @@ def exposed(comm: float, hiding: float, hw: HardwareProfile, tail: float = 0.0) 
 
 
 def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwareProfile,
-                      peak: float, clip: bool = True) -> StepTime:
-    """The step time of the slowest pipeline rank. `peak` is the achievable matmul FLOP/s of one rank."""
+                      peak: float, clip: bool = True, fp8_speedup: float = 1.0) -> StepTime:
+    """The step time of the slowest pipeline rank. `peak` is the achievable matmul FLOP/s of one rank in the
+    compute precision (bf16 under fp8); `fp8_speedup` how much faster the GEMMs FP8 converts run
+    (harness.plan.regime.fp8_gemm_speedup; 1 without FP8)."""
     e = COMPUTE_BYTES[layout.precision]
     groups = layout_groups(layout, hw.gpus_per_node)
     tokens = layout.micro_batch * layout.seq_len // layout.cp
@@ -124,8 +126,8 @@ def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwarePro
         stages = rank_stages(layout.pp_schedule, layout.pp, layout.pp_virtual_stages, rank) if layout.pp > 1 else (0,)
         layers = sum(counts[s] for s in stages)
         first, last = 0 in stages, len(counts) - 1 in stages
-        step = _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, len(stages),
-                          rank_layers(counts, stages), clip)
+        step = _rank_step(spec, layout, engine, hw, (peak, fp8_speedup), groups, e, tokens, layers, first, last,
+                          len(stages), rank_layers(counts, stages), clip)
         if best is None or step.step_time_s > best.step_time_s:
             best = step
     assert best is not None
@@ -155,11 +157,14 @@ def _critical_ranks(layout: Any):
     return (0, layout.pp - 1)
 
 
-def _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first, last):
-    """(forward, backward, recompute) OpTimes of one micro-batch on this rank."""
-    tp = layout.tp
-    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False)
-    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True)
+def _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, first, last):
+    """(forward, backward, recompute) OpTimes of one micro-batch on this rank; `peaks`: (the achievable
+    FLOP/s, the FP8 GEMM speedup)."""
+    tp, (peak, fp8_speedup) = layout.tp, peaks
+    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=engine.compile,
+                     fp8_speedup=fp8_speedup)
+    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=engine.compile,
+                     fp8_speedup=fp8_speedup)
     vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
     outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last)
     # Weight-shared stacks (HRM, pp = 1): every run is a forward, the runs with gradient a backward and a recompute
@@ -396,10 +401,10 @@ def param_offload_time(layout: Any, hw: HardwareProfile, opt_params: float, work
     return 2 * opt_params * work_bytes / rate
 
 
-def _rank_step(spec, layout, engine, hw, peak, groups, e, tokens, layers, first, last, chunks, layer_ids,
+def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first, last, chunks, layer_ids,
                clip) -> StepTime:
     """Step time of one pipeline rank holding `layers` layers in `chunks` local stages."""
-    fwd, bwd, recompute = _microbatch_compute(spec, layout, engine, hw, peak, e, tokens, layers, first, last)
+    fwd, bwd, recompute = _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, first, last)
     compute_mb = fwd.total + bwd.total + recompute.total
     layer_comm = _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last)
     support = ENGINE_SUPPORT[engine.name]

@@ -9,9 +9,10 @@ from harness.plan.construction import check_model_init
 from harness.plan.conventions import state_convention
 from harness.plan.model_spec import ModelSpec
 from harness.plan.parallel_dims import ParallelDims
-from harness.plan.peak import accelerator_problem
+from harness.plan.peak import accelerator_problem, peak_flops
+from harness.plan.regime import fp8_linear_dims, fp8_problems
 from harness.plan.pipeline import pipeline_problems
-from harness.plan.support import ENGINE_SUPPORT, unmet_parallel_options
+from harness.plan.support import ENGINE_SUPPORT, compile_problem, unmet_parallel_options
 
 # Each rule is a pure function of the few primitive fields it reads, returning (errors, warnings);
 # memoised, since a sweep repeats the same sub-combinations many times.
@@ -49,6 +50,8 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
         *support_found(cfg),
         check_model_init(engine.name, layout.zero_stage, cfg.model.init, spec.total_params,
                          cluster.accelerators_per_node, cluster.host_memory_gib, layout.offload_params),
+        check_fp8(engine.name, cluster.accelerator, tuple(fp8_linear_dims(spec, layout.tp).items()))
+        if layout.precision == "fp8" else OK,
     ]
     return _merge(found)
 
@@ -62,6 +65,7 @@ def support_found(cfg: Any) -> List[Found]:
                      cfg.cluster.accelerator),
         check_offload(engine.name, layout.zero_stage, layout.offload_optimizer, layout.offload_params,
                       bool(layout.nvme_path)),
+        check_compile(engine.name, engine.compile, engine.fsdp_version),
     ]
 
 
@@ -207,6 +211,21 @@ def check_engine(engine: str, unmet_options: Tuple[Tuple[str, Any], ...], zero: 
     if state_convention(engine, precision, zero) is None:
         errors.append(f"no memory convention for engine={engine} precision={precision}")
     return tuple(errors), ()
+
+
+@lru_cache(maxsize=None)
+def check_fp8(engine: str, accelerator: str, dims: Tuple[Tuple[str, int], ...]) -> Found:
+    """layout.precision=fp8 only on an engine and a device with FP8, with GEMM dimensions FP8 takes
+    (harness.plan.regime.fp8_problems; the device's FP8 figure is its datasheet row in harness.plan.peak)."""
+    has_fp8 = peak_flops(accelerator, "fp8").flops is not None
+    return tuple(fp8_problems(engine, accelerator, has_fp8, dict(dims))), ()
+
+
+@lru_cache(maxsize=None)
+def check_compile(engine: str, compile: bool, fsdp_version: int) -> Found:
+    """engine.compile only where the engine compiles (harness.plan.support.compile_problem)."""
+    problem = compile_problem(engine, compile, fsdp_version)
+    return ((problem,), ()) if problem else OK
 
 
 @lru_cache(maxsize=None)

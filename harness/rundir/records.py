@@ -138,6 +138,11 @@ class Measured:
     intervals: Dict[str, List[float]] = field(default_factory=dict)
     warmup_steps: Optional[int] = None  # warm-up steps run (the steady-state rule may add to the least)
     host: Optional[Dict[str, Any]] = None  # runtime.host_state.host_record: the host's condition, disturbed or not
+    # The first warm-up step (slowest rank), never among the timed steps: it carries lazy initialisation and, with
+    # engine.compile, torch.compile's tracing and code generation. compile_s = first_step_s - step_time_s
+    # when the run compiles (None otherwise).
+    first_step_s: Optional[float] = None
+    compile_s: Optional[float] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

@@ -75,12 +75,14 @@ def steady_on_every_rank(times_s: List[float], kind: device.DeviceKind) -> bool:
     return bool(flag.item())
 
 
-def warm_up(session, batches, bench, kind: device.DeviceKind, report=None):
+def warm_up(session, batches, bench, kind: device.DeviceKind, report=None, timer: Optional[StepTimer] = None):
     """Untimed steps: at least bench.warmup_steps, more until step time is steady, at most
     bench.warmup_max_steps. The last one (a steady-state step: optimizer state exists, lazy initialisation and
     torch.distributed.pipelining's first-step metadata pass are behind) is metered for saved activations
-    and, at its accumulation boundary, for the bytes of parameters, gradients and optimizer state."""
-    meter, state, losses, timer = SavedActivationMeter(session.model.parameters()), {}, [], StepTimer(kind)
+    and, at its accumulation boundary, for the bytes of parameters, gradients and optimizer state. `timer`
+    times each of them (the first carries torch.compile's work); the steady rule reads the unmetered ones."""
+    meter, state, losses = SavedActivationMeter(session.model.parameters()), {}, []
+    timer = timer or StepTimer(kind)
     step = 0
     while step < bench.warmup_steps - 1 or (step < bench.warmup_max_steps - 1
                                             and not steady_on_every_rank(timer.times_s, kind)):
@@ -89,7 +91,7 @@ def warm_up(session, batches, bench, kind: device.DeviceKind, report=None):
         if report:
             report(step, losses[-1], None)
         step += 1
-    with meter.recording():
+    with meter.recording(), timer.step():
         losses.append(session.train_step(batches(step), on_boundary=lambda: state.update(session.state_bytes())))
     if report:
         report(step, losses[-1], None)
@@ -128,8 +130,10 @@ def cut_short(measured_steps: int, cfg: RunConfig) -> Optional[Dict[str, Any]]:
 def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=None, stop=None):
     bench = cfg.bench
     batches = batch_maker(session, source, cfg)
-    losses, activation_bytes, state = warm_up(session, batches, bench, kind, report)
+    warmup_timer = StepTimer(kind)
+    losses, activation_bytes, state = warm_up(session, batches, bench, kind, report, warmup_timer)
     warmup = len(losses)
+    state = {**state, "warmup_step_times_s": warmup_timer.times_s}
     if report:
         report.warmup, report.total = warmup, warmup + bench.steps
         report.metered_bytes = sum(state.get(k, 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes")) \
@@ -198,7 +202,16 @@ def reduce_ranks(records: List[Dict[str, Any]], cfg: RunConfig, plan: Dict[str, 
         step_stats=stats.to_dict(),
         intervals=figure_intervals(stats, rates),
         warmup_steps=warmup,
+        **compile_time(records, step_time, cfg.engine.compile),
     )
+
+
+def compile_time(records: List[Dict[str, Any]], step_time: float, compiled: bool) -> Dict[str, Optional[float]]:
+    """The first warm-up step of the slowest rank, and the compile time it carries beyond a steady step."""
+    firsts = [r["warmup_step_times_s"][0] for r in records if r.get("warmup_step_times_s")]
+    first = max(firsts) if firsts else None
+    return {"first_step_s": first,
+            "compile_s": max(first - step_time, 0.0) if compiled and first is not None else None}
 
 
 def run(run_dir: Path, warning: WarningSignal) -> int:

@@ -100,9 +100,11 @@ def test_run_label_names_the_layout_values():
 
 
 @pytest.mark.parametrize("overrides, line", [
-    (["engine=fsdp", "engine.compiled_ops=true"],
-     "engine.compiled_ops is not a field of engine (FsdpOptions: name, launcher, fsdp_version)"),
-    (["layout.precision=fp7"], "layout.precision='fp7' must be one of bf16, fp16, fp32"),
+    (["engine=fsdp", "engine.sequence_parallel=true"],
+     "engine.sequence_parallel is not a field of engine (FsdpOptions: name, launcher, compile, fsdp_version)"),
+    (["engine=fsdp", "engine.compiled_ops=true"], "engine.compiled_ops is not a field of engine (did you mean "
+                                                  "'compile'?)"),
+    (["layout.precision=fp7"], "layout.precision='fp7' must be one of bf16, fp16, fp32, fp8 (did you mean 'fp8'?)"),
     (["tracking.mode=foo"], "tracking.mode='foo' must be one of offline, online"),
     (["launcher.backend=foo"], "launcher.backend='foo' must be one of local, slurm"),
     (["data.kind=csv"], "data.kind='csv' must be one of synthetic, text"),
@@ -153,3 +155,11 @@ def test_point_names_carry_the_values_that_differ():
               ["engine=fsdp", "layout.zero_stage=3", "bench.steps=2"]]
     assert point_names(points, ["a", "b", "c"]) == ["000-deepspeed-zero2", "001-deepspeed-zero3", "002-fsdp-zero3"]
     assert point_names([["bench.steps=2"]], ["deepspeed-dp2_zero2"]) == ["000-deepspeed-dp2_zero2"]
+
+
+def test_engine_compile_composes_on_every_engine_and_defaults_off():
+    from harness.config.compose import compose_run_config
+
+    assert compose_run_config([]).engine.compile is False
+    for engine in ("nd", "fsdp", "deepspeed", "megatron_lm"):
+        assert compose_run_config([f"engine={engine}", "engine.compile=true"]).engine.compile is True

@@ -44,4 +44,6 @@ def transformer_config(flags: Dict[str, Any]):
         pipeline_dtype=dtype if pp > 1 else None,
         recompute_granularity=f.get("--recompute-granularity"), recompute_method=f.get("--recompute-method"),
         recompute_num_layers=f.get("--recompute-num-layers"),
+        fp8=f.get("--fp8-format"), fp8_amax_history_len=f.get("--fp8-amax-history-len", 1),
+        fp8_amax_compute_algo=f.get("--fp8-amax-compute-algo", "most_recent"),
     )  # fmt: skip

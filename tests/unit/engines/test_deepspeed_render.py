@@ -158,3 +158,23 @@ def test_stage_layers_follow_the_planners_split(layers, explicit, stages):
     run = compose_run_config(PP2)
     run = replace(run, layout=replace(run.layout, pp_stage_layers=explicit))
     assert ds_engine.stage_layers(run, layers) == stages
+
+
+def test_compile_writes_deepspeeds_compile_section_which_its_validator_reads(monkeypatch):
+    eager = ds_engine.ds_config(BASE)
+    compiled = ds_engine.ds_config(replace(BASE, engine=replace(BASE.engine, compile=True)))
+    assert "compile" not in eager
+    assert compiled["compile"] == {"deepcompile": False}
+    parsed = validate_with_deepspeed(compiled, ds_engine.ranks_in_batch_check(BASE), monkeypatch)
+    assert parsed.compile_config.deepcompile is False
+    # The section reaches DeepSpeed's CompileConfig: a misspelled key in it is refused there.
+    with pytest.raises(Exception, match="deepcompil"):
+        validate_with_deepspeed({**compiled, "compile": {"deepcompil": True}}, ds_engine.ranks_in_batch_check(BASE),
+                                monkeypatch)
+
+
+def test_compile_with_a_pipeline_is_refused_before_launch(tmp_path):
+    from harness.launch.prepare import RunRejected, prepare_run
+
+    with pytest.raises(RunRejected, match="engine.compile=true with pp=2: engine=deepspeed"):
+        prepare_run(compose_run_config([*PP2, "engine.compile=true"]), tmp_path)

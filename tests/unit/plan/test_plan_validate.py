@@ -108,6 +108,18 @@ def test_engine_support_matrix():
         engine=dict(name="fsdp", fsdp_version=1), zero_stage=3, dp_shard=1, tp=2)
 
 
+def test_compile_only_where_the_engine_compiles():
+    for name in ("deepspeed", "nd"):
+        assert errors_of(engine=dict(name=name, compile=True), zero_stage=3 if name == "nd" else 2) == []
+    assert errors_of(engine=dict(name="fsdp", compile=True), zero_stage=3) == []
+    assert ("engine.compile=true with engine=megatron_lm: Megatron-LM's command line has no torch.compile option "
+            "(its fused kernels are on by default); use engine.compile=false") in errors_of(
+        engine=dict(name="megatron_lm", compile=True), zero_stage=1)
+    assert any(e.startswith("engine.compile=true with engine.fsdp_version=1") for e in errors_of(
+        engine=dict(name="fsdp", fsdp_version=1, compile=True), zero_stage=3))
+    assert errors_of(engine=dict(name="megatron_lm"), zero_stage=1) == []
+
+
 @pytest.mark.parametrize("axis", ["tp", "cp"])
 def test_fsdp_runs_tensor_and_context_parallelism_on_gpu_only(axis):
     layout = dict(engine=dict(name="fsdp"), zero_stage=3, seq_len=64, **{axis: 2})
