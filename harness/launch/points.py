@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness.config.arguments import unwritable_folder
-from harness.config.compose import compose_run_config, run_config_from_dict
+from harness.config.compose import compose_noting_fills, run_config_from_dict
 from harness.config.errors import ConfigRejected
 from harness.config.naming import point_names
 from harness.config.schema import RunConfig
@@ -81,7 +82,10 @@ def load_point(run_dir: Path, state: str, reason: str) -> Point:
 
 def _composed(points: Sequence[List[str]]) -> List[RunConfig]:
     """One config per point; a sweep has one sweep_name and one launcher backend."""
-    configs = [compose_run_config(point) for point in points]
+    composed = [compose_noting_fills(point) for point in points]
+    configs = [cfg for cfg, _ in composed]
+    for note in dict.fromkeys(note for _, note in composed if note):  # what open layouts were filled with
+        print(note, file=sys.stderr)
     names = {cfg.sweep_name for cfg in configs}
     backends = {cfg.launcher.backend for cfg in configs}
     if len(names) > 1 or len(backends) > 1:
