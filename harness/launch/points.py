@@ -80,25 +80,24 @@ def load_point(run_dir: Path, state: str, reason: str) -> Point:
     return Point(run_dir, [], cfg, rendered, reason)
 
 
-def _composed(points: Sequence[List[str]]) -> List[RunConfig]:
-    """One config per point; a sweep has one sweep_name and one launcher backend."""
+def _composed(points: Sequence[List[str]]) -> Tuple[List[RunConfig], List[str]]:
+    """One config per point (a sweep has one sweep_name and one launcher backend), and the distinct lines
+    saying what open layouts were filled with."""
     composed = [compose_noting_fills(point) for point in points]
     configs = [cfg for cfg, _ in composed]
-    for note in dict.fromkeys(note for _, note in composed if note):  # what open layouts were filled with
-        print(note, file=sys.stderr)
     names = {cfg.sweep_name for cfg in configs}
     backends = {cfg.launcher.backend for cfg in configs}
     if len(names) > 1 or len(backends) > 1:
         raise UsageError(f"one sweep has one sweep_name and one launcher; the grid varies them: "
                          f"{sorted(names)} {sorted(backends)}")
     check_name("sweep_name", configs[0].sweep_name)
-    return configs
+    return configs, list(dict.fromkeys(note for _, note in composed if note))
 
 
 def expand(overrides: Sequence[str], submit_pruned: bool) -> Tuple[Path, List[Point], str]:
     """The grid's run directories under a new sweep directory: (sweep dir, points, launcher backend)."""
     points, params, sweep_dir = grid_points(overrides)
-    configs = _composed(points)
+    configs, notes = _composed(points)
     # Names and paths that could not go into a script are rejected before anything is written.
     names = point_names(points, [run_name(cfg) for cfg in configs])
     if configs[0].launcher.backend == "slurm":
@@ -107,6 +106,8 @@ def expand(overrides: Sequence[str], submit_pruned: bool) -> Tuple[Path, List[Po
     problem = unwritable_folder(Path(sweep_dir))
     if problem:
         raise ConfigRejected("results_dir", configs[0].results_dir, f"cannot hold the sweep {sweep_dir}: {problem}")
+    for note in notes:  # once the points are accepted, before anything is written
+        print(note, file=sys.stderr)
     root = make_unique_dir(Path(sweep_dir).resolve())
     write_json(root / SWEEP_FILE, {
         "sweep_name": configs[0].sweep_name, "launcher": configs[0].launcher.backend, "created": time.time(),
