@@ -55,11 +55,17 @@ def test_a_hub_model_on_gpus_must_give_its_length():
     assert run.layout.seq_len == 4096
 
 
-def test_plan_says_what_it_filled():
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "plan", "model=llama3_1_8b", "cluster=gpu_h100_1x8"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+@pytest.mark.parametrize("command", [["plan"], ["run", "--cfg", "job"], ["sweep", "launcher=slurm", "--dry-run"]],
+                         ids=["plan", "run", "sweep"])
+def test_plan_run_and_sweep_say_what_they_filled(command, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "harness.cli", *command, "model=llama3_1_8b", "cluster=gpu_h100_1x8",
+                          "tracking=disabled", f"results_dir={tmp_path}"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=180,
                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     notes = [line for line in out.stderr.splitlines() if line.startswith("[harness] layout not given")]
     assert len(notes) == 1 and "layout.seq_len=8192" in notes[0] and "layout.dp_shard=8" in notes[0]
-    assert "dp8 z3 mb1x1 s8192" in out.stdout and "fits" in out.stdout
+    if command[0] == "plan":
+        assert "dp8 z3 mb1x1 s8192" in out.stdout and "fits" in out.stdout
+    if command[0] == "sweep":  # the run folder carries the filled layout's name
+        assert [path.name for path in tmp_path.glob("adhoc/*/*-*")] == ["000-deepspeed-dp8_zero3"]
