@@ -13,9 +13,10 @@ FILLABLE = ("dp_replicate", "dp_shard")
 FIXED = ("tp", "pp", "cp")
 # The layout fields the `default` preset leaves null.
 OPEN_FIELDS = ("dp_shard", "zero_stage", "micro_batch", "seq_len", "activation_checkpointing")
-# On a CPU cluster the open fields (dp_shard included) take the CPU toy's values, those of hydra_configs/layout/dp2_zero2.yaml
+# On a CPU cluster the open fields take the CPU toy's values, those of hydra_configs/layout/dp2_zero2.yaml
 # (tests/unit/config/test_fill.py holds them equal), so the CPU defaults are what they always were.
 CPU_TOY = {"dp_shard": 2, "zero_stage": 2, "micro_batch": 2, "seq_len": 64, "activation_checkpointing": "none"}
+CPU_SOURCE = "the CPU toy, as layout=dp2_zero2"
 # On accelerators, torchtitan's defaults (torchtitan/models/llama3/train_configs/*.toml): dp_shard=-1 shards
 # parameters, gradients and optimizer states over every rank (FSDP FULL_SHARD, i.e. ZeRO-3), one sequence
 # per rank per micro-step (local_batch_size = 1), at the model's pre-training length (model.train_seq_len),
@@ -55,12 +56,16 @@ def open_field_values(layout: Mapping[str, Any], nodes: int, per_node: int, acce
     """{field: (value, source)} for the layout's open fields: -1 degrees and the `default` preset's nulls."""
     filled: Dict[str, Tuple[Any, str]] = {}
     on_cpu = accelerator == "cpu"
-    # On accelerators an open dp_shard fills the world, as -1 does.
-    open_shard = layout["dp_shard"] is None and not on_cpu
-    if open_shard and layout["dp_replicate"] == -1:  # the given -1 takes the world; the open one stays 1
-        filled["dp_shard"], open_shard = (1, "layout.dp_replicate=-1 takes the world"), False
-    degree = _filled_degree({**layout, "dp_shard": -1} if open_shard else layout, nodes, per_node,
-                            "layout.dp_shard (not set)" if open_shard else None)
+    label = None
+    if layout["dp_shard"] is None:
+        if on_cpu:
+            filled["dp_shard"] = (CPU_TOY["dp_shard"], CPU_SOURCE)
+        elif layout["dp_replicate"] == -1:  # the given -1 takes the world; the open degree stays 1
+            filled["dp_shard"] = (1, "layout.dp_replicate=-1 takes the world")
+        else:  # on accelerators an open dp_shard fills the world, as -1 does
+            label = "layout.dp_shard (not set)"
+        layout = {**layout, "dp_shard": filled["dp_shard"][0] if "dp_shard" in filled else -1}
+    degree = _filled_degree(layout, nodes, per_node, label)
     if degree:
         axis, value, used = degree
         filled[axis] = (value, f"all {nodes * per_node} ranks" if used == 1 else f"{nodes * per_node} ranks / {used}")
@@ -68,7 +73,7 @@ def open_field_values(layout: Mapping[str, Any], nodes: int, per_node: int, acce
         if layout.get(key) is not None or key in filled:
             continue
         if on_cpu:
-            filled[key] = (CPU_TOY[key], "the CPU toy, as layout=dp2_zero2")
+            filled[key] = (CPU_TOY[key], CPU_SOURCE)
         elif key in ACCELERATOR_FIXED:
             filled[key] = (ACCELERATOR_FIXED[key], "torchtitan's defaults")
         else:

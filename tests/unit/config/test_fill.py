@@ -37,6 +37,13 @@ def test_fields_the_user_sets_win_over_the_fill():
     assert (chosen.layout.dp_shard, chosen.layout.seq_len, chosen.layout.micro_batch) == (2, 64, 2) and note is None
 
 
+def test_a_given_replicate_degree_takes_the_world_the_open_shard_stays_one():
+    run = compose_run_config(["model=llama3_1_8b", "cluster=gpu_h100_1x8", "layout.dp_replicate=-1"])
+    assert (run.layout.dp_replicate, run.layout.dp_shard, run.layout.name) == (8, 1, "dp1_dpr8_zero3")
+    cpu = compose_run_config(["layout.dp_replicate=-1"])
+    assert (cpu.layout.dp_replicate, cpu.layout.dp_shard) == (1, 2)
+
+
 def test_cpu_defaults_are_the_toy_they_were():
     bare = compose_run_config([])
     assert asdict(bare.layout) == asdict(compose_run_config(["layout=dp2_zero2"]).layout)
