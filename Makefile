@@ -27,11 +27,22 @@ ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
+# A pip configuration may name local index folders that hold only some packages (`pip config list`: here
+# /root/.config/pip/pip.conf's extra-index-url file:///opt/pypi-more/simple); pip then warns "Location ... is
+# ignored: it is neither a file nor a directory" once per package it looks up, ~100 lines. Only those lines are
+# dropped (the machine's configuration is left as it is); pip's exit status and its other messages pass through.
+PIP_IGNORED_LOCATION := is ignored: it is neither a file nor a directory
+QUIET_PIP = set -o pipefail; $(PY) -m pip $(1) 2>&1 | { grep -v --line-buffered '$(PIP_IGNORED_LOCATION)' || true; }
+
 $(VENV)/.installed: pyproject.toml constraints.txt
+	@echo "[setup 1/3] virtualenv $(VENV)"
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) '$(TORCH_SPEC)'
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	@echo "[setup 2/3] $(TORCH_SPEC)$(if $(TORCH_INDEX_URL), from $(TORCH_INDEX_URL)) (the largest download: minutes on a fresh machine)"
+	$(call QUIET_PIP,install -q $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) '$(TORCH_SPEC)')
+	@echo "[setup 3/3] the harness and its dependencies (pinned by constraints.txt)"
+	$(call QUIET_PIP,install -q -c constraints.txt -e '.[test]')
 	touch $@
+	@echo "[setup] $(VENV) ready"
 
 setup: $(VENV)/.installed ## make .venv and install the harness (TORCH_SPEC / TORCH_INDEX_URL choose torch)
 

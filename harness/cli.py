@@ -189,20 +189,24 @@ def check_points(command: str, flags: List[str], overrides: List[str], writes: b
     """Compose and check every point before anything is written; one line per refusal on stderr. A command
     that `writes` also needs a results_dir it can write into."""
     from harness.config.arguments import unwritable_folder
-    from harness.config.compose import compose_run_config
+    from harness.config.compose import compose_noting_fills
     from harness.config.errors import ConfigRejected, explain
     from harness.config.grid import expand_grid
 
     try:
         points = expand_grid(overrides) if {"-m", "--multirun"} & set(flags) else [overrides]
+        notes = []
         for point in points:
-            run = compose_run_config(point, config_dirs(flags))
+            run, note = compose_noting_fills(point, config_dirs(flags))
+            notes += [note] if note and note not in notes else []
             problem = unwritable_folder(Path(run.results_dir)) if writes else None
             if problem:
                 raise ConfigRejected("results_dir", run.results_dir, problem)
     except Exception as error:  # every composition and value error becomes one line
         print(f"harness {command}: {explain(error)}", file=sys.stderr)
         return False
+    for note in notes:  # what an open layout was filled with (stderr: --json / --csv stay parseable)
+        print(note, file=sys.stderr)
     _grid_points[:] = points
     return True
 

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import REPO_ROOT
 from harness.config.checks import check_run_config
 from harness.config.errors import ConfigRejected, nearest
-from harness.config.fill import fill_data_parallel
+from harness.config.fill import NAME_RESOLVER, default_layout_name, fill_layout, fill_note
 from harness.config.schema import ENGINE_OPTIONS, EngineName, RunConfig, allowed
 from harness.config.standin import make_standin
 
@@ -55,6 +55,8 @@ def register_schemas() -> None:
     """Put the dataclass schema behind config.yaml, so unknown keys and wrong types fail at composition."""
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
+    # The `default` layout preset's name depends on the cluster and model it is filled for.
+    OmegaConf.register_new_resolver(NAME_RESOLVER, default_layout_name, replace=True)
     for engine, options in ENGINE_OPTIONS.items():
         # hydra_configs/engine/<name>.yaml start from these, so another engine's option is an unknown key.
         store.store(group="engine", name=f"{engine.value}_schema", node=options)
@@ -129,10 +131,20 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
 def run_config_from_dict(payload: Dict[str, Any]) -> RunConfig:
     """A typed, checked RunConfig from plain values (a composed config, or a config.json read back)."""
+    return filled_run_config(payload)[0]
+
+
+def filled_run_config(payload: Dict[str, Any]) -> Tuple[RunConfig, Optional[str]]:
+    """The typed, checked RunConfig, and one line naming the layout fields filled for it (None if none)."""
     node = OmegaConf.merge(_schema_for(payload), payload)
-    run = fill_data_parallel(OmegaConf.to_object(node))
+    run, filled = fill_layout(OmegaConf.to_object(node))
     check_run_config(run)
-    return run
+    return run, fill_note(run, filled) if filled else None
+
+
+def compose_noting_fills(overrides: List[str], config_dirs: Sequence[str] = ()) -> Tuple[RunConfig, Optional[str]]:
+    """`compose_run_config`, and the line saying which layout fields were filled (for plan, run and sweep)."""
+    return filled_run_config(_without_hydra(compose_config(overrides, config_dirs=config_dirs)))
 
 
 def _schema_for(payload: Dict[str, Any]) -> DictConfig:

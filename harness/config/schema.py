@@ -149,6 +149,9 @@ class ModelConfig:
     # weights in every layout), `meta` (on the meta device; each rank materialises and initialises only
     # what it holds), `auto` (meta where the engine supports it and full copies would crowd host memory).
     init: ModelInit = ModelInit.auto
+    # The sequence length the model was pre-trained at (its report; each preset cites it): what a layout
+    # that leaves `layout.seq_len` unset takes on accelerators (harness.config.fill).
+    train_seq_len: Optional[int] = None
 
 
 @dataclass
@@ -230,17 +233,20 @@ def engine_config(name: str = EngineName.deepspeed.value, **options: Any) -> Eng
 
 @dataclass
 class LayoutConfig:
-    """The parallel layout and the per-step batch shape (one point of a sweep)."""
+    """The parallel layout and the per-step batch shape (one point of a sweep).
 
-    name: str = "dp2"
+    `name`, `dp_shard`, `zero_stage`, `micro_batch`, `seq_len` and `activation_checkpointing` may be null (the `default` layout preset leaves them so):
+    harness.config.fill fills them from the cluster and the model before anything reads them."""
+
+    name: Optional[str] = "dp2"
     dp_replicate: int = 1
-    dp_shard: int = 2
+    dp_shard: Optional[int] = 2
     tp: int = 1
     pp: int = 1
     cp: int = 1
     ep: int = 1
     # Sharding level shared by every engine: 0 none, 1 optimizer, 2 +gradients, 3 +parameters.
-    zero_stage: int = 2
+    zero_stage: Optional[int] = 2
     pp_schedule: PipelineSchedule = PipelineSchedule["1F1B"]
     pp_virtual_stages: int = 1
     # Explicit layers per pipeline stage (uneven splits); empty = even split.
@@ -248,10 +254,10 @@ class LayoutConfig:
     offload_optimizer: OffloadTarget = OffloadTarget.none
     offload_params: OffloadTarget = OffloadTarget.none
     nvme_path: Optional[str] = None
-    micro_batch: int = 1
+    micro_batch: Optional[int] = 1
     grad_accum: int = 1
-    seq_len: int = 64
-    activation_checkpointing: Checkpointing = Checkpointing.none
+    seq_len: Optional[int] = 64
+    activation_checkpointing: Optional[Checkpointing] = Checkpointing.none
     precision: Precision = Precision.bf16
 
 

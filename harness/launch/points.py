@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness.config.arguments import unwritable_folder
-from harness.config.compose import compose_run_config, run_config_from_dict
+from harness.config.compose import compose_noting_fills, run_config_from_dict
 from harness.config.errors import ConfigRejected
 from harness.config.naming import point_names
 from harness.config.schema import RunConfig
@@ -79,16 +80,18 @@ def load_point(run_dir: Path, state: str, reason: str) -> Point:
     return Point(run_dir, [], cfg, rendered, reason)
 
 
-def _composed(points: Sequence[List[str]]) -> List[RunConfig]:
-    """One config per point; a sweep has one sweep_name and one launcher backend."""
-    configs = [compose_run_config(point) for point in points]
+def _composed(points: Sequence[List[str]]) -> Tuple[List[RunConfig], List[str]]:
+    """One config per point (a sweep has one sweep_name and one launcher backend), and the distinct lines
+    saying what open layouts were filled with."""
+    composed = [compose_noting_fills(point) for point in points]
+    configs = [cfg for cfg, _ in composed]
     names = {cfg.sweep_name for cfg in configs}
     backends = {cfg.launcher.backend for cfg in configs}
     if len(names) > 1 or len(backends) > 1:
         raise UsageError(f"one sweep has one sweep_name and one launcher; the grid varies them: "
                          f"{sorted(names)} {sorted(backends)}")
     check_name("sweep_name", configs[0].sweep_name)
-    return configs
+    return configs, list(dict.fromkeys(note for _, note in composed if note))
 
 
 def interleaved(count: int, repeats: Sequence[int]) -> List[Tuple[int, int]]:
@@ -120,7 +123,7 @@ def with_repeats(points: List[List[str]], configs: List[RunConfig], names: List[
 def expand(overrides: Sequence[str], submit_pruned: bool) -> Tuple[Path, List[Point], str]:
     """The grid's run directories under a new sweep directory: (sweep dir, points, launcher backend)."""
     points, params, sweep_dir = grid_points(overrides)
-    configs = _composed(points)
+    configs, notes = _composed(points)
     # Names and paths that could not go into a script are rejected before anything is written.
     names = point_names(points, [run_name(cfg) for cfg in configs])
     points, configs, names = with_repeats(points, configs, names)
@@ -130,6 +133,8 @@ def expand(overrides: Sequence[str], submit_pruned: bool) -> Tuple[Path, List[Po
     problem = unwritable_folder(Path(sweep_dir))
     if problem:
         raise ConfigRejected("results_dir", configs[0].results_dir, f"cannot hold the sweep {sweep_dir}: {problem}")
+    for note in notes:  # once the points are accepted, before anything is written
+        print(note, file=sys.stderr)
     root = make_unique_dir(Path(sweep_dir).resolve())
     write_json(root / SWEEP_FILE, {
         "sweep_name": configs[0].sweep_name, "launcher": configs[0].launcher.backend, "created": time.time(),

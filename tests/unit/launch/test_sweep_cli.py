@@ -111,7 +111,7 @@ def test_submit_pruned_renders_the_pruned_point(tmp_path, fake_sbatch):
     code = sweep.main(["engine=fsdp", "layout.zero_stage=1", "launcher=slurm_local", "tracking=disabled",
                        f"results_dir={tmp_path}", "--dry-run", "--submit-pruned"])
     assert code == 0
-    run = only_sweep_dir(tmp_path, "adhoc") / "000-fsdp-dp2_zero2"
+    run = only_sweep_dir(tmp_path, "adhoc") / "000-fsdp-dp2_zero1"
     status = json.loads((run / "status.json").read_text())
     # The engine itself refuses ZeRO-1, so even --submit-pruned cannot render it; the reason says both.
     assert status["state"] == "PRUNED" and "cannot render" in status["reason"]
