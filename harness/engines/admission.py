@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from harness.engines import engine_module, registry
 from harness.plan.planner import GIB, Plan, make_plan
@@ -68,6 +68,15 @@ def launcher_problems(cfg: Any) -> List[str]:
         problems.append(f"launcher.gpus_per_node_gres={launcher.gpus_per_node_gres} asks for {match.group(1)} GPUs "
                         f"per node, but cluster.accelerators_per_node={cluster.accelerators_per_node} ranks run there")
     return problems
+
+
+def launcher_to_add(overrides: Sequence[str], cfg: Any) -> Optional[str]:
+    """The launcher preset to plan `cfg` with when the user chose none and the composed one (local) cannot reach
+    the cluster's nodes (`needed_launcher`); None where the user named a launcher or the composed one fits."""
+    chosen = any(text.split("=", 1)[0].lstrip("+~") == "launcher" for text in overrides)
+    if chosen or cfg.launcher.backend != "local":
+        return None
+    return needed_launcher(cfg.cluster)
 
 
 def needed_launcher(cluster: Any) -> Optional[str]:

@@ -16,7 +16,7 @@ import yaml
 from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_number
 from harness.config.compose import compose_config, compose_run_config, run_config_to_dict, user_config_dir
 from harness.config.errors import explain as explain_error
-from harness.engines.admission import judge, needed_launcher
+from harness.engines.admission import judge, launcher_to_add
 from harness.plan.planner import GIB, Plan
 from harness.plan.recommend import Choice, compare, rank
 from harness.plan.units import format_bytes
@@ -68,13 +68,10 @@ def parse_constraint(items: Sequence[str]) -> Dict[str, str]:
 
 
 def recommend_overrides(overrides: Sequence[str]) -> Tuple[List[str], Optional[str]]:
-    """The user's overrides plus the launcher the cluster needs (harness.engines.admission.needed_launcher)
-    where the composed one cannot reach its nodes; (overrides, the launcher added or None)."""
-    cfg = compose_run_config(list(overrides))
-    launcher = needed_launcher(cfg.cluster)
-    if launcher is None or cfg.launcher.backend != "local":
-        return list(overrides), None
-    return [*overrides, f"launcher={launcher}"], launcher
+    """The user's overrides plus the launcher the cluster needs (harness.engines.admission.launcher_to_add)
+    where the user chose none; (overrides, the launcher added or None)."""
+    launcher = launcher_to_add(overrides, compose_run_config(list(overrides)))
+    return ([*overrides, f"launcher={launcher}"] if launcher else list(overrides)), launcher
 
 
 def label(plan: Plan) -> str:

@@ -198,15 +198,21 @@ def plan_points(overrides: List[str], config_dirs: Sequence[str] = ()) -> List[P
     from harness.config.compose import compose_run_config
     from harness.config.fill import DegreeFillError
     from harness.config.grid import expand_grid
-    from harness.engines.admission import judge
+    from harness.engines.admission import judge, launcher_to_add
     from harness.plan.planner import plan_rows
 
-    composed, refused = [], []
+    composed, refused, added = [], [], {}
     grid = expand_grid(overrides)
     swept = {item for point in grid for item in point if sum(item in other for other in grid) < len(grid)}
     for point in grid:
         try:
-            composed.append(resolve_hub_model(compose_run_config(point, config_dirs)))
+            run = compose_run_config(point, config_dirs)
+            # A multi-node cluster is planned as the Slurm job it needs when no launcher was named.
+            launcher = launcher_to_add(point, run)
+            if launcher:
+                added[launcher] = run.cluster.nodes
+                run = compose_run_config([*point, f"launcher={launcher}"], config_dirs)
+            composed.append(resolve_hub_model(run))
         except DegreeFillError as error:
             label = " ".join(item.split(".")[-1] for item in point if item in swept) or "(defaults)"
             refused.append(PlannedPoint(label, None, [str(error)], [], {}))
@@ -216,6 +222,9 @@ def plan_points(overrides: List[str], config_dirs: Sequence[str] = ()) -> List[P
         verdict = judge(run)
         points.append(PlannedPoint(label, verdict.plan, list(verdict.errors), list(verdict.warnings),
                                    {**plan_rows([verdict.plan])[0], **job_time_columns(run, verdict.plan)}))
+    for launcher, nodes in added.items():  # stderr: --json / --csv stay parseable
+        print(f"[harness] launcher not given; planned with launcher={launcher}, which cluster.nodes={nodes} needs "
+              f"(a Slurm job across the nodes; name a launcher to override)", file=sys.stderr)
     return [*points, *refused]
 
 

@@ -117,3 +117,15 @@ def test_hub_id_fields_are_planned_not_the_preset(monkeypatch):
     point = plan_view.plan_points(["model.hub_id=org/wider"])[0]
     assert point.row["model"] == "org/wider"
     assert point.plan.model.total_params > base.plan.model.total_params
+
+
+def test_a_multi_node_cluster_is_planned_as_the_slurm_job_it_needs_unless_a_launcher_is_named():
+    """`harness plan model=... cluster=h100_8x8` with no layout and no launcher: the layout is filled for the
+    cluster and the plan is the Slurm job the nodes need, said on stderr; a launcher the user names is kept."""
+    out = harness_plan("model=llama3_1_70b", "cluster=h100_8x8")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 fits" in out.stdout
+    assert "planned with launcher=slurm_gpu, which cluster.nodes=8 needs" in out.stderr
+    named = harness_plan("model=llama3_1_70b", "cluster=h100_8x8", "launcher=local", columns=400)
+    assert named.returncode == 1 and "launcher.backend=local starts one node, but cluster.nodes=8" in named.stdout
+    assert "planned with launcher" not in named.stderr
