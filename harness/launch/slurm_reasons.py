@@ -154,7 +154,7 @@ def nodes_never_come(job: Mapping[str, Any], nodes: Sequence[Mapping[str, str]],
         listed = ", ".join(f"{name} {problems[name]}" for name in down[:SHOWN_NODES])
         more = f" and {len(down) - SHOWN_NODES} more" if len(down) > SHOWN_NODES else ""
         shortages.append(f"it needs {needed} node{'s' if needed > 1 else ''} of partition {partition}, "
-                         f"only {len(usable)} usable: {listed or 'sinfo lists none'}{more}")
+                         f"only {len(usable)} usable: {listed or f'the partition has {len(members)} nodes'}{more}")
     if not shortages:
         return None, None  # no partition named: nothing to judge
     since = now if since is None else since
