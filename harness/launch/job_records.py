@@ -1,7 +1,8 @@
 """What a run directory records about its Slurm jobs: the submission, the job itself, earlier attempts.
 
 - `<run>/slurm.json` — the submitter's record: job key (`A_i` for an array task, `J` for a job),
-  attempt number and the earlier attempts' final states.
+  attempt number and the earlier attempts' final states; while the job waits with ReqNodeNotAvail
+  and too few of its nodes are usable, since when (`nodes_short_since`, kept between polls).
 - `<run>/slurm_job.json` — written inside the job: raw job id, nodes, rendezvous address and port.
 - `<run>/attempts/<n>/` — an earlier attempt's metrics, rank errors and job record, moved aside.
 """
@@ -75,6 +76,22 @@ def note_previous_attempt(run_dir: Path, state: str, reason: str) -> None:
         return
     record["history"] = [*record.get("history", []),
                          {"job_key": record.get("job_key"), "state": state, "reason": reason}]
+    write_json(Path(run_dir) / SUBMISSION_FILE, record)
+
+
+NODES_SHORT_SINCE = "nodes_short_since"
+
+
+def note_nodes_short(run_dir: Path, since: Optional[float]) -> None:
+    """Keep (or, with None, drop) since when the pending job's nodes have been too few, in slurm.json:
+    every poll of every `harness sweep` or `sweep status` sees the same clock. Written only on a change."""
+    record = read_submission(run_dir)
+    if record is None or record.get(NODES_SHORT_SINCE) == since:
+        return
+    if since is None:
+        record.pop(NODES_SHORT_SINCE, None)
+    else:
+        record[NODES_SHORT_SINCE] = since
     write_json(Path(run_dir) / SUBMISSION_FILE, record)
 
 

@@ -1,4 +1,4 @@
-"""Slurm's own commands, run and parsed: sbatch, scancel, squeue, sacct (nothing else talks to Slurm)."""
+"""Slurm's own commands, run and parsed: sbatch, scancel, squeue, sacct, sinfo (nothing else talks to Slurm)."""
 
 from __future__ import annotations
 
@@ -88,6 +88,17 @@ def squeue_jobs(job_ids: Sequence[str]) -> List[Dict[str, Any]]:
             return []
         raise
     return json.loads(out)["jobs"]
+
+
+SINFO_FIELDS = ("node", "partition", "state", "reason")
+
+
+def sinfo_nodes() -> List[Dict[str, str]]:
+    """Every node of every partition, one row per (node, partition): its state as sinfo prints it
+    (`drained`, `down*`, `idle~`: the suffix is part of the state) and the reason an administrator or
+    slurmctld gave (`none` when there is none). The reason comes last: it is free text."""
+    out = slurm_command(["sinfo", "-N", "-h", "-o", "%N|%R|%T|%E"])
+    return [dict(zip(SINFO_FIELDS, line.split("|", 3))) for line in out.splitlines() if line.strip()]
 
 
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "DerivedExitCode", "NodeList", "Start", "End")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -23,9 +24,9 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.launch import slurm_commands
-from harness.launch.job_records import read_job_record, read_submission
+from harness.launch.job_records import NODES_SHORT_SINCE, note_nodes_short, read_job_record, read_submission
 from harness.launch.oom import SIG_OOM, SIGKILL, KillEvidence, host_oom, job_logs, slurmstepd_oom_line
-from harness.launch.slurm_reasons import never_starts, pending_reason
+from harness.launch.slurm_reasons import REQ_NODE_NOT_AVAIL, never_starts, nodes_never_come, pending_reason
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
@@ -70,6 +71,9 @@ class SlurmView:
     restart_count: int = 0
     start: Optional[float] = None  # epoch seconds
     end: Optional[float] = None
+    # What the job asks of the nodes (squeue --json), for a ReqNodeNotAvail job's nodes_never_come.
+    nodes_asked: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    never: str = ""  # why it will never start, learnt from outside squeue's reason (sinfo's node states)
 
     @property
     def final(self) -> bool:
@@ -83,7 +87,8 @@ class SlurmView:
         derived_status, derived_signal = _wait_status(record.get("derived_exit_code"))
         return cls(str(record.get("job_id")), str(state), str(record.get("state_reason") or ""), exit_status,
                    exit_signal, derived_status, derived_signal, int(record.get("restart_cnt") or 0),
-                   _epoch(record.get("start_time")), _epoch(record.get("end_time")))
+                   _epoch(record.get("start_time")), _epoch(record.get("end_time")),
+                   {key: record.get(key) for key in ("partition", "node_count", "required_nodes", "excluded_nodes")})
 
     @classmethod
     def from_sacct(cls, row: Mapping[str, str]) -> "SlurmView":
@@ -156,7 +161,7 @@ def classify(view: SlurmView, has_metrics: bool, errors: Sequence[RankError],
     if has_metrics:
         return COMPLETED, ""
     if view.state in SLURM_WAITING:
-        never = never_starts(view.reason)
+        never = never_starts(view.reason) or view.never
         if never:
             return FAILED, f"slurm job {view.job_id} can never start: {never}; the harness cancelled it"
         requeued = f"requeued ({view.restart_count}x), " if view.restart_count else ""
@@ -361,8 +366,10 @@ def queried_ids(submissions: Iterable[Optional[Mapping[str, Any]]]) -> List[str]
     return sorted(ids - {"None", ""})
 
 
-def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]:
-    """Every run's state; final states learnt from Slurm are written into that run's status.json."""
+def refresh(run_dirs: Sequence[Path], query_slurm: bool = True, now: Optional[float] = None) -> List[RunView]:
+    """Every run's state; final states learnt from Slurm are written into that run's status.json. A job
+    pending with ReqNodeNotAvail is judged against sinfo's node states (asked once, only then)."""
+    now = time.time() if now is None else now
     records = {run: read_job_record(run) for run in run_dirs}
     submissions = {run: tracked_job(read_submission(run), records[run]) for run in run_dirs}
     index, answered = SlurmIndex(), False
@@ -379,12 +386,12 @@ def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]
                 index.add_sacct(slurm_commands.sacct_rows(keys))
             except Exception as error:  # sacct absent or unconfigured: squeue's view is all there is
                 print(f"[harness] sacct failed: {error}")
+    slurm_views = {run: (index.squeue_view(sub) or index.sacct_view(sub, records[run])) if sub and answered else None
+                   for run, sub in submissions.items()}
+    slurm_views = _judge_unavailable_nodes(slurm_views, submissions, now)
     views = []
     for run in run_dirs:
-        submission = submissions[run]
-        slurm = None
-        if submission and answered:
-            slurm = index.squeue_view(submission) or index.sacct_view(submission, records[run])
+        submission, slurm = submissions[run], slurm_views[run]
         view, write = run_view(run, submission, records[run], slurm, answered)
         if write:
             write_status(run, view.state, view.reason)
@@ -392,6 +399,32 @@ def refresh(run_dirs: Sequence[Path], query_slurm: bool = True) -> List[RunView]
                 _cancel(view.job_key)
         views.append(view)
     return views
+
+
+def _judge_unavailable_nodes(slurm_views: Dict[Path, Optional[SlurmView]], submissions: Mapping[Path, Any],
+                             now: float) -> Dict[Path, Optional[SlurmView]]:
+    """Each job pending with ReqNodeNotAvail, against its nodes (one sinfo for all): since when they have
+    been short is kept in the run's slurm.json (a poll that finds them sufficient, or a job no longer
+    pending for that reason, drops it); once past the grace the view carries why it will never start."""
+    waiting = {run: view for run, view in slurm_views.items()
+               if view is not None and view.state in SLURM_WAITING and view.reason.startswith(REQ_NODE_NOT_AVAIL)}
+    for run, view in slurm_views.items():
+        if view is not None and run not in waiting and (submissions.get(run) or {}).get(NODES_SHORT_SINCE) is not None:
+            note_nodes_short(run, None)
+    if not waiting:
+        return slurm_views
+    try:
+        nodes = slurm_commands.sinfo_nodes()
+    except slurm_commands.SlurmError as error:  # unknown node states: the jobs keep waiting
+        print(f"[harness] sinfo failed, jobs waiting for nodes keep waiting: {error}")
+        return slurm_views
+    judged = dict(slurm_views)
+    for run, view in waiting.items():
+        since, never = nodes_never_come(view.nodes_asked, nodes, submissions[run].get(NODES_SHORT_SINCE), now)
+        note_nodes_short(run, since)
+        if never:
+            judged[run] = replace(view, never=never)
+    return judged
 
 
 def _cancel(job_key: str) -> None:

@@ -354,3 +354,88 @@ def test_never_starting_reasons(reason, never):
     from harness.launch.slurm_reasons import never_starts
 
     assert (never_starts(reason) is not None) == never
+
+
+# A two-node job waiting for its nodes: NEVER's record with the reason and request squeue --json gives then.
+REQ_NODE = {**NEVER, "state_reason": "ReqNodeNotAvail", "partition": "debug", "node_count": 2,
+            "required_nodes": "", "excluded_nodes": ""}
+# `sinfo -N -h -o '%N|%R|%T|%E'` on the local cluster, and as it reads with n2 drained by an administrator.
+SINFO_FINE = "n1|debug|idle|none\nn2|debug|idle|none\n"
+SINFO_DRAINED = "n1|debug|idle|none\nn2|debug|drained|maintenance\n"
+
+
+def fake_slurm(monkeypatch, jobs, sinfo, calls):
+    def fake(argv, timeout=60):
+        calls.append(argv[0])
+        if argv[0] == "squeue":
+            return json.dumps({"jobs": jobs})
+        assert argv[0] == "sinfo", argv
+        return sinfo[0]
+
+    monkeypatch.setattr(slurm_commands, "slurm_command", fake)
+    monkeypatch.setattr(slurm_commands, "scancel", lambda keys: calls.append(("scancel", *keys)))
+
+
+def test_req_node_not_avail_fails_only_once_too_few_nodes_stay_unusable_past_the_grace(tmp_path, monkeypatch):
+    from harness.launch.job_records import NODES_SHORT_SINCE, read_submission
+    from harness.launch.slurm_reasons import NODES_GRACE_S
+
+    sub = {"job_key": "6", "job_id": "6", "array_job_id": None, "array_task_id": None}
+    run = make_run(tmp_path, "run", "PENDING", sub)
+    other = make_run(tmp_path, "other", "PENDING", {**sub, "job_key": "7", "job_id": "7"})
+    sinfo, calls = [SINFO_FINE], []
+    fake_slurm(monkeypatch, [REQ_NODE, {**REQ_NODE, "job_id": 7}], sinfo, calls)
+    t0 = 1_000_000.0
+    # Both nodes usable: only busy or reserved for a while, so it waits (one sinfo for both jobs).
+    assert [v.state for v in refresh([run, other], now=t0)] == ["PENDING", "PENDING"]
+    assert calls == ["squeue", "sinfo"] and NODES_SHORT_SINCE not in read_submission(run)
+    # n2 drained: too few usable nodes, but within the grace (a node may come back by itself).
+    sinfo[0] = SINFO_DRAINED
+    assert refresh([run], now=t0 + 60)[0].state == "PENDING"
+    assert read_submission(run)[NODES_SHORT_SINCE] == t0 + 60
+    assert refresh([run], now=t0 + 60 + NODES_GRACE_S - 1)[0].state == "PENDING"
+    # n2 back: the clock is reset, and a new drain starts a new grace.
+    sinfo[0] = SINFO_FINE
+    assert refresh([run], now=t0 + 60 + NODES_GRACE_S)[0].state == "PENDING"
+    assert NODES_SHORT_SINCE not in read_submission(run)
+    sinfo[0] = SINFO_DRAINED
+    assert refresh([run], now=t0 + 2 * NODES_GRACE_S)[0].state == "PENDING"
+    assert read_status(run).state == "PENDING" and ("scancel", "6") not in calls
+    # Past the grace: FAILED with the nodes in words, and the job cancelled.
+    (seen,) = refresh([run], now=t0 + 3 * NODES_GRACE_S)
+    assert seen.state == "FAILED" and seen.settled and ("scancel", "6") in calls
+    assert ("can never start: it needs 2 nodes of partition debug, only 1 usable: n2 drained (maintenance), "
+            f"for {NODES_GRACE_S / 60:.0f} min (Slurm reason ReqNodeNotAvail)") in read_status(run).reason
+    # No job waiting for nodes: sinfo is not asked.
+    calls.clear()
+    fake_slurm(monkeypatch, [{**REQ_NODE, "job_id": 7, "state_reason": "Resources"}], sinfo, calls)
+    assert refresh([other], now=t0)[0].state == "PENDING" and calls == ["squeue"]
+
+
+@pytest.mark.parametrize("asked, sinfo, words", [
+    ({"node_count": 1, "required_nodes": "n3"}, SINFO_FINE,
+     "it asks for node n3 by name: n3 does not exist in partition debug"),
+    ({"node_count": 1, "required_nodes": "n[1-2]"}, "n1|debug|idle|none\nn2|debug|down*|Not responding\n",
+     "it asks for nodes n1,n2 by name: n2 down and not responding (Not responding)"),
+    ({"node_count": 2, "excluded_nodes": "n1"}, SINFO_FINE, "only 1 usable: n1 excluded by the job (--exclude)"),
+])
+def test_req_node_not_avail_by_name_and_excluded(asked, sinfo, words):
+    from harness.launch.slurm_commands import SINFO_FIELDS
+    from harness.launch.slurm_reasons import NODES_GRACE_S, nodes_never_come
+
+    nodes = [dict(zip(SINFO_FIELDS, line.split("|", 3))) for line in sinfo.splitlines()]
+    job = {**REQ_NODE, **asked}
+    assert nodes_never_come(job, nodes, None, 100.0) == (100.0, None)
+    since, never = nodes_never_come(job, nodes, 100.0, 100.0 + NODES_GRACE_S)
+    assert since == 100.0 and words in never
+
+
+def test_node_states_and_host_lists():
+    from harness.launch.slurm_reasons import hostnames, node_problem
+
+    assert hostnames("n[1-3,7],gpu[08-10],login") == ["n1", "n2", "n3", "n7", "gpu08", "gpu09", "gpu10", "login"]
+    usable = ["idle", "mixed", "allocated", "completing", "idle~", "idle#", "reserved", "planned"]
+    assert [node_problem({"state": s, "reason": "none"}) for s in usable] == [None] * len(usable)
+    assert node_problem({"state": "draining", "reason": "bad gpu"}) == "draining (bad gpu)"
+    assert node_problem({"state": "idle*", "reason": "none"}) == "idle and not responding"
+    assert node_problem({"state": "future", "reason": ""}) == "future"
