@@ -91,6 +91,9 @@ def _omegaconf_line(error: BaseException) -> Optional[str]:
         where = key.rsplit(".", 1)[0] if "." in key else "the config"
         type_name = getattr(getattr(error, "object_type", None), "__name__", "")
         listed = f" ({type_name}: {', '.join(known)})" if known and len(known) <= 8 else ""
+        owners = _engines_with_option(unknown) if where == "engine" else []
+        if owners:  # another engine's option: say whose, not which of this engine's names it resembles
+            return f"{key} is an option of engine={' / engine='.join(owners)}, not a field of {where}{listed}"
         return f"{key} is not a field of {where}{nearest(unknown, known) or listed}"
     converted = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", message)
     if converted:
@@ -108,6 +111,16 @@ def _yaml_line(error: BaseException) -> Optional[str]:
     where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}: " if mark else ""
     what = " ".join(part for part in (error.problem, error.context) if part)
     return f"{where}not valid YAML: {what}"
+
+
+def _engines_with_option(option: str) -> List[str]:
+    """The engines whose option dataclass has `option` (harness.config.schema.ENGINE_OPTIONS)."""
+    from dataclasses import fields
+
+    from harness.config.schema import ENGINE_OPTIONS
+
+    return [engine.value for engine, options in ENGINE_OPTIONS.items()
+            if option in {f.name for f in fields(options)}]
 
 
 def _known_keys(error: BaseException) -> List[str]:

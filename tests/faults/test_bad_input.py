@@ -159,8 +159,10 @@ def test_the_table_holds_at_least_sixty_cases():
 
 @pytest.mark.parametrize("args, first_line", [
     (["plan", "engine=fsdp", "engine.compiled_ops=true"],
-     "harness plan: engine.compiled_ops is not a field of engine (FsdpOptions: name, launcher, fsdp_version)"),
-    (["plan", "layout.precision=fp7"], "harness plan: layout.precision='fp7' must be one of bf16, fp16, fp32"),
+     "harness plan: engine.compiled_ops is an option of engine=deepspeed, not a field of engine (FsdpOptions: name, "
+     "launcher, compile, fsdp_version)"),
+    (["plan", "layout.precision=fp7"], "harness plan: layout.precision='fp7' must be one of bf16, fp16, fp32, fp8 "
+                                       "(did you mean 'fp8'?)"),
     (["run", "engine.name=megatron2"], "harness run: engine.name='megatron2' must be one of deepspeed, fsdp, nd, "
                                        "megatron_lm (did you mean 'megatron_lm'?)"),
 ])
