@@ -77,8 +77,8 @@ def cpu_mode() -> Mode:
     return Mode("cpu", "cpu", common, shapes, "cpu")
 
 
-# Every run: one local process, no tracking, bf16, two warm-up steps (the second is where state bytes
-# and saved activations are read) and three timed ones.
+# Every run: one local process, no tracking, bf16, at least two warm-up steps (more until step time is steady;
+# the last is where state bytes and saved activations are read) and three timed ones.
 RUN = ("launcher=local", "tracking=disabled", "sweep_name=gpu_check", "layout.dp_shard=1", "layout.dp_replicate=1",
        "layout.micro_batch=1", "layout.grad_accum=2", "layout.precision=bf16", "bench.warmup_steps=2",
        "bench.steps=3")

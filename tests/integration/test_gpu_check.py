@@ -77,7 +77,8 @@ def test_the_summary_holds_the_checks_and_the_comparison(rehearsal):
     for name, rule in rules.items():
         checks = stages[name]["checks"]
         assert checks["loss"]["rule"] == rule and checks["loss"]["max_rel_error"] <= checks["loss"]["rtol"]
-        assert len(checks["loss"]["losses"]) == 5  # two warm-up steps and three timed
+        # at least two warm-up steps (more until steady, at most bench.warmup_max_steps=6) and three timed
+        assert 5 <= len(checks["loss"]["losses"]) <= 9
         rank0 = checks["state_bytes"]["0"]
         assert rank0["measured"] == rank0["planned"] and rank0["measured"]["param_bytes"] + rank0["measured"].get(
             "host_bytes", 0) > 0
