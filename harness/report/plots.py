@@ -8,8 +8,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from harness.report.headline import format_bytes, layout_summary
+from harness.report.headline import layout_summary
 from harness.rundir import COMPLETED, PLOTLY_JS, TIME_PARTS, write_bytes
+from harness.rundir.vocabulary import format_bytes, format_gib, format_seconds, memory_unit, time_unit
 
 MEASURED, RECOMMENDED, PREDICTED = "#4e79a7", "#59a14f", "#e15759"
 MEMORY_PARTS = (("param_bytes", "parameters", "#4e79a7"), ("grad_bytes", "gradients", "#f28e2b"),
@@ -78,9 +79,9 @@ def hover_text(row: pd.Series) -> str:
         elif value is not None:
             lines.append(f"{name}: {pattern.format(value)}")
     if num(row.get("mem_measured_gib")) is not None:
-        lines.append(f"memory measured: {format_bytes(row['mem_measured_gib'], gib=True)}")
+        lines.append(f"memory measured: {format_gib(row['mem_measured_gib'])}")
     if num(row.get("mem_predicted_gib")) is not None:
-        lines.append(f"memory predicted: {format_bytes(row['mem_predicted_gib'], gib=True)}")
+        lines.append(f"memory predicted: {format_gib(row['mem_predicted_gib'])}")
     if row.get("reason"):
         lines.append(f"reason: {escape(str(row['reason'])[:120])}")
     if row.get("host_disturbed") is True:
@@ -226,7 +227,7 @@ def memory_figure(frame: pd.DataFrame, labels: Dict[int, str]) -> Tuple[Any, str
         caption = (f"Device memory ({format_bytes(max(device))} per device) is off this scale: the largest bar is "
                    f"{format_bytes(biggest)} ({biggest / max(device):.2%} of it).")
     _layout(fig, "memory", "bytes per device (upper bar measured, lower bar predicted)", 2 * len(names))
-    fig.update_xaxes(tickformat=".3s", ticksuffix="B")
+    binary_axis(fig, biggest)
     return fig, caption
 
 
@@ -262,12 +263,39 @@ def step_time_parts_figure(frame: pd.DataFrame, labels: Dict[int, str]):
         base = [b + v for b, v in zip(base, values)]
     _layout(fig, "step_time_parts", "seconds per optimizer step (upper bar measured, lower bar predicted)",
             2 * len(names))
-    fig.update_xaxes(tickformat=".3s", ticksuffix="s")
+    seconds_axis(fig, max([v for v in measured if v is not None] + [max(base, default=0.0), 0.0]))
     return fig
 
 
 def _seconds(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value * 1e3:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+    return format_seconds(value)
+
+
+def binary_axis(fig, largest_bytes: float) -> None:
+    """Scale a bytes axis to MiB or GiB (the vocabulary's rule) and say so in its ticks: plotly's own `.3s`
+    ticks are decimal SI (kB, MB), which reads wrong beside the MiB of every table. Only x values and bases
+    of bar and scatter traces are bytes on the memory chart."""
+    unit, scale = memory_unit(largest_bytes)
+    for trace in fig.data:
+        trace.x = [None if v is None else v / scale for v in trace.x]
+        if getattr(trace, "base", None) is not None:
+            trace.base = [b / scale for b in trace.base]
+    fig.update_xaxes(tickformat=",.3~g", ticksuffix=f" {unit}")
+
+
+def seconds_axis(fig, largest_s: float) -> None:
+    """Scale a seconds axis to ms or s (the vocabulary's rule)."""
+    unit, scale = time_unit(largest_s)
+    for trace in fig.data:
+        trace.x = [None if v is None else v / scale for v in trace.x]
+        if getattr(trace, "base", None) is not None:
+            trace.base = [b / scale for b in trace.base]
+        error = getattr(trace, "error_x", None)
+        if error is not None and error.array is not None:
+            trace.error_x.array = [None if v is None else v / scale for v in error.array]
+            if error.arrayminus is not None:
+                trace.error_x.arrayminus = [None if v is None else v / scale for v in error.arrayminus]
+    fig.update_xaxes(tickformat=",.3~g", ticksuffix=f" {unit}")
 
 
 def step_time_figure(frame: pd.DataFrame, labels: Dict[int, str]):
