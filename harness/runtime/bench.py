@@ -298,10 +298,16 @@ def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: 
     write_json(run_dir / METRICS_FILE, payload)
 
 
+# Measured fields that are records, not figures: the statistics below flatten what W&B shows of them.
+STRUCTURED = ("step_stats", "host", "intervals", "per_rank", "losses", "step_times_s")
+
+
 def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
     """Run summary for W&B: scalar measurements, the FLOP convention, and the prediction beside them."""
     measured = payload["measured"]
-    summary = {k: v for k, v in measured.items() if not isinstance(v, (list, dict))}
+    # Scalars only (a structured field is left out also when it is None), under summary.csv's names.
+    summary = {k: v for k, v in measured.items() if k not in STRUCTURED and not isinstance(v, (list, dict))}
+    summary["warmup_steps_run"] = summary.pop("warmup_steps", None)
     summary.update(interval_summary(measured))
     summary["memory_per_rank_bytes"] = max(device_state_and_activation_bytes(r) for r in measured["per_rank"])
     # The live chart keys (harness/runtime/progress.py) end on the run's medians rather than its last step:
