@@ -11,7 +11,7 @@ import pandas as pd
 from harness.report.repeats import pool_repeats
 from harness.report.verdict import Verdict, comparable, verdict
 from harness.rundir import COMPLETED, FINAL_STATES
-from harness.rundir.vocabulary import format_gib, format_percent, format_seconds
+from harness.rundir.vocabulary import format_gib, format_percent, format_seconds, sharding_words
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,9 @@ def layout_summary(row: Dict[str, Any]) -> str:
         if value is None or (isinstance(value, float) and pd.isna(value)) or value == "none":
             continue
         if column in ("dp_replicate", "tp", "pp", "cp", "ep", "grad_accum") and value == 1:
+            continue
+        if column == "zero_stage":  # in the engine's own words: ZeRO-2, SHARD_GRAD_OP, FSDP2 keep, ...
+            words.append(sharding_words(row.get("engine"), value, row.get("dp_replicate")))
             continue
         words.append(pattern.format(value))
     return ", ".join(words)

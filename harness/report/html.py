@@ -300,7 +300,8 @@ th{background:#f4f4f4;cursor:pointer;position:sticky;top:0}td:nth-child(-n+3){te
 #status-table td{white-space:normal;text-align:left;max-width:640px}
 tr.best td{background:#eef7ee;font-weight:600}
 .badge{color:#fff;border-radius:3px;padding:1px 5px;font-size:11px}
-.scroll{overflow-x:auto}div.plot{margin:4px 0 12px}
+.scroll{overflow-x:auto}
+.scroll.full{width:calc(100vw - 32px);margin-left:calc(50% - 50vw + 16px)}div.plot{margin:4px 0 12px}
 footer{color:#666;font-size:12px;margin-top:30px;border-top:1px solid #ddd}
 """
 
@@ -372,7 +373,7 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
                   f"<h2>{TITLES['results']}</h2>",
                   '<p class="caption">Click a column header to sort; pick more columns below. Every field: '
                   'summary.csv / summary.parquet.</p>', column_picker(columns, hidden, "results-table"),
-                  f'<div class="scroll">{_table(view, columns, "results-table", best_runs, hidden)}</div>']
+                  f'<div class="scroll full">{_table(view, columns, "results-table", best_runs, hidden)}</div>']
     parts.append(_footer(frame, roots))
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{escape(title)}</title>"

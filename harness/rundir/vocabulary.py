@@ -132,13 +132,13 @@ FIGURES: Tuple[Figure, ...] = tuple([
     *_figures(RUN, (
         ("label", "layout", "text", True), ("status", "status", "text", True), ("series", "sweep", "text"),
         ("run", "run", "text"), ("sweep", "sweep name", "text"), ("reason", "reason", "text"),
-        ("status_time", "status updated", "number"), ("engine", "engine", "text", True), ("model", "model", "text"),
+        ("status_time", "status updated", "number"), ("engine", "engine", "text"), ("model", "model", "text"),
         ("cluster", "cluster", "text"), ("accelerator", "accelerator", "text"), ("nodes", "nodes", "count"),
         ("world_size", "devices", "count", True), ("layout", "layout preset", "text"),
         ("sharding", "sharding", "text", True),
     )),
     *_figures(LAYOUT, (
-        ("dp_replicate", "dp replicate", "count", True), ("dp_shard", "dp shard", "count", True),
+        ("dp_replicate", "dp replicate", "count"), ("dp_shard", "dp shard", "count", True),
         ("tp", "tp", "count", True), ("pp", "pp", "count", True), ("cp", "cp", "count"), ("ep", "ep", "count"),
         ("zero_stage", "zero", "count", True), ("micro_batch", "micro-batch", "count", True),
         ("grad_accum", "accumulation", "count", True), ("seq_len", "sequence", "count", True),

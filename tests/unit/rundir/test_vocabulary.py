@@ -146,3 +146,10 @@ def test_the_report_names_each_runs_sharding_in_its_engines_words(sweep):
     for words in expected - {"-"}:
         assert f'data-key="sharding">{words}<' in body
 
+
+
+def test_the_layout_in_words_names_fsdp_sharding_as_fsdp_does():
+    from harness.report.headline import layout_summary
+
+    assert "SHARD_GRAD_OP" in layout_summary({"engine": "fsdp", "dp_shard": 2, "zero_stage": 2})
+    assert "ZeRO" not in layout_summary({"engine": "nd", "dp_shard": 2, "zero_stage": 3})
