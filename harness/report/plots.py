@@ -67,7 +67,7 @@ def hover_text(row: pd.Series) -> str:
              ("tokens/s/device", num(row.get("tokens_per_s_per_device")), "{:,.0f}"),
              ("predicted tokens/s", num(row.get("tokens_per_s_predicted")), "{:,.0f}"),
              ("tokens/s 95% CI", None, ""),
-             ("step median", _ms(row.get("step_time_s")), "{:.3g} ms"),
+             ("step median", num(row.get("step_time_s")), format_seconds),
              ("step min / max", None, ""),
              ("MFU", num(row.get("mfu")), "{:.2%}"), ("MFU predicted", num(row.get("mfu_predicted")), "{:.2%}"))
     for name, value, pattern in pairs:
@@ -75,9 +75,10 @@ def hover_text(row: pd.Series) -> str:
             lines.append(f"tokens/s 95% CI: {row['tokens_per_s_ci_low']:,.0f}–{row['tokens_per_s_ci_high']:,.0f}"
                          + (f" ({row['repeats']:.0f} repeats pooled)" if (num(row.get("repeats")) or 1) > 1 else ""))
         elif name == "step min / max" and num(row.get("step_time_min_s")) is not None:
-            lines.append(f"step min / max: {row['step_time_min_s'] * 1e3:.3g} / {row['step_time_max_s'] * 1e3:.3g} ms")
+            lines.append(f"step min / max: {format_seconds(row['step_time_min_s'])} / "
+                         f"{format_seconds(row['step_time_max_s'])}")
         elif value is not None:
-            lines.append(f"{name}: {pattern.format(value)}")
+            lines.append(f"{name}: {pattern(value) if callable(pattern) else pattern.format(value)}")
     if num(row.get("mem_measured_gib")) is not None:
         lines.append(f"memory measured: {format_gib(row['mem_measured_gib'])}")
     if num(row.get("mem_predicted_gib")) is not None:
@@ -100,11 +101,6 @@ def error_bars(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Optional
     if all(p is None for p in plus):
         return None
     return dict(type="data", symmetric=False, array=plus, arrayminus=minus, color="#333", thickness=1.5, width=4)
-
-
-def _ms(value: Any) -> Optional[float]:
-    value = num(value)
-    return None if value is None else value * 1e3
 
 
 def _layout(fig, title: str, x_title: str, rows: int, x_format: str = "") -> None:
@@ -309,11 +305,12 @@ def step_time_figure(frame: pd.DataFrame, labels: Dict[int, str]):
         if not _is_sequence(times):
             continue
         rows += 1
-        fig.add_trace(go.Box(x=[float(t) * 1e3 for t in times], name=labels[i], boxpoints="all", jitter=0.3,
+        fig.add_trace(go.Box(x=[float(t) for t in times], name=labels[i], boxpoints="all", jitter=0.3,
                              pointpos=0, marker_color=MEASURED, orientation="h", showlegend=False,
                              hoverinfo="x+name"))
-    _layout(fig, "step_times", "time of one optimizer step, ms (lower is better)", rows)
+    _layout(fig, "step_times", "time of one optimizer step (lower is better)", rows)
     fig.update_layout(barmode=None)
+    seconds_axis(fig, max((max(trace.x) for trace in fig.data), default=0.0))
     return fig
 
 

@@ -153,3 +153,14 @@ def test_the_layout_in_words_names_fsdp_sharding_as_fsdp_does():
 
     assert "SHARD_GRAD_OP" in layout_summary({"engine": "fsdp", "dp_shard": 2, "zero_stage": 2})
     assert "ZeRO" not in layout_summary({"engine": "nd", "dp_shard": 2, "zero_stage": 3})
+
+
+def test_the_step_time_box_axis_follows_the_time_rule(sweep):
+    from harness.report.plots import step_time_figure
+
+    _, frame = sweep
+    view = ordered(frame)
+    done = view[view["status"] == "COMPLETED"]
+    fig = step_time_figure(done, chart_labels(view))
+    assert fig.layout.xaxis.ticksuffix == " ms"  # 30-60 ms steps
+    assert max(max(trace.x) for trace in fig.data) == pytest.approx(1e3 * max(max(t) for t in done["step_times_s"]))
