@@ -54,7 +54,7 @@ def noise_warning(step_times: Sequence[float]) -> Optional[str]:
     median = float(pd.Series(times).median())
     spread = (max(times) - min(times)) / median if median > 0 else 0.0
     if spread > WIDE_SPREAD:
-        return (f"step times spread {spread:.0%} of the median ({min(times) * 1e3:.3g}–{max(times) * 1e3:.3g} ms): "
+        return (f"step times spread {spread:.0%} of the median ({format_seconds(min(times))}–{format_seconds(max(times))}): "
                 "a loaded machine; compare layouts with care")
     return None
 
