@@ -17,6 +17,7 @@ from harness.report.plots import memory_figure
 from harness.report.table import MEASURED_CELLS, TERMINAL_COLUMNS, measured_cells, print_table, write_summary
 from harness.report.wandb_report import HISTORY_KEYS
 from harness.rundir import SUMMARY_CSV, run_dirs
+from harness.rundir.stats import step_stats
 from harness.rundir.vocabulary import (
     FIGURES,
     GROUPS,
@@ -56,6 +57,11 @@ def test_every_summary_csv_and_parquet_column_is_in_the_vocabulary(sweep):
 def test_every_wandb_summary_and_history_key_is_in_the_vocabulary(sweep):
     sweep_dir, _ = sweep
     payload = json.loads((sweep_dir / "0" / "metrics.json").read_text())
+    measured = payload["measured"]
+    # As a real run records them: the statistics, their intervals and the host's verdict.
+    measured["step_stats"] = step_stats(measured["step_times_s"]).to_dict()
+    measured["intervals"] = {"tokens_per_s": [1.0, 2.0], "mfu": [0.01, 0.02]}
+    measured["host"] = {"disturbed": False, "disturbances": []}
     summary = _flat_summary(payload)
     assert unknown_keys(summary) == []
     # One key per figure: MFU is `mfu` (a fraction) in the summary, the history and summary.csv alike.
