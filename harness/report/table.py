@@ -32,7 +32,7 @@ from harness.rundir import (
     run_dirs,
     write_with,
 )
-from harness.rundir.vocabulary import format_value, header
+from harness.rundir.vocabulary import format_value, header, sharding_words
 from harness.rundir.stats import RATE_FIGURES, StepStats, figure_intervals, step_stats
 
 LAYOUT_COLUMNS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch",
@@ -275,10 +275,19 @@ def layout_labels(frame: pd.DataFrame) -> pd.Series:
             value = row[col]
             if value is None or (isinstance(value, float) and pd.isna(value)):
                 continue
-            parts.append(f"{short}{value}")
+            parts.append(_sharding_label(row, value) if col == "zero_stage" else f"{short}{value}")
         return " ".join(parts)
 
     return frame.apply(label, axis=1)
+
+
+def _sharding_label(row: Mapping[str, Any], zero_stage: Any) -> str:
+    """`zero2` for DeepSpeed (its own word); the engine's own words for the others (`SHARD_GRAD_OP`,
+    `FSDP2-keep`), so an FSDP or nd run is never labelled by a ZeRO stage it does not run."""
+    engine = row.get("engine")
+    if not isinstance(engine, str) or engine == "deepspeed":
+        return f"zero{zero_stage}"
+    return sharding_words(engine, zero_stage, row.get("dp_replicate")).replace(" ", "-")
 
 
 def series_names(frame: pd.DataFrame) -> pd.Series:

@@ -170,3 +170,12 @@ def test_the_step_time_box_axis_follows_the_time_rule(sweep):
     fig = step_time_figure(done, chart_labels(view))
     assert fig.layout.xaxis.ticksuffix == " ms"  # 30-60 ms steps
     assert max(max(trace.x) for trace in fig.data) == pytest.approx(1e3 * max(max(t) for t in done["step_times_s"]))
+
+
+def test_fsdp_and_nd_runs_are_not_labelled_by_a_zero_stage():
+    from harness.report.table import layout_labels
+
+    frame = pd.DataFrame([{"engine": "fsdp", "zero_stage": 2, "dp_replicate": 1, "tp": 1},
+                          {"engine": "nd", "zero_stage": 3, "dp_replicate": 1, "tp": 2},
+                          {"engine": "deepspeed", "zero_stage": 2, "dp_replicate": 1, "tp": 1}])
+    assert list(layout_labels(frame)) == ["fsdp tp1 SHARD_GRAD_OP", "nd tp2 FSDP2-reshard", "deepspeed tp1 zero2"]
