@@ -262,8 +262,10 @@ def _fits(row: Mapping[str, Any]) -> Optional[bool]:
     return row["fits_predicted"]
 
 
-def layout_labels(frame: pd.DataFrame) -> pd.Series:
-    """A short name per run from the axes that differ between the runs shown (never from folder names)."""
+def layout_labels(frame: pd.DataFrame, engine_words: bool = True) -> pd.Series:
+    """A short name per run from the axes that differ between the runs shown (never from folder names).
+    `engine_words`: the ZeRO stage in the engine's own words (measured runs); `harness plan` keeps `zero<N>`,
+    the values of the `layout.zero_stage` sweep the user typed."""
     varying = [(col, short) for col, short in LABEL_AXES
                if col in frame and frame[col].astype(str).nunique(dropna=False) > 1]
     if not varying:
@@ -275,7 +277,8 @@ def layout_labels(frame: pd.DataFrame) -> pd.Series:
             value = row[col]
             if value is None or (isinstance(value, float) and pd.isna(value)):
                 continue
-            parts.append(_sharding_label(row, value) if col == "zero_stage" else f"{short}{value}")
+            words = col == "zero_stage" and engine_words
+            parts.append(_sharding_label(row, value) if words else f"{short}{value}")
         return " ".join(parts)
 
     return frame.apply(label, axis=1)
