@@ -1,9 +1,11 @@
 """Fill what a layout leaves open: a data-parallel degree of -1 (torchtitan's convention), and the fields the
 `default` layout preset leaves null, from the cluster and the model. Only open fields are filled; a value
-the user gives (command line, preset, recipe) is never changed."""
+the user gives (command line, preset, recipe) is never changed; a preset name of the generated form
+(`dp2_zero2`) follows the fields it spells."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -43,11 +45,13 @@ def fill_layout(run: RunConfig) -> Tuple[RunConfig, Dict[str, Tuple[Any, str]]]:
     model = {"name": run.model.name, "hub_id": run.model.hub_id, "train_seq_len": run.model.train_seq_len}
     filled = open_field_values(layout_fields, run.cluster.nodes, run.cluster.accelerators_per_node,
                                run.cluster.accelerator, model)
-    if not filled and run.layout.name is not None:
-        return run, {}
     values = {key: value for key, (value, _) in filled.items()}
-    if run.layout.name is None:
-        values["name"] = layout_name({**layout_fields, **values})
+    if run.layout.name is None or GENERATED_NAME.fullmatch(run.layout.name):
+        name = layout_name({**layout_fields, **values})
+        if name != run.layout.name:
+            values["name"] = name
+    if not values:
+        return run, {}
     return replace(run, layout=replace(run.layout, **values)), filled
 
 
@@ -113,6 +117,11 @@ def _filled_degree(layout: Mapping[str, Any], nodes: int, per_node: int,
 
 # Name prefixes of the degrees a filled layout's name shows where they are above 1.
 NAME_AXES = {"dp_replicate": "dpr", "tp": "tp", "pp": "pp", "cp": "cp"}
+
+
+# A name of layout_name's own form (a preset such as dp2_zero2) follows the fields it spells: with
+# layout.zero_stage=3 the run is dp2_zero3, never a ZeRO-3 run filed as dp2_zero2. Other names are the user's.
+GENERATED_NAME = re.compile(r"dp\d+(_(dpr|tp|pp|cp)\d+)*_zero\d")
 
 
 def layout_name(layout: Mapping[str, Any]) -> str:

@@ -27,6 +27,7 @@ from harness.launch import slurm_commands
 from harness.launch.job_records import NODES_SHORT_SINCE, note_nodes_short, read_job_record, read_submission
 from harness.launch.oom import SIG_OOM, SIGKILL, KillEvidence, host_oom, job_logs, slurmstepd_oom_line
 from harness.launch.slurm_reasons import REQ_NODE_NOT_AVAIL, never_starts, nodes_never_come, pending_reason
+from harness.rundir.vocabulary import header
 from harness.rundir import (
     CANCELLED,
     COMPLETED,
@@ -463,10 +464,16 @@ def one_line(views: Sequence[RunView]) -> str:
     return f"{done}/{len(active)} final ({parts})"
 
 
-MEASURED_HEADERS = ("tokens/s", "MFU", "memory")
+# The measured figures of the final table, in their keys (harness.rundir.vocabulary names and formats them).
+MEASURED_KEYS = ("tokens_per_s", "mfu", "mem_state_activation_gib")
+MEASURED_HEADERS = tuple(header(key) for key in MEASURED_KEYS)
+# The table's columns as keys of the vocabulary, with Slurm's own two.
+STATUS_KEYS = ("run", "label", "status")
+SLURM_HEADERS = ("slurm job", "slurm state")
 # Priority of each column on a narrow terminal (harness.terminal): 0 always shown, higher numbers left out first.
-STATUS_PRIORITY = {"run": 0, "layout": 1, "state": 0, "tokens/s": 1, "MFU": 2, "memory": 2, "slurm job": 3,
-                   "slurm state": 2, "reason": 0}
+STATUS_PRIORITY = {header("run"): 0, header("label"): 1, header("status"): 0, header("tokens_per_s"): 1,
+                   header("mfu"): 2, header("mem_state_activation_gib"): 2, "slurm job": 3, "slurm state": 2,
+                   header("reason"): 0}
 BAR_WIDTH = 50
 MIN_BAR_WIDTH = 10
 
@@ -482,9 +489,9 @@ def print_status(title: str, views: Sequence[RunView], labels: Optional[Mapping[
     active = [v for v in views if v.state != PRUNED]
     done = sum(v.final for v in active)
     on_slurm = any(view.job_key for view in views)
-    headers = ["run", "layout", "state", *(MEASURED_HEADERS if measured is not None else ()),
-               *(("slurm job", "slurm state") if on_slurm else ()), "reason"]
-    columns = [Column(h, STATUS_PRIORITY[h], "right" if h in MEASURED_HEADERS else "left", wrap=h == "reason")
+    headers = [*(header(key) for key in STATUS_KEYS), *(MEASURED_HEADERS if measured is not None else ()),
+               *(SLURM_HEADERS if on_slurm else ()), header("reason")]
+    columns = [Column(h, STATUS_PRIORITY[h], "right" if h in MEASURED_HEADERS else "left", wrap=h == header("reason"))
                for h in headers]
     styles = {COMPLETED: "green", FAILED: "red", OOM: "red", TIMEOUT: "red", CANCELLED: "yellow",
               RUNNING: "cyan", PENDING: "white", PRUNED: "dim", CORRUPT: "magenta"}

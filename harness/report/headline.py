@@ -11,6 +11,7 @@ import pandas as pd
 from harness.report.repeats import pool_repeats
 from harness.report.verdict import Verdict, comparable, verdict
 from harness.rundir import COMPLETED, FINAL_STATES
+from harness.rundir.vocabulary import format_gib, format_percent, format_seconds, sharding_words
 
 
 @dataclass(frozen=True)
@@ -27,18 +28,6 @@ def _num(value: Any) -> Optional[float]:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return None
     return float(value)
-
-
-def format_bytes(value: Optional[float], gib: bool = False) -> str:
-    """Bytes in the largest binary unit that keeps the number >= 1 (`gib=True`: the value is in GiB)."""
-    value = _num(value)
-    if value is None:
-        return "-"
-    value = value * 2**30 if gib else value
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= size:
-            return f"{value / size:.3g} {unit}"
-    return f"{value:.0f} B"
 
 
 def candidates(frame: pd.DataFrame) -> pd.DataFrame:
@@ -73,6 +62,9 @@ def layout_summary(row: Dict[str, Any]) -> str:
             continue
         if column in ("dp_replicate", "tp", "pp", "cp", "ep", "grad_accum") and value == 1:
             continue
+        if column == "zero_stage":  # in the engine's own words: ZeRO-2, SHARD_GRAD_OP, FSDP2 keep, ...
+            words.append(sharding_words(row.get("engine"), value, row.get("dp_replicate")))
+            continue
         words.append(pattern.format(value))
     return ", ".join(words)
 
@@ -92,13 +84,13 @@ def _answer(best: Dict[str, Any], across: bool = False, settled: bool = True) ->
     if _num(best.get("tokens_per_s_ci_low")) is not None:
         text += f" [95% CI {best['tokens_per_s_ci_low']:,.0f}–{best['tokens_per_s_ci_high']:,.0f}]"
     if _num(best.get("mfu")) is not None:
-        text += f", MFU {best['mfu']:.1%}"
+        text += f", MFU {format_percent(best['mfu'])}"
     if _num(best.get("step_time_s")) is not None:
-        text += f", step {best['step_time_s'] * 1e3:.3g} ms"
+        text += f", step time {format_seconds(best['step_time_s'])}"
     if _num(best.get("mem_measured_gib")) is not None:
-        text += f", memory {format_bytes(best['mem_measured_gib'], gib=True)} per device"
+        text += f", memory {format_gib(best['mem_measured_gib'])} per device"
         if _num(best.get("device_memory_gib")):
-            text += f" of {format_bytes(best['device_memory_gib'], gib=True)}"
+            text += f" of {format_gib(best['device_memory_gib'])}"
     return text + "."
 
 

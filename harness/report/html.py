@@ -10,11 +10,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from harness.report import plots
-from harness.report.headline import Headline, format_bytes, headlines, sentence
+from harness.report.headline import Headline, headlines, sentence
 from harness.report.repeats import pool_repeats
 from harness.report.verdict import comparable, verdict
 from harness.report.table import STATUS_ORDER
 from harness.rundir import COMPLETED, write_text
+from harness.rundir.vocabulary import BY_KEY, format_gib, format_seconds, format_value, ordered_keys, sharding_column
+
+TEXT_UNITS = ("text", "host")
 
 TITLES = {
     "throughput": "Tokens/s per device by layout",
@@ -30,38 +33,29 @@ TITLES = {
 STATUS_COLORS = {"COMPLETED": "#2e7d32", "RUNNING": "#1565c0", "PENDING": "#6d6d6d", "OOM": "#c62828",
                  "FAILED": "#c62828", "TIMEOUT": "#ef6c00", "CANCELLED": "#6d6d6d", "PRUNED": "#8e6d00"}
 MAX_LABEL = 72
-# Results table: (column, header, kind) where kind picks the cell format.
-RESULT_COLUMNS: Sequence[Tuple[str, str, str]] = (
-    ("series", "sweep", "text"), ("label", "layout", "text"), ("status", "status", "status"),
-    ("tokens_per_s", "tokens/s", "rate"), ("tokens_per_s_ci_low", "tokens/s 95% CI low", "rate"),
-    ("tokens_per_s_ci_high", "tokens/s 95% CI high", "rate"), ("host_mark", "host", "text"),
-    ("repeats", "repeats", "int"), ("tokens_per_s_per_device", "tokens/s/device", "rate"),
-    ("tokens_per_s_predicted", "tokens/s predicted", "rate"),
-    ("step_time_s", "step (median)", "time"), ("step_time_s_ci_low", "step 95% CI low", "time"),
-    ("step_time_s_ci_high", "step 95% CI high", "time"), ("step_time_ci_level", "CI coverage", "pct"),
-    ("step_time_cv", "step CV", "pct"), ("step_time_iqr_s", "step IQR", "time"),
-    ("step_outliers", "outlying steps", "text"), ("warmup_steps_run", "warm-up steps", "int"),
-    ("step_time_min_s", "step min", "time"),
-    ("step_time_max_s", "step max", "time"), ("step_time_predicted_s", "step predicted", "time"),
-    ("step_time_ratio", "step meas/pred", "ratio"), ("mfu", "MFU", "pct"), ("mfu_predicted", "MFU predicted", "pct"),
-    ("mfu_ratio", "MFU meas/pred", "ratio"), ("hfu", "HFU", "pct"),
-    ("mem_state_activation_gib", "mem params+grads+opt+act", "gib"),
-    ("mem_predicted_state_activation_gib", "mem predicted params+grads+opt+act", "gib"),
-    ("mem_ratio", "mem meas/pred", "ratio"), ("mem_allocated_peak_gib", "mem allocator peak", "gib"),
-    ("mem_predicted_gib", "mem predicted total", "gib"), ("device_memory_gib", "device mem", "gib"),
-    ("tflop_per_s_per_device", "TFLOP/s/device", "float"),
-    ("tflop_per_s_per_device_predicted", "TFLOP/s/device predicted", "float"),
-    ("loss_first", "loss first", "float"), ("loss_final", "loss final", "float"),
-    ("run", "run", "text"), ("engine", "engine", "text"), ("model", "model", "text"), ("cluster", "cluster", "text"),
-    ("world_size", "devices", "int"), ("dp_replicate", "dp_rep", "int"), ("dp_shard", "dp_shard", "int"),
-    ("tp", "tp", "int"), ("pp", "pp", "int"), ("cp", "cp", "int"), ("ep", "ep", "int"),
-    ("zero_stage", "zero", "int"), ("micro_batch", "micro", "int"), ("grad_accum", "accum", "int"),
-    ("seq_len", "seq", "int"), ("activation_checkpointing", "ckpt", "text"), ("precision", "dtype", "text"),
-    ("flop_convention", "FLOP convention", "text"), ("peak_flops_source", "peak FLOP/s source", "text"),
-)
+# Results table: every figure of the vocabulary the runs have, layout first, then measured, predicted and the
+# rest (harness.rundir.vocabulary.ordered_keys); the figures not `shown` sit behind the column picker. Lists,
+# folders and the reason (the status table shows it) stay in summary.csv / summary.parquet.
+RESULT_LEFT_OUT = ("step_times_s", "run_dir", "source", "status_time", "reason", "host_disturbances", "sweep",
+                   "not_executed")
 
 
-def _fmt(value: Any, kind: str) -> str:
+def result_columns(view: pd.DataFrame, several: bool) -> List[Tuple[str, str, str]]:
+    """(key, header, kind) of the results table, in table order; `series` only when several sweeps."""
+    keys = [key for key in view.columns if key in BY_KEY and key not in RESULT_LEFT_OUT
+            and (key != "series" or several)]
+    return [(key, BY_KEY[key].header, "status" if key == "status" else "figure") for key in ordered_keys(keys)]
+
+
+def hidden_columns(columns: Sequence[Tuple[str, str, str]]) -> List[str]:
+    """The keys the results table hides until picked: the figures not `shown` by default."""
+    return [key for key, _, _ in columns if not BY_KEY[key].shown]
+
+
+def _fmt(value: Any, kind: str, column: str = "") -> str:
+    if kind == "figure":
+        text = format_value(column, value)
+        return "–" if text == "-" else text
     number = plots.num(value)
     if kind in ("text", "status"):
         return "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
@@ -70,11 +64,11 @@ def _fmt(value: Any, kind: str) -> str:
     return {
         "int": lambda n: f"{n:.0f}",
         "rate": lambda n: f"{n:,.0f}",
-        "time": lambda n: f"{n * 1e3:.3g} ms",
+        "time": format_seconds,
         "float": lambda n: f"{n:.4g}",
         "pct": lambda n: f"{n:.2%}",
         "ratio": lambda n: f"{n:.2f}×",
-        "gib": lambda n: format_bytes(n, gib=True),
+        "gib": format_gib,
     }[kind](number)
 
 
@@ -133,21 +127,28 @@ def noise_caption(frame: pd.DataFrame, best_runs: set) -> str:
 
 
 def _table(frame: pd.DataFrame, columns: Sequence[Tuple[str, str, str]], table_id: str,
-           best_runs: Iterable[str] = ()) -> str:
-    best = set(best_runs)
-    head = "".join(f'<th data-kind="{kind}">{escape(header)}</th>' for _, header, kind in columns)
+           best_runs: Iterable[str] = (), hidden: Iterable[str] = ()) -> str:
+    """A sortable table; the columns named in `hidden` carry class `off` (shown by the column picker)."""
+    best, off = set(best_runs), set(hidden)
+
+    def attrs(column: str, index: int) -> str:
+        return f' data-col="{index}" data-key="{escape(column)}"' + (' class="off"' if column in off else "")
+
+    head = "".join(f'<th data-kind="{kind}"{attrs(column, i)}>{escape(header)}</th>'
+                   for i, (column, header, kind) in enumerate(columns))
     body = []
     for _, row in frame.iterrows():
         cells = []
-        for column, _, kind in columns:
+        for index, (column, _, kind) in enumerate(columns):
             value = row.get(column)
-            text = escape(_fmt(value, kind))
+            text = escape(_fmt(value, kind, column))
             sort = plots.num(value)
-            attr = f' data-sort="{sort!r}"' if sort is not None and kind not in ("text", "status") else ""
+            numeric = kind not in ("text", "status") and not (kind == "figure" and BY_KEY[column].unit in TEXT_UNITS)
+            attr = f' data-sort="{sort!r}"' if sort is not None and numeric else ""
             if kind == "status":
                 color = STATUS_COLORS.get(str(value), "#444")
                 text = f'<span class="badge" style="background:{color}">{text}</span>'
-            cells.append(f"<td{attr}>{text}</td>")
+            cells.append(f"<td{attr}{attrs(column, index)}>{text}</td>")
         klass = ' class="best"' if row.get("run_dir") in best else ""
         body.append(f"<tr{klass}>{''.join(cells)}</tr>")
     return (f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead>'
@@ -250,6 +251,15 @@ def peak_caption(frame: pd.DataFrame) -> str:
             f"so compare layouts by tokens/s; MFU ranks them only within one measured peak.")
 
 
+def column_picker(columns: Sequence[Tuple[str, str, str]], hidden: Sequence[str], table_id: str) -> str:
+    """A checkbox per column of the table (ticked: shown); plain HTML, the page's script does the rest."""
+    off = set(hidden)
+    boxes = "".join(f'<label><input type="checkbox" data-col="{i}"{"" if key in off else " checked"}> '
+                    f"{escape(header)}</label>" for i, (key, header, _) in enumerate(columns))
+    return (f'<details class="picker" data-table="{table_id}"><summary>Columns: {len(columns) - len(off)} shown, '
+            f"{len(off)} more to pick</summary><div class=\"boxes\">{boxes}</div></details>")
+
+
 def headline_block(item: Headline, several: bool) -> str:
     sweep = f'<span class="sweep">{escape(item.sweep)}</span> ' if several else ""
     klass = "headline" if item.best is not None else "headline none"
@@ -280,18 +290,32 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 .headline .answer{font-size:19px;font-weight:600;margin:4px 0}.headline .detail{margin:4px 0;color:#444}
 .sweep{background:#555;color:#fff;border-radius:3px;padding:1px 6px;font-size:13px;margin-right:6px}
 .caption{color:#666;font-size:13px;margin:4px 0}
+.caption.noise{color:#222;background:#fdf3e7;border-left:5px solid #ef6c00;padding:10px 16px;margin:10px 0;
+font-size:17px;font-weight:600}
+.off{display:none}.picker{font-size:13px;margin:6px 0}.picker summary{cursor:pointer;color:#1565c0}
+.picker .boxes{columns:4 220px;padding:6px 0}.picker label{display:block;white-space:nowrap}
 table{border-collapse:collapse;font-size:12px;margin:6px 0}
 th,td{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap}
 th{background:#f4f4f4;cursor:pointer;position:sticky;top:0}td:nth-child(-n+3){text-align:left}
 #status-table td{white-space:normal;text-align:left;max-width:640px}
 tr.best td{background:#eef7ee;font-weight:600}
 .badge{color:#fff;border-radius:3px;padding:1px 5px;font-size:11px}
-.scroll{overflow-x:auto}div.plot{margin:4px 0 12px}
+.scroll{overflow-x:auto}
+.scroll.full{width:calc(100vw - 32px);margin-left:calc(50% - 50vw + 16px)}div.plot{margin:4px 0 12px}
 footer{color:#666;font-size:12px;margin-top:30px;border-top:1px solid #ddd}
 """
 
 # Click a header to sort by it (numbers by their data-sort value); no libraries.
 SCRIPT = """
+document.querySelectorAll('details.picker').forEach(function (picker) {
+  var table = document.getElementById(picker.dataset.table);
+  picker.querySelectorAll('input[data-col]').forEach(function (box) {
+    box.addEventListener('change', function () {
+      table.querySelectorAll('[data-col="' + box.dataset.col + '"]').forEach(function (cell) {
+        cell.classList.toggle('off', !box.checked); });
+    });
+  });
+});
 document.querySelectorAll('table.sortable').forEach(function (table) {
   table.querySelectorAll('th').forEach(function (th, col) {
     th.addEventListener('click', function () {
@@ -327,7 +351,8 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
         labels = chart_labels(view)
         best_runs = {item.best["run_dir"] for item in items if item.best is not None}
         memory, caption = plots.memory_figure(view, labels)
-        parts += [_caption(noise_caption(view, best_runs)), _caption(disturbed_caption(view)),
+        noise = noise_caption(view, best_runs)
+        parts += [f'<p class="caption noise">{escape(noise)}</p>' if noise else "", _caption(disturbed_caption(view)),
                   f"<h2>{TITLES['throughput']}</h2>",
                   plots.chart(plots.throughput_figure(view, labels, best_runs), "chart-throughput"),
                   f"<h2>{TITLES['mfu']}</h2>", _caption(peak_caption(view)),
@@ -341,11 +366,14 @@ def render_html(frame: pd.DataFrame, roots: Sequence[Path], generated: Optional[
             parts += [f"<h2>{TITLES['compare']}</h2>", verdict_list(compare_verdicts(view)),
                       f'<div class="scroll">{compare_table(view)}</div>']
         parts.append(repeats_table(frame))
-        columns = [c for c in RESULT_COLUMNS if c[0] in view and (c[0] != "series" or several)]
+        view = view.assign(sharding=sharding_column(row for _, row in view.iterrows()))
+        columns = result_columns(view, several)
+        hidden = hidden_columns(columns)
         parts += [f"<h2>{TITLES['status']}</h2>", f'<div class="scroll">{status_table(view)}</div>',
                   f"<h2>{TITLES['results']}</h2>",
-                  '<p class="caption">Click a column header to sort. All columns: summary.csv / summary.parquet.</p>',
-                  f'<div class="scroll">{_table(view, columns, "results-table", best_runs)}</div>']
+                  '<p class="caption">Click a column header to sort; pick more columns below. Every field: '
+                  'summary.csv / summary.parquet.</p>', column_picker(columns, hidden, "results-table"),
+                  f'<div class="scroll full">{_table(view, columns, "results-table", best_runs, hidden)}</div>']
     parts.append(_footer(frame, roots))
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{escape(title)}</title>"

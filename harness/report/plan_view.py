@@ -62,7 +62,7 @@ def point_labels(runs: Sequence[Any]) -> List[str]:
         **{column: getattr(run.layout, column) for column, _ in LABEL_AXES if hasattr(run.layout, column)},
         "layout": run_label(run), "run": run_label(run),
     } for run in runs])
-    return layout_labels(frame).tolist()
+    return layout_labels(frame, engine_words=False).tolist()
 
 
 def _fmt(value: Optional[float], pattern: str) -> str:

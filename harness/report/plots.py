@@ -8,8 +8,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from harness.report.headline import format_bytes, layout_summary
+from harness.report.headline import layout_summary
 from harness.rundir import COMPLETED, PLOTLY_JS, TIME_PARTS, write_bytes
+from harness.rundir.vocabulary import format_bytes, format_gib, format_seconds, memory_unit, time_unit
 
 MEASURED, RECOMMENDED, PREDICTED = "#4e79a7", "#59a14f", "#e15759"
 MEMORY_PARTS = (("param_bytes", "parameters", "#4e79a7"), ("grad_bytes", "gradients", "#f28e2b"),
@@ -53,7 +54,7 @@ def noise_warning(step_times: Sequence[float]) -> Optional[str]:
     median = float(pd.Series(times).median())
     spread = (max(times) - min(times)) / median if median > 0 else 0.0
     if spread > WIDE_SPREAD:
-        return (f"step times spread {spread:.0%} of the median ({min(times) * 1e3:.3g}–{max(times) * 1e3:.3g} ms): "
+        return (f"step times spread {spread:.0%} of the median ({format_seconds(min(times))}–{format_seconds(max(times))}): "
                 "a loaded machine; compare layouts with care")
     return None
 
@@ -66,7 +67,7 @@ def hover_text(row: pd.Series) -> str:
              ("tokens/s/device", num(row.get("tokens_per_s_per_device")), "{:,.0f}"),
              ("predicted tokens/s", num(row.get("tokens_per_s_predicted")), "{:,.0f}"),
              ("tokens/s 95% CI", None, ""),
-             ("step median", _ms(row.get("step_time_s")), "{:.3g} ms"),
+             ("step median", num(row.get("step_time_s")), format_seconds),
              ("step min / max", None, ""),
              ("MFU", num(row.get("mfu")), "{:.2%}"), ("MFU predicted", num(row.get("mfu_predicted")), "{:.2%}"))
     for name, value, pattern in pairs:
@@ -74,13 +75,14 @@ def hover_text(row: pd.Series) -> str:
             lines.append(f"tokens/s 95% CI: {row['tokens_per_s_ci_low']:,.0f}–{row['tokens_per_s_ci_high']:,.0f}"
                          + (f" ({row['repeats']:.0f} repeats pooled)" if (num(row.get("repeats")) or 1) > 1 else ""))
         elif name == "step min / max" and num(row.get("step_time_min_s")) is not None:
-            lines.append(f"step min / max: {row['step_time_min_s'] * 1e3:.3g} / {row['step_time_max_s'] * 1e3:.3g} ms")
+            lines.append(f"step min / max: {format_seconds(row['step_time_min_s'])} / "
+                         f"{format_seconds(row['step_time_max_s'])}")
         elif value is not None:
-            lines.append(f"{name}: {pattern.format(value)}")
+            lines.append(f"{name}: {pattern(value) if callable(pattern) else pattern.format(value)}")
     if num(row.get("mem_measured_gib")) is not None:
-        lines.append(f"memory measured: {format_bytes(row['mem_measured_gib'], gib=True)}")
+        lines.append(f"memory measured: {format_gib(row['mem_measured_gib'])}")
     if num(row.get("mem_predicted_gib")) is not None:
-        lines.append(f"memory predicted: {format_bytes(row['mem_predicted_gib'], gib=True)}")
+        lines.append(f"memory predicted: {format_gib(row['mem_predicted_gib'])}")
     if row.get("reason"):
         lines.append(f"reason: {escape(str(row['reason'])[:120])}")
     if row.get("host_disturbed") is True:
@@ -99,11 +101,6 @@ def error_bars(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Optional
     if all(p is None for p in plus):
         return None
     return dict(type="data", symmetric=False, array=plus, arrayminus=minus, color="#333", thickness=1.5, width=4)
-
-
-def _ms(value: Any) -> Optional[float]:
-    value = num(value)
-    return None if value is None else value * 1e3
 
 
 def _layout(fig, title: str, x_title: str, rows: int, x_format: str = "") -> None:
@@ -226,7 +223,7 @@ def memory_figure(frame: pd.DataFrame, labels: Dict[int, str]) -> Tuple[Any, str
         caption = (f"Device memory ({format_bytes(max(device))} per device) is off this scale: the largest bar is "
                    f"{format_bytes(biggest)} ({biggest / max(device):.2%} of it).")
     _layout(fig, "memory", "bytes per device (upper bar measured, lower bar predicted)", 2 * len(names))
-    fig.update_xaxes(tickformat=".3s", ticksuffix="B")
+    binary_axis(fig, biggest)
     return fig, caption
 
 
@@ -262,12 +259,39 @@ def step_time_parts_figure(frame: pd.DataFrame, labels: Dict[int, str]):
         base = [b + v for b, v in zip(base, values)]
     _layout(fig, "step_time_parts", "seconds per optimizer step (upper bar measured, lower bar predicted)",
             2 * len(names))
-    fig.update_xaxes(tickformat=".3s", ticksuffix="s")
+    seconds_axis(fig, max([v for v in measured if v is not None] + [max(base, default=0.0), 0.0]))
     return fig
 
 
 def _seconds(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value * 1e3:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+    return format_seconds(value)
+
+
+def binary_axis(fig, largest_bytes: float) -> None:
+    """Scale a bytes axis to MiB or GiB (the vocabulary's rule) and say so in its ticks: plotly's own `.3s`
+    ticks are decimal SI (kB, MB), which reads wrong beside the MiB of every table. Only x values and bases
+    of bar and scatter traces are bytes on the memory chart."""
+    unit, scale = memory_unit(largest_bytes)
+    for trace in fig.data:
+        trace.x = [None if v is None else v / scale for v in trace.x]
+        if getattr(trace, "base", None) is not None:
+            trace.base = [b / scale for b in trace.base]
+    fig.update_xaxes(tickformat=",.3~g", ticksuffix=f" {unit}")
+
+
+def seconds_axis(fig, largest_s: float) -> None:
+    """Scale a seconds axis to ms or s (the vocabulary's rule)."""
+    unit, scale = time_unit(largest_s)
+    for trace in fig.data:
+        trace.x = [None if v is None else v / scale for v in trace.x]
+        if getattr(trace, "base", None) is not None:
+            trace.base = [b / scale for b in trace.base]
+        error = getattr(trace, "error_x", None)
+        if error is not None and error.array is not None:
+            trace.error_x.array = [None if v is None else v / scale for v in error.array]
+            if error.arrayminus is not None:
+                trace.error_x.arrayminus = [None if v is None else v / scale for v in error.arrayminus]
+    fig.update_xaxes(tickformat=",.3~g", ticksuffix=f" {unit}")
 
 
 def step_time_figure(frame: pd.DataFrame, labels: Dict[int, str]):
@@ -281,11 +305,12 @@ def step_time_figure(frame: pd.DataFrame, labels: Dict[int, str]):
         if not _is_sequence(times):
             continue
         rows += 1
-        fig.add_trace(go.Box(x=[float(t) * 1e3 for t in times], name=labels[i], boxpoints="all", jitter=0.3,
+        fig.add_trace(go.Box(x=[float(t) for t in times], name=labels[i], boxpoints="all", jitter=0.3,
                              pointpos=0, marker_color=MEASURED, orientation="h", showlegend=False,
                              hoverinfo="x+name"))
-    _layout(fig, "step_times", "time of one optimizer step, ms (lower is better)", rows)
+    _layout(fig, "step_times", "time of one optimizer step (lower is better)", rows)
     fig.update_layout(barmode=None)
+    seconds_axis(fig, max((max(trace.x) for trace in fig.data), default=0.0))
     return fig
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 
 from harness.rundir import COMPLETED
 from harness.rundir.stats import RATE_FIGURES, figure_intervals, pooled_stats
+from harness.rundir.vocabulary import format_seconds
 
 INTERVAL_FIGURES = ("step_time_s", *RATE_FIGURES)
 
@@ -22,7 +23,7 @@ def interval_columns(stats, figures: Dict[str, Any], intervals: Dict[str, List[f
         out[f"{name}_ci_low"], out[f"{name}_ci_high"] = low, high
     out.update(step_time_ci_level=stats.ci_level if stats else None, step_time_iqr_s=stats.iqr_s if stats else None,
                step_time_cv=stats.cv if stats else None,
-               step_outliers=", ".join(f"step {o['step']} ({o['severity']}, {o['time_s'] * 1e3:.3g} ms)"
+               step_outliers=", ".join(f"step {o['step']} ({o['severity']}, {format_seconds(o['time_s'])})"
                                        for o in stats.outliers) if stats else None)
     return out
 

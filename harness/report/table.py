@@ -11,7 +11,6 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from harness.plan.peak import device_memory_gib
-from harness.plan.units import format_bytes
 from harness.report.predicted import GIB, plan_messages, prediction
 from harness.report.repeats import interval_columns
 from harness.rundir import (
@@ -33,6 +32,7 @@ from harness.rundir import (
     run_dirs,
     write_with,
 )
+from harness.rundir.vocabulary import format_value, header, sharding_words
 from harness.rundir.stats import RATE_FIGURES, StepStats, figure_intervals, step_stats
 
 LAYOUT_COLUMNS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch",
@@ -262,8 +262,10 @@ def _fits(row: Mapping[str, Any]) -> Optional[bool]:
     return row["fits_predicted"]
 
 
-def layout_labels(frame: pd.DataFrame) -> pd.Series:
-    """A short name per run from the axes that differ between the runs shown (never from folder names)."""
+def layout_labels(frame: pd.DataFrame, engine_words: bool = True) -> pd.Series:
+    """A short name per run from the axes that differ between the runs shown (never from folder names).
+    `engine_words`: the ZeRO stage in the engine's own words (measured runs); `harness plan` keeps `zero<N>`,
+    the values of the `layout.zero_stage` sweep the user typed."""
     varying = [(col, short) for col, short in LABEL_AXES
                if col in frame and frame[col].astype(str).nunique(dropna=False) > 1]
     if not varying:
@@ -275,10 +277,20 @@ def layout_labels(frame: pd.DataFrame) -> pd.Series:
             value = row[col]
             if value is None or (isinstance(value, float) and pd.isna(value)):
                 continue
-            parts.append(f"{short}{value}")
+            words = col == "zero_stage" and engine_words
+            parts.append(_sharding_label(row, value) if words else f"{short}{value}")
         return " ".join(parts)
 
     return frame.apply(label, axis=1)
+
+
+def _sharding_label(row: Mapping[str, Any], zero_stage: Any) -> str:
+    """`zero2` for DeepSpeed (its own word); the engine's own words for the others (`SHARD_GRAD_OP`,
+    `FSDP2-keep`), so an FSDP or nd run is never labelled by a ZeRO stage it does not run."""
+    engine = row.get("engine")
+    if not isinstance(engine, str) or engine == "deepspeed":
+        return f"zero{zero_stage}"
+    return sharding_words(engine, zero_stage, row.get("dp_replicate")).replace(" ", "-")
 
 
 def series_names(frame: pd.DataFrame) -> pd.Series:
@@ -324,39 +336,29 @@ def write_summary(sweep_dir: Path) -> pd.DataFrame:
     return frame
 
 
-def _gib_cell(gib: float) -> str:
-    return format_bytes(gib * GIB)
-
-
-# Terminal columns: (column, header, format string or function, priority): priority 0 is always shown, higher
-# numbers are left out first on a narrow terminal (harness.terminal); the reason is free text, wrapped.
+# Terminal columns: (key, priority): priority 0 is always shown, higher numbers are left out first on a narrow
+# terminal (harness.terminal); the reason is free text, wrapped. Each column's header and format are its
+# figure's (harness.rundir.vocabulary). Memory is like with like: the measured state + activation bytes of the
+# largest rank, the same four terms predicted, and their ratio.
 TERMINAL_COLUMNS: Sequence[tuple] = (
-    ("series", "sweep", "{}", 3), ("run", "run", "{}", 0), ("label", "layout", "{}", 1),
-    ("status", "status", "{}", 0), ("world_size", "devs", "{:.0f}", 4), ("tokens_per_s", "tok/s", "{:,.0f}", 1),
-    ("tokens_per_s_ci_low", "tok/s CI low", "{:,.0f}", 2), ("tokens_per_s_ci_high", "tok/s CI high", "{:,.0f}", 2),
-    ("host_disturbed", "host", lambda disturbed: "DISTURBED" if disturbed is True else "quiet", 2),
-    ("tokens_per_s_per_device", "tok/s/dev", "{:,.0f}", 5), ("step_time_s", "step s", "{:.4g}", 2),
-    ("step_time_predicted_s", "step pred", "{:.4g}", 5),
-    ("tflop_per_s_per_device", "TFLOP/s/dev", "{:.4g}", 5), ("mfu", "MFU", "{:.1%}", 2),
-    ("mfu_predicted", "MFU pred", "{:.1%}", 4),
-    # Like with like: the measured state + activation bytes of the largest rank, the same four terms
-    # predicted, and their ratio; each in MiB or GiB by magnitude.
-    ("mem_state_activation_gib", "mem", _gib_cell, 2), ("mem_predicted_state_activation_gib", "mem pred", _gib_cell, 4),
-    ("mem_ratio", "mem/pred", "{:.2f}", 3),
-    ("loss_final", "loss", "{:.4g}", 3), ("reason", "reason", "{}", 0),
+    ("series", 3), ("run", 0), ("label", 1), ("status", 0), ("world_size", 4), ("tokens_per_s", 1),
+    ("tokens_per_s_ci_low", 2), ("tokens_per_s_ci_high", 2), ("host_disturbed", 2), ("tokens_per_s_per_device", 5),
+    ("step_time_s", 2), ("step_time_predicted_s", 5), ("tflop_per_s_per_device", 5), ("mfu", 2),
+    ("mfu_predicted", 4), ("mem_state_activation_gib", 2), ("mem_predicted_state_activation_gib", 4),
+    ("mem_ratio", 3), ("loss_final", 3), ("reason", 0),
 )
 TEXT_COLUMNS = ("run", "label", "status", "series", "reason")
 # How to see what a narrow terminal leaves out of the run table.
 HIDDEN_HINT = "--wide shows every column; summary.csv holds every field"
 
 
-# The measured cells of a sweep's final status table (launch.status.MEASURED_HEADERS), formatted as above.
-MEASURED_CELLS = (("tokens_per_s", "{:,.0f}"), ("mfu", "{:.1%}"), ("mem_state_activation_gib", _gib_cell))
+# The measured cells of a sweep's final status table, in launch.status.MEASURED_KEYS' order.
+MEASURED_CELLS = ("tokens_per_s", "mfu", "mem_state_activation_gib")
 
 
 def measured_cells(frame: pd.DataFrame) -> Dict[str, tuple]:
     """{run name: (tokens/s, MFU, memory)} for every run of the frame; `-` where a run measured nothing."""
-    return {row["run"]: tuple(_cell(row.get(column), fmt) for column, fmt in MEASURED_CELLS)
+    return {row["run"]: tuple(format_value(column, row.get(column)) for column in MEASURED_CELLS)
             for _, row in frame.iterrows()}
 
 
@@ -365,10 +367,17 @@ def print_table(frame: pd.DataFrame, title: str = "", wide: bool = False, width:
     from harness.terminal import Column, print_table as print_fitted
 
     columns = [c for c in TERMINAL_COLUMNS if c[0] in frame and (c[0] != "series" or frame["series"].nunique() > 1)]
-    shape = [Column(header, priority, "left" if column in TEXT_COLUMNS else "right", wrap=column == "reason")
-             for column, header, _, priority in columns]
-    rows = [[_cell(row.get(column), fmt) for column, _, fmt, _ in columns] for _, row in frame.iterrows()]
+    shape = [Column(header(column), priority, "left" if column in TEXT_COLUMNS else "right", wrap=column == "reason")
+             for column, priority in columns]
+    rows = [[_value(column, row.get(column)) for column, _ in columns] for _, row in frame.iterrows()]
     return print_fitted(shape, rows, title, wide=wide, width=width, hint=HIDDEN_HINT)
+
+
+def _value(column: str, value: Any) -> str:
+    """A cell of a figure, by the vocabulary's format (text as it is: a reason is never `-`-ed)."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "-"
+    return format_value(column, value)
 
 
 def _cell(value: Any, fmt: str = "") -> str:

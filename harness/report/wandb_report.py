@@ -31,7 +31,7 @@ THROUGHPUT_KEY = "tokens_per_s_per_device"
 UTILIZATION_KEYS = ("mfu", "hfu")
 MEMORY_KEYS = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes", "peak_allocated_bytes")
 # Per-step history keys, logged live by rank 0 against `step` (harness/runtime/progress.py).
-HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_s", "mfu_pct", "memory_gib")
+HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_s", "mfu", "memory_gib")
 PANEL_TITLES = {
     "throughput": "Tokens/s per device by layout",
     "mfu": "MFU and HFU by layout",
@@ -113,7 +113,7 @@ def _panels(frame: pd.DataFrame):
         wr.LinePlot(title=PANEL_TITLES["loss"], y=["loss"]),
         wr.LinePlot(title=PANEL_TITLES["step_time"], y=["step_time_s"]),
         wr.LinePlot(title=PANEL_TITLES["live_throughput"], y=["tokens_per_s"]),
-        wr.LinePlot(title=PANEL_TITLES["live_mfu"], y=["mfu_pct"]),
+        wr.LinePlot(title=PANEL_TITLES["live_mfu"], y=["mfu"]),
     ]
 
 

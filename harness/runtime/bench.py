@@ -48,7 +48,7 @@ from harness.runtime.meter import (
     StepTimer,
     measure_matmul_peak_flops,
 )
-from harness.runtime.progress import GIB, MEMORY_KEY, MFU_KEY, PROGRESS_FILE, StepReporter
+from harness.runtime.progress import GIB, MEMORY_KEY, PROGRESS_FILE, StepReporter
 from harness.runtime.sinks import WandbRun, wandb_group
 
 
@@ -298,30 +298,39 @@ def write_result(run_dir: Path, cfg: RunConfig, plan: Dict[str, Any], measured: 
     write_json(run_dir / METRICS_FILE, payload)
 
 
+# Measured fields that are records, not figures: the statistics below flatten what W&B shows of them.
+STRUCTURED = ("step_stats", "host", "intervals", "per_rank", "losses", "step_times_s")
+
+
 def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
     """Run summary for W&B: scalar measurements, the FLOP convention, and the prediction beside them."""
     measured = payload["measured"]
-    summary = {k: v for k, v in measured.items() if not isinstance(v, (list, dict))}
+    # Scalars only (a structured field is left out also when it is None), under summary.csv's names.
+    summary = {k: v for k, v in measured.items() if k not in STRUCTURED and not isinstance(v, (list, dict))}
+    summary["warmup_steps_run"] = summary.pop("warmup_steps", None)
     summary.update(interval_summary(measured))
     summary["memory_per_rank_bytes"] = max(device_state_and_activation_bytes(r) for r in measured["per_rank"])
-    # The live chart keys (harness/runtime/progress.py) end on the run's medians rather than its last step.
-    summary[MFU_KEY] = None if measured["mfu"] is None else 100 * measured["mfu"]
+    # The live chart keys (harness/runtime/progress.py) end on the run's medians rather than its last step:
+    # `mfu` (a fraction, as in metrics.json and summary.csv) is already the median; memory_gib is the
+    # allocator's peak where there is one, else the largest rank's states and activations.
     summary[MEMORY_KEY] = (measured["peak_allocated_bytes"] or summary["memory_per_rank_bytes"]) / GIB
+    predicted = payload["predicted"]
+    # The prediction under summary.csv's names (harness/report/table.py), so one figure has one key.
     summary.update(
         flop_convention=payload["flop_convention"],
         flops_per_token=payload["flops_per_token"],
         world_size=payload["world_size"],
         tokens_per_step=payload["tokens_per_step"],
-        predicted_total_bytes=payload["predicted"].get("total_bytes"),
-        predicted_mfu=payload["predicted"].get("mfu"),
-        predicted_hfu=payload["predicted"].get("hfu"),
-        predicted_step_time_s=payload["predicted"].get("step_time_s"),
-        predicted_tokens_per_s=payload["predicted"].get("tokens_per_s"),
-        predicted_tflop_per_s_per_device=payload["predicted"].get("tflop_per_s_per_device"),
+        pred_total_bytes=predicted.get("total_bytes"),
+        mfu_predicted=predicted.get("mfu"),
+        hfu_predicted=predicted.get("hfu"),
+        step_time_predicted_s=predicted.get("step_time_s"),
+        tokens_per_s_predicted=predicted.get("tokens_per_s"),
+        tflop_per_s_per_device_predicted=predicted.get("tflop_per_s_per_device"),
     )
     # where the predicted step time goes, beside the measured step time (seconds)
-    parts = Predicted.from_dict(payload["predicted"]).time_parts()
-    summary.update({f"predicted_time_{part}_s": seconds for part, seconds in parts.items()})
+    parts = Predicted.from_dict(predicted).time_parts()
+    summary.update({f"pred_time_{part}_s": seconds for part, seconds in parts.items()})
     return summary
 
 

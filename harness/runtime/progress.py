@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from harness.plan.utilization import mfu
+from harness.rundir.vocabulary import format_bytes, format_percent, format_rate, format_seconds, header
 
 # Every step line starts with this.
 PROGRESS_PREFIX = "[step "
@@ -21,7 +22,7 @@ STEP_KEY = "step"
 LOSS_KEY = "loss"
 STEP_TIME_KEY = "step_time_s"
 TOKENS_KEY = "tokens_per_s"
-MFU_KEY = "mfu_pct"
+MFU_KEY = "mfu"  # a fraction, as in metrics.json, summary.csv and the W&B summary
 MEMORY_KEY = "memory_gib"
 GIB = 1024**3
 
@@ -41,19 +42,18 @@ class StepRecord:
     memory_bytes: Optional[int]
 
     def line(self) -> str:
-        """e.g. `[step 7/20] loss 5.5012 | 8,155 tokens/s | MFU 2.8% | mem 1.9 MiB | 31.4 ms`."""
-        from harness.plan.units import format_bytes
-
+        """e.g. `[step 7/20] loss 5.5012 | 8,155 tokens/s | MFU 2.8% | memory 1.9 MiB | step time 31.4 ms`,
+        each figure named and formatted as in every table (harness.rundir.vocabulary)."""
         parts = [f"{PROGRESS_PREFIX}{self.step}/{self.steps}{' warm-up' if self.warmup else ''}]",
                  f"loss {self.loss:.4f}"]
         if self.tokens_per_s is not None:
-            parts.append(f"| {self.tokens_per_s:,.0f} tokens/s")
+            parts.append(f"| {format_rate(self.tokens_per_s)} {header('tokens_per_s')}")
         if self.mfu is not None:
-            parts.append(f"| MFU {100 * self.mfu:.1f}%")
+            parts.append(f"| {header('mfu')} {format_percent(self.mfu)}")
         if self.memory_bytes is not None:
-            parts.append(f"| mem {format_bytes(self.memory_bytes)}")
+            parts.append(f"| {header('mem_state_activation_gib')} {format_bytes(self.memory_bytes)}")
         if self.step_time_s is not None:
-            parts.append(f"| {1000 * self.step_time_s:.1f} ms")
+            parts.append(f"| {header('step_time_s')} {format_seconds(self.step_time_s)}")
         return " ".join(parts)
 
     def json_line(self) -> str:
@@ -70,7 +70,7 @@ class StepRecord:
     def wandb_row(self) -> Dict[str, float]:
         row = {STEP_KEY: self.step, LOSS_KEY: self.loss}
         optional = {STEP_TIME_KEY: self.step_time_s, TOKENS_KEY: self.tokens_per_s,
-                    MFU_KEY: None if self.mfu is None else 100 * self.mfu,
+                    MFU_KEY: self.mfu,
                     MEMORY_KEY: None if self.memory_bytes is None else self.memory_bytes / GIB}
         row.update({key: value for key, value in optional.items() if value is not None})
         return row

@@ -100,7 +100,7 @@ def test_wandb_history_is_written_per_step_while_the_run_trains(default_run):
     result = metrics(run_dir)
     timed = len(result["measured"]["step_times_s"])
     assert [row["step"] for row in history] == list(range(1, len(history) + 1))
-    assert sum("tokens_per_s" in row and "mfu_pct" in row and "memory_gib" in row for row in history) == timed
+    assert sum("tokens_per_s" in row and "mfu" in row and "memory_gib" in row for row in history) == timed
     # Logged step by step, not in one burst at the end: the rows span at least the timed steps' own time.
     span = history[-1]["_timestamp"] - history[0]["_timestamp"]
     assert span >= 0.9 * sum(result["measured"]["step_times_s"]), span

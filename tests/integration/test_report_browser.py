@@ -190,3 +190,67 @@ def test_compare_report_has_one_answer(chromium, tmp_path):
     run_chromium(chromium, ["--virtual-time-budget=10000", f"--screenshot={shot}",
                             f"--window-size={WINDOW[0]},{WINDOW[1]}", paths["html"].as_uri()], tmp_path / "profile")
     keep(shot, "compare.png")
+
+
+# At 1,400 px: where the results table's layout headers sit, whether each is inside the table's visible box,
+# how many columns are hidden; then tick a hidden column in the picker and see it appear; the noise caption's
+# style beside the headline's.
+WIDE_PROBE = r"""
+<script>
+window.addEventListener('load', function () { setTimeout(function () {
+  var table = document.getElementById('results-table'), box = table.parentNode.getBoundingClientRect();
+  var out = {layout: {}, hidden: 0, picked: null, caption: null, headline: null, viewport: window.innerWidth};
+  table.querySelectorAll('thead th').forEach(function (th) {
+    var r = th.getBoundingClientRect();
+    if (th.offsetWidth === 0) { out.hidden++; }
+    out.layout[th.textContent] = {left: r.left, right: r.right, width: th.offsetWidth,
+                                  inside: th.offsetWidth > 0 && r.left >= box.left && r.right <= box.right};
+  });
+  var picker = document.querySelector('details.picker'); picker.open = true;
+  var th = table.querySelector('th[data-key="flop_convention"]'), before = th.offsetWidth;
+  var tick = picker.querySelector('input[data-col="' + th.dataset.col + '"]');
+  tick.checked = true; tick.dispatchEvent(new Event('change'));
+  var cell = table.querySelector('tbody td[data-col="' + th.dataset.col + '"]');
+  out.picked = {before: before, after: th.offsetWidth, cell: cell.offsetWidth};
+  function style(el) { var s = getComputedStyle(el);
+    return {size: parseFloat(s.fontSize), weight: parseInt(s.fontWeight, 10), height: el.offsetHeight}; }
+  out.caption = style(document.querySelector('p.caption.noise'));
+  out.headline = style(document.querySelector('.headline .answer'));
+  document.getElementById('probe-result').textContent = JSON.stringify(out);
+}, 300); });
+</script>
+"""
+SHOTS = Path(os.environ.get("HARNESS_REPORT_SHOTS", ARTIFACTS))
+
+
+def noisy_report(root: Path) -> Path:
+    """The synthetic sweep with one run's step times spread wide, so the report carries a noise caption."""
+    sweep_dir = make_sweep(root / "results", "cpu_grid")
+    metrics = sweep_dir / "0" / "metrics.json"
+    payload = json.loads(metrics.read_text())
+    times = payload["measured"]["step_times_s"]
+    payload["measured"]["step_times_s"] = [*times[:-1], 3 * times[-1]]
+    metrics.write_text(json.dumps(payload))
+    return build_report([sweep_dir], sweep_dir)["html"]
+
+
+def test_at_1400_px_the_layout_columns_show_and_the_picker_reveals_the_rest(chromium, tmp_path):
+    report = noisy_report(tmp_path)
+    page = report.parent / "wide.html"
+    page.write_text(report.read_text().replace("</body>", '<pre id="probe-result"></pre>' + WIDE_PROBE + "</body>"))
+    result = probe_result(run_chromium(chromium, ["--virtual-time-budget=10000", "--window-size=1400,1000",
+                                                  "--dump-dom", page.as_uri()], tmp_path / "profile"))
+    assert result["viewport"] == 1400
+    for header in ("layout", "status", "tp", "pp", "zero", "micro-batch", "sharding", "tokens/s", "MFU"):
+        assert result["layout"][header]["inside"], (header, {k: v for k, v in result["layout"].items() if v["width"]})
+    assert result["hidden"] > 20  # the other figures wait behind the picker
+    assert result["picked"]["before"] == 0 and result["picked"]["after"] > 0 and result["picked"]["cell"] > 0
+    caption, answer = result["caption"], result["headline"]
+    assert caption["size"] >= 0.85 * answer["size"] and caption["weight"] >= answer["weight"], (caption, answer)
+    shot = tmp_path / "report-1400.png"
+    run_chromium(chromium, ["--virtual-time-budget=10000", f"--screenshot={shot}", "--window-size=1400,5200",
+                            report.as_uri()], tmp_path / "profile")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    keep(shot, "report-1400.png")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shot, SHOTS / "report-1400.png")

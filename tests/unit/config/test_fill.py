@@ -76,3 +76,11 @@ def test_plan_run_and_sweep_say_what_they_filled(command, tmp_path):
         assert "dp8 z3 mb1x1 s8192" in out.stdout and "fits" in out.stdout
     if command[0] == "sweep":  # the run folder carries the filled layout's name
         assert [path.name for path in tmp_path.glob("adhoc/*/*-*")] == ["000-deepspeed-dp8_zero3"]
+
+
+def test_a_generated_preset_name_follows_the_fields_it_spells():
+    run = compose_run_config(["layout=dp2_zero2", "layout.zero_stage=3"])
+    assert (run.layout.zero_stage, run.layout.name) == (3, "dp2_zero3")
+    assert compose_run_config(["layout=dp2_zero2"]).layout.name == "dp2_zero2"
+    named = compose_run_config(["layout=dp2_zero2", "layout.name=mine", "layout.zero_stage=3"])
+    assert named.layout.name == "mine"  # a name of the user's own stays

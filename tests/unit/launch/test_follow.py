@@ -27,7 +27,8 @@ def test_step_lines_are_echoed_while_the_file_grows_and_partial_records_wait(tmp
             while len(seen) < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert seen == [f"[run] {WARM.line()}", f"[run] {TIMED[0].line()}"]
-            assert seen[1] == "[run] [step 2/3] loss 5.4000 | 8,155 tokens/s | MFU 2.8% | mem 1.0 MiB | 31.4 ms"
+            assert seen[1] == ("[run] [step 2/3] loss 5.4000 | 8,155 tokens/s | MFU 2.8% | memory 1.0 MiB "
+                               "| step time 31.4 ms")
             out.write(TIMED[1].json_line())
     assert seen[-1] == f"[run] {TIMED[1].line()}", "the last records are read when the run ends"
 

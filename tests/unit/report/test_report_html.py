@@ -7,7 +7,8 @@ import re
 import pandas as pd
 import pytest
 
-from harness.report.headline import candidates, format_bytes, headline, headlines
+from harness.report.headline import candidates, headline, headlines
+from harness.rundir.vocabulary import format_bytes, format_gib
 from harness.report.html import TITLES, render_html
 from harness.report.plots import hover_text, noise_warning
 from harness.report.table import summary_frame
@@ -24,7 +25,7 @@ def test_the_fastest_completed_layout_that_fits_is_chosen(frame):
     assert answer.best["run"] == "0"  # 256 tokens / 40 ms beats 128 / 30 ms and 256 / 60 ms
     assert answer.runner_up["run"] in ("1", "2")
     assert answer.text.startswith("Use dp2 tp1 zero2 mb2: ")
-    assert "tokens/s on 2 devices" in answer.text and "MFU" in answer.text and "of 8 GiB" in answer.text
+    assert "tokens/s on 2 devices" in answer.text and "MFU" in answer.text and "of 8.00 GiB" in answer.text
     assert "2 of 8 runs have not finished" in answer.detail
 
 
@@ -50,9 +51,9 @@ def test_several_sweeps_get_one_answer(tmp_path):
 
 
 def test_format_bytes():
-    assert format_bytes(3 * 2**30) == "3 GiB"
-    assert format_bytes(1.5, gib=True) == "1.5 GiB"
-    assert format_bytes(2048) == "2 KiB"
+    assert format_bytes(3 * 2**30) == "3.00 GiB"
+    assert format_gib(1.5) == "1.50 GiB"
+    assert format_bytes(2048) == "0.0 MiB"
     assert format_bytes(None) == "-"
 
 
@@ -119,13 +120,18 @@ def test_hover_shows_the_layout_and_the_numbers(frame):
     assert "ZeRO-" in text  # the whole layout, not only what differs
 
 
-def test_measured_columns_come_before_the_configuration(frame, sweep_dir):
+def test_layout_columns_come_first_then_measured_and_the_rest_is_picked(frame, sweep_dir):
     page = render_html(frame, [sweep_dir])
     head = re.search(r'<table id="results-table".*?</thead>', page, re.S).group(0)
-    headers = re.findall(r"<th data-kind=\"\w+\">(.*?)</th>", head)
-    assert headers[:5] == ["layout", "status", "tokens/s", "tokens/s 95% CI low", "tokens/s 95% CI high"]
-    assert headers.index("tokens/s/device") < headers.index("engine")
-    assert headers.index("step min") < headers.index("engine") and headers.index("MFU") < headers.index("tp")
+    cells = re.findall(r'<th data-kind="\w+" data-col="\d+" data-key="(\w+)"( class="off")?>(.*?)</th>', head)
+    shown = [header for _, off, header in cells if not off]
+    assert shown[:2] == ["layout", "status"]
+    for layout in ("tp", "pp", "zero", "micro-batch", "sharding"):
+        assert shown.index(layout) < shown.index("tokens/s") < shown.index("loss")
+    hidden = [header for _, off, header in cells if off]
+    assert "tokens/s CI low" in hidden and "FLOP convention" in hidden and "run" in hidden
+    picker = re.search(r'<details class="picker" data-table="results-table">.*?</details>', page, re.S).group(0)
+    assert picker.count('type="checkbox"') == len(cells) and picker.count(" checked") == len(shown)
 
 
 def test_two_invocations_of_one_sweep_are_compared(tmp_path):
@@ -147,9 +153,10 @@ def test_the_step_time_chart_stacks_the_predicted_parts_beside_the_measured_step
     assert [t.name for t in predicted] == ["predicted compute", "predicted exposed communication",
                                            "predicted optimizer step", "predicted offload traffic"]
     row = list(view["run"]).index("0")  # run 0 predicts 40 ms: its parts stack to that
-    assert sum(t.x[row] for t in predicted) == pytest.approx(0.04)
+    assert sum(t.x[row] for t in predicted) == pytest.approx(40.0)  # in ms: the largest bar is under 1 s
+    assert fig.layout.xaxis.ticksuffix == " ms"
     run = frame.set_index("run").loc["0"]
-    assert measured.x[row] == pytest.approx(run["step_time_s"])
+    assert measured.x[row] == pytest.approx(run["step_time_s"] * 1e3)
     assert run["step_time_ratio"] == pytest.approx(run["step_time_s"] / 0.04)
     assert run["pred_time_exposed_comm_s"] == pytest.approx(0.25 * 0.04)
 

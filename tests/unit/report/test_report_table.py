@@ -161,7 +161,7 @@ def test_terminal_table(frame, capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)  # not a terminal, no COLUMNS: every column
     print_table(frame.reset_index(drop=True), title="synthetic")
     out = capsys.readouterr().out
-    for text in ("synthetic", "COMPLETED", "PRUNED", "RUNNING", "tok/s/dev", "MFU pred", "step pred"):
+    for text in ("synthetic", "COMPLETED", "PRUNED", "RUNNING", "tokens/s/device", "MFU pred", "step time pred"):
         assert text in out
     print_rows([{"a": 1, "b": 0.5}], title="rows")
     assert "rows" in capsys.readouterr().out

@@ -32,9 +32,9 @@ def test_timed_step_line_and_row_carry_throughput_mfu_memory(capsys):
     assert record.tokens_per_s == pytest.approx(2000.0)
     assert record.mfu == pytest.approx(mfu(2000.0, 1e6, 1e9, 2))
     line = capsys.readouterr().out.strip()
-    assert line == "[step 3/5] loss 5.2500 | 2,000 tokens/s | MFU 100.0% | mem 3.0 MiB | 128.0 ms"
+    assert line == "[step 3/5] loss 5.2500 | 2,000 tokens/s | MFU 100.0% | memory 3.0 MiB | step time 128 ms"
     assert tracker.rows == [{"step": 3, "loss": 5.25, "step_time_s": 0.128, "tokens_per_s": 2000.0,
-                             "mfu_pct": pytest.approx(100.0), "memory_gib": pytest.approx(3 / 1024)}]
+                             "mfu": pytest.approx(1.0), "memory_gib": pytest.approx(3 / 1024)}]
 
 
 def test_warmup_steps_have_loss_only_and_other_ranks_stay_silent(capsys):
