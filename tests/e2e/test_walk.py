@@ -8,6 +8,8 @@ when set). Tiny Llama, two warm-up steps and two timed steps per run: a few minu
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 import shlex
@@ -27,26 +29,46 @@ TINY = ["model=tiny_llama", "tracking=disabled", "bench.warmup_steps=2", "bench.
         "bench.steps=2"]
 
 
-def readme_plan_examples(text: str) -> list[list[str]]:
-    """The `harness plan model=llama3_1_70b cluster=h100_8x8 ...` commands of README.md, as argv: each `$ ` line
-    of a code block with its `\\` continuations (`harness plan ... X` there repeats the previous command's
-    arguments), and each one written inline in backticks."""
-    commands: list[list[str]] = []
+VERDICT = re.compile(r"^ (\S.*?)\s{2,}(fits|OOM|invalid)\s")
+
+
+def merged(before: list[str], after: list[str]) -> list[str]:
+    """`before` with the overrides of `after` (a key given again takes the later value), flags dropped."""
+    args = {arg.split("=", 1)[0]: arg for arg in before if not arg.startswith("-")}
+    args.update({arg.split("=", 1)[0]: arg for arg in after})
+    return list(args.values())
+
+
+def readme_plan_examples(text: str) -> list[tuple[list[str], dict[str, str]]]:
+    """The `harness plan model=llama3_1_70b cluster=h100_8x8 ...` commands of README.md as (argv, the layout rows
+    README shows under it: label -> fits / OOM / invalid): each `$ ` line of a code block with its `\\`
+    continuations (`harness plan ... X` there repeats the previous command's arguments, X overriding), and each
+    one written inline in backticks (no rows shown)."""
+    examples: list[tuple[list[str], dict[str, str]]] = []
     lines = text.splitlines()
-    for i, line in enumerate(lines):
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
         if not line.startswith("$ harness plan "):
             continue
         command = line[2:]
         while command.endswith("\\"):
-            i += 1
             command = command[:-1] + " " + lines[i].strip()
+            i += 1
         argv = shlex.split(command)[2:]
         if argv[:1] == ["..."]:
-            argv = [arg for arg in commands[-1] if arg not in {"--json", "--csv"}] + argv[1:]
-        commands.append(argv)
+            argv = merged(examples[-1][0], argv[1:])
+        rows = {}
+        while i < len(lines) and not lines[i].startswith(("$ ", "```")):
+            shown = VERDICT.match(lines[i])
+            if shown:
+                rows[shown.group(1)] = shown.group(2)
+            i += 1
+        examples.append((argv, rows))
     inline = re.findall(r"`(harness plan model=llama3_1_70b\s+cluster=h100_8x8[^`]*)`", text)
-    commands += [shlex.split(" ".join(command.split()))[2:] for command in inline]
-    return commands
+    examples += [(shlex.split(" ".join(command.split()))[2:], {}) for command in inline]
+    return examples
 
 
 class Walk:
@@ -58,8 +80,9 @@ class Walk:
         transcript.write_text("")
 
     def __call__(self, argv: list[str], expect: int | set = 0, columns: int = COLUMNS, timeout: float = 900,
-                 extra_env: dict | None = None) -> subprocess.CompletedProcess:
-        env = {**self.env, "COLUMNS": str(columns), **(extra_env or {})}
+                 machine: bool = False) -> subprocess.CompletedProcess:
+        """`machine`: CSV / JSON for a program, exempt from the width check (Traceback and exit still checked)."""
+        env = {**self.env, "COLUMNS": str(columns)}
         proc = subprocess.run([sys.executable, "-m", "harness.cli", *argv], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=timeout, check=False)
         shown = "harness " + shlex.join(argv)
@@ -71,7 +94,8 @@ class Walk:
         expected = expect if isinstance(expect, set) else {expect}
         assert proc.returncode in expected, f"{shown} exited {proc.returncode}\n{both[-4000:]}"
         assert "Traceback" not in both, f"{shown} printed a traceback\n{both[-4000:]}"
-        wide = [f"{len(line)}: {line}" for line in both.splitlines() if len(line) > columns]
+        wide = [f"{len(line)}: {line}" for line in (proc.stderr if machine else both).splitlines()
+                if len(line) > columns]
         assert not wide, f"{shown}: line(s) wider than COLUMNS={columns}:\n" + "\n".join(wide)
         return proc
 
@@ -103,9 +127,15 @@ def test_readme_walk(walk, tmp_path):
 def _walk(walk: Walk, results: Path) -> None:
     # 1. Planning on GPUs, the README's examples as written there (exit 1 where a layout is refused).
     examples = readme_plan_examples(README.read_text())
-    assert len(examples) >= 3, examples
-    planned = [walk(["plan", *argv], expect={0, 1}) for argv in examples]
-    planned.append(walk(["plan", *examples[-1]], expect={0, 1}, columns=80))
+    assert len(examples) >= 3 and sum(bool(rows) for _, rows in examples) >= 2, examples
+    # Exit 0 when every layout README shows fits, 1 when one is refused (either where it shows none).
+    planned = [walk(["plan", *argv], expect=({0, 1} if not rows else int(set(rows.values()) != {"fits"})))
+               for argv, rows in examples]
+    planned.append(walk(["plan", *examples[-1][0]], expect={0, 1}, columns=80))
+    for argv, rows in examples:  # the rows README shows are the rows the plan prints (label and verdict)
+        if rows:
+            table = csv.DictReader(io.StringIO(walk(["plan", *argv, "--csv"], expect={0, 1}, machine=True).stdout))
+            assert {row["label"]: row["fit"] for row in table} == rows, (argv, rows)
     assert any("layout not given in full" in proc.stderr for proc in planned)  # the GPU-first defaults
 
     # 2. A recommendation, then the next step it prints, verbatim, on the local Slurm cluster.
