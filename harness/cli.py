@@ -124,7 +124,9 @@ def say(text: str) -> None:
     """A line on the console and in the run's cli.log (Hydra's file handler, without its console twin)."""
     import logging
 
-    print(text, flush=True)
+    from harness.terminal import print_fitted
+
+    print_fitted(text)
     record = logging.LogRecord("harness", logging.INFO, __file__, 0, text, None, None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
@@ -205,8 +207,10 @@ def check_points(command: str, flags: List[str], overrides: List[str], writes: b
     except Exception as error:  # every composition and value error becomes one line
         print(f"harness {command}: {explain(error)}", file=sys.stderr)
         return False
+    from harness.terminal import print_fitted
+
     for note in notes:  # what an open layout was filled with (stderr: --json / --csv stay parseable)
-        print(note, file=sys.stderr)
+        print_fitted(note, sys.stderr)
     _grid_points[:] = points
     return True
 

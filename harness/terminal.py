@@ -47,6 +47,32 @@ def terminal_width(stream: Any = None) -> Optional[int]:
     return None
 
 
+def fit_text(text: str, width: Optional[int]) -> str:
+    """`text` (a "[harness] ..." note, a block of report lines) fitted to `width`: each line longer than it is
+    wrapped at spaces, its continuation lines indented two more than the line itself so that they read as one;
+    a word wider than that (a long path) is split across lines, as a table cell folds it: never cut. `width`
+    None (a pipe without COLUMNS): every line as it is."""
+    import textwrap
+
+    if width is None:
+        return text
+    out = []
+    for line in text.splitlines() or [""]:
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        if len(line) <= width or width <= len(indent) + 2 + MIN_WRAP_WIDTH // 2:
+            out.append(line)
+            continue
+        out += textwrap.wrap(line.lstrip(" "), width, initial_indent=indent, subsequent_indent=indent + "  ",
+                             break_on_hyphens=False, break_long_words=True) or [line]
+    return "\n".join(out)
+
+
+def print_fitted(text: str, stream: Any = None) -> None:
+    """Print `text` fitted to the width of `stream` (terminal_width: COLUMNS, else the terminal's, else as is)."""
+    stream = stream or sys.stdout
+    print(fit_text(text, terminal_width(stream)), file=stream, flush=True)
+
+
 def _text(cell: Cell) -> Any:
     from rich.text import Text
 

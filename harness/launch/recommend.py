@@ -21,6 +21,7 @@ from harness.plan.planner import GIB, Plan
 from harness.plan.recommend import Choice, compare, rank
 from harness.plan.units import format_bytes
 from harness.rundir import write_text
+from harness.terminal import print_fitted
 
 LAYOUT_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "pp_schedule",
                  "pp_virtual_stages", "pp_stage_layers", "offload_optimizer", "offload_params", "micro_batch",
@@ -220,11 +221,11 @@ def recommend_main(argv: Sequence[str]) -> int:
     if not top:
         print("no layout fits", file=sys.stderr)
         return 1
-    print("\n".join(row(i, choice) for i, choice in enumerate(top, 1)))
+    print_fitted("\n".join(row(i, choice) for i, choice in enumerate(top, 1)))
     if len(top) > 1:
-        print(why("#2", top[0].plan, top[1].plan))
+        print_fitted(why("#2", top[0].plan, top[1].plan))
     if other is not None:
-        print(against(top[0].plan, other, args.against))
+        print_fitted(against(top[0].plan, other, args.against))
     if not args.no_write:
         write_recommendation(top, args.name, overrides, cfg, argv)
     return 0
@@ -245,8 +246,8 @@ def write_recommendation(top: Sequence[Choice], name: str, overrides: Sequence[s
     command = "harness recommend " + " ".join(argv)
     root = user_config_dir()
     for path in write_preset(preset_files(top, name, overrides, cfg, command), root):
-        print(f"wrote {path}")
-    print(f"run them with: harness sweep sweep={name}   (one alone: harness run recipes={name}_1)")
+        print_fitted(f"wrote {path}")
+    print_fitted(f"run them with: harness sweep sweep={name}   (one alone: harness run recipes={name}_1)")
 
 
 # A shipped recipe whose layout is not the recommender's overall choice says so on one line, with the layout

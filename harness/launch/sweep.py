@@ -37,6 +37,7 @@ from harness.rundir import (
     write_status,
 )
 from harness.runtime.sinks import wandb_environment
+from harness.terminal import print_fitted
 
 RESUBMIT_STATES = (FAILED, OOM, TIMEOUT, CANCELLED)
 # Seconds between two looks at Slurm (squeue, then sacct for forgotten jobs) while a sweep or run is
@@ -76,13 +77,13 @@ class Options:
 
 
 def _echo(text: str) -> None:
-    print(text, flush=True)
+    print_fitted(text)
 
 
 def print_pruned(points: Sequence[Point]) -> None:
     for point in points:
         if point.rendered is None:
-            print(f"[harness] {point.run_dir.name}: PRUNED {point.reason}", flush=True)
+            print_fitted(f"[harness] {point.run_dir.name}: PRUNED {point.reason}")
 
 
 def run_local(points: Sequence[Point]) -> None:
@@ -114,10 +115,10 @@ def _submit_one(submission: Submission) -> None:
     except Exception as error:
         for run_dir in submission.run_dirs:
             write_status(run_dir, FAILED, f"sbatch refused the job: {error}")
-        print(f"[harness] sbatch {submission.script} failed: {error}", file=sys.stderr)
+        print_fitted(f"[harness] sbatch {submission.script} failed: {error}", sys.stderr)
         return
     kind = "array" if done.is_array else "job"
-    print(f"[harness] submitted {kind} {done.job_id}: {submission.script} ({runs})", flush=True)
+    print_fitted(f"[harness] submitted {kind} {done.job_id}: {submission.script} ({runs})")
 
 
 def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_run: bool) -> List[Submission]:
@@ -129,7 +130,7 @@ def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_
     submissions = [write_group(group, sweep_dir, sweep_name) for group in groups]
     unreachable = check_reachable() if submissions and not dry_run else None
     if unreachable:  # said once, here; each run's status keeps the short form
-        print(f"[harness] {unreachable}", file=sys.stderr, flush=True)
+        print_fitted(f"[harness] {unreachable}", sys.stderr)
         for submission in submissions:
             for run_dir in submission.run_dirs:
                 write_status(run_dir, FAILED, "not submitted: Slurm was not reachable (`harness doctor` says why)")
@@ -214,12 +215,12 @@ def finish(sweep_dir: Path, report: Reporter, since: float = 0.0, query_slurm: b
     ours = [v for v in views if records[v.run_dir] and records[v.run_dir].get("submitted", 0) >= since]
     line = timing(ours, [records[v.run_dir]["submitted"] for v in ours])
     if line:
-        print(f"[harness] {line}")
-    print("\n".join(reported.lines), flush=True)
+        print_fitted(f"[harness] {line}")
+    print_fitted("\n".join(reported.lines))
     bad = [v.run_dir.name for v in views if v.state == CORRUPT or (v.final and v.state not in (COMPLETED, PRUNED))]
     if bad:
-        print(f"[harness] not completed: {', '.join(bad)}  (re-run them: harness sweep resume {sweep_dir})",
-              file=sys.stderr)
+        print_fitted(f"[harness] not completed: {', '.join(bad)}  (re-run them: harness sweep resume {sweep_dir})",
+                     sys.stderr)
     return 1 if bad else 0
 
 
@@ -228,7 +229,7 @@ def _launch_local(sweep_dir: Path, points: Sequence[Point], opts: Options, repor
         for point in points:
             if point.rendered is not None:
                 print(f"# would run: {point.rendered.command_line()}")
-        print(f"[harness] dry run: prepared {sweep_dir}; run it with `harness sweep resume {sweep_dir}`")
+        print_fitted(f"[harness] dry run: prepared {sweep_dir}; run it with `harness sweep resume {sweep_dir}`")
         return 0
     try:
         run_local(points)
@@ -247,16 +248,16 @@ def launch(sweep_dir: Path, points: Sequence[Point], backend: str, sweep_name: s
     since = time.time()
     submit_slurm(sweep_dir, points, sweep_name, opts.dry_run)
     if opts.dry_run:
-        print(f"[harness] dry run: nothing submitted; prepared {sweep_dir}; submit with "
+        print_fitted(f"[harness] dry run: nothing submitted; prepared {sweep_dir}; submit with "
               f"`harness sweep resume {sweep_dir}`")
         return 0
     if not opts.wait:
-        print(f"[harness] submitted; follow with `{watch_command(sweep_dir)}`")
+        print_fitted(f"[harness] submitted; follow with `{watch_command(sweep_dir)}`")
         return 0
     try:
         follow(sorted(p.run_dir for p in points), opts.poll_s)
     except KeyboardInterrupt:
-        print(f"\n[harness] stopped waiting; the jobs go on: harness sweep status {sweep_dir}", file=sys.stderr)
+        print_fitted(f"\n[harness] stopped waiting; the jobs go on: harness sweep status {sweep_dir}", sys.stderr)
         return 130
     return finish(sweep_dir, report, since, wide=opts.wide)
 
@@ -282,7 +283,7 @@ def _resumable(view: RunView, opts: Options) -> Optional[Point]:
     try:
         point = load_point(view.run_dir, view.state, view.reason)
     except (CorruptFile, RecordError, TypeError, ValueError) as error:
-        print(f"[harness] {view.run_dir.name}: not resumed, its launch cannot be read back: {error}", flush=True)
+        print_fitted(f"[harness] {view.run_dir.name}: not resumed, its launch cannot be read back: {error}")
         return None
     if point.rendered is None:
         if not opts.submit_pruned:
@@ -292,13 +293,13 @@ def _resumable(view: RunView, opts: Options) -> Optional[Point]:
             return None
     holder = live_holder(view.run_dir)
     if holder:  # never a second launch beside a live one
-        print(f"[harness] {view.run_dir.name}: {holder}; not resumed", flush=True)
+        print_fitted(f"[harness] {view.run_dir.name}: {holder}; not resumed")
         return None
     if not opts.dry_run and view.state in (*RESUBMIT_STATES, RUNNING, CORRUPT):
         note_previous_attempt(view.run_dir, view.state, view.reason)
         archive_attempt(view.run_dir)
         write_status(view.run_dir, PENDING, f"resubmitted after {view.state}")
-    print(f"[harness] resume {view.run_dir.name} (was {view.state})", flush=True)
+    print_fitted(f"[harness] resume {view.run_dir.name} (was {view.state})")
     return point
 
 
@@ -309,7 +310,7 @@ def resume(opts: Options, report: Reporter) -> int:
     views = refresh(run_dirs(sweep_dir), query_slurm=backend == "slurm")
     chosen = to_resume(views, opts.submit_pruned, backend)
     if not chosen:
-        print("[harness] nothing to resume: every run completed, is pruned, or is still queued/running")
+        print_fitted("[harness] nothing to resume: every run completed, is pruned, or is still queued/running")
         return finish(sweep_dir, report, query_slurm=backend == "slurm", wide=opts.wide)
     points = [point for point in (_resumable(view, opts) for view in chosen) if point is not None]
     return launch(sweep_dir, points, backend, record["sweep_name"], opts, report)
@@ -319,5 +320,5 @@ def cancel(opts: Options) -> int:
     views = refresh(run_dirs(opts.target.resolve()))
     keys = [v.job_key for v in views if v.job_key and not v.final]
     scancel(keys)
-    print(f"[harness] scancel {' '.join(keys) or '(nothing queued or running)'}")
+    print_fitted(f"[harness] scancel {' '.join(keys) or '(nothing queued or running)'}")
     return 0

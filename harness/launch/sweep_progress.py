@@ -7,6 +7,7 @@ import time
 from typing import Any, Optional
 
 from harness.rundir import COMPLETED
+from harness.terminal import fit_text, terminal_width
 
 
 def eta_s(elapsed_s: float, finished: int, remaining: int) -> Optional[float]:
@@ -66,7 +67,7 @@ class SweepProgress:
 
     def echo(self, line: str) -> None:
         """One line above the bar (a run's start, its step lines, its end); the bar's clocks tick on."""
-        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        self.console.print(fit_text(line, terminal_width()), markup=False, highlight=False, soft_wrap=True)
         self._refresh()
 
     def _count(self, state: str) -> None:

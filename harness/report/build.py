@@ -16,6 +16,7 @@ from harness.report.html import write_html
 from harness.report.table import print_table, summary_frame, write_frame
 from harness.report.wandb_report import PUBLISH_TIMEOUT_S, online, publish_with_timeout, report_spec, write_spec
 from harness.rundir import REPORT_HTML, STATUS_FILE, WANDB_REPORT_JSON, WANDB_REPORT_URL, write_text
+from harness.terminal import print_fitted
 
 
 def build_report(roots: List[Path], out_dir: Path, publish_timeout_s: float = PUBLISH_TIMEOUT_S,
@@ -78,12 +79,12 @@ def report_main(roots: List[Path], out_dir: Optional[Path] = None, wide: bool = 
     paths = build_report(roots, out_dir, frame=frame)
     print_table(frame, title=", ".join(str(r) for r in roots), wide=wide)
     for item in headlines(frame):
-        print(f"[harness] {item.text} {item.detail}")
+        print_fitted(f"[harness] {item.text} {item.detail}")
     for name, path in paths.items():
-        print(f"[harness] {name}: {path}")
+        print_fitted(f"[harness] {name}: {path}")
     if "wandb_report_url" in paths:
-        print(f"[harness] W&B report: {paths['wandb_report_url'].read_text().strip()}")
+        print_fitted(f"[harness] W&B report: {paths['wandb_report_url'].read_text().strip()}")
     else:
-        print(f"[harness] W&B report spec (offline); publish it with: "
-              f"python -m harness.report.wandb_report publish {paths['wandb_report']}")
+        print_fitted(f"[harness] W&B report spec (offline); publish it with: "
+                     f"python -m harness.report.wandb_report publish {paths['wandb_report']}")
     return 0 if not frame.empty else 1

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import pandas as pd
 
 from harness.plan.units import memory_unit
+from harness.terminal import print_fitted
 
 FIT_ORDER = {"fits": 0, "fit?": 1, "OOM": 2, "invalid": 3}
 
@@ -223,8 +224,8 @@ def plan_points(overrides: List[str], config_dirs: Sequence[str] = ()) -> List[P
         points.append(PlannedPoint(label, verdict.plan, list(verdict.errors), list(verdict.warnings),
                                    {**plan_rows([verdict.plan])[0], **job_time_columns(run, verdict.plan)}))
     for launcher, nodes in added.items():  # stderr: --json / --csv stay parseable
-        print(f"[harness] launcher not given; planned with launcher={launcher}, which cluster.nodes={nodes} needs "
-              f"(a Slurm job across the nodes; name a launcher to override)", file=sys.stderr)
+        print_fitted(f"[harness] launcher not given; planned with launcher={launcher}, which cluster.nodes={nodes} "
+                     f"needs (a Slurm job across the nodes; name a launcher to override)", sys.stderr)
     return [*points, *refused]
 
 
