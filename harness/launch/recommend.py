@@ -17,6 +17,7 @@ from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_
 from harness.config.compose import compose_config, compose_run_config, run_config_to_dict, user_config_dir
 from harness.config.errors import explain as explain_error
 from harness.engines.admission import judge, launcher_to_add
+from harness.launch.prepare import launch_problems
 from harness.plan.planner import GIB, Plan
 from harness.plan.recommend import Choice, compare, rank
 from harness.plan.units import format_bytes
@@ -212,6 +213,11 @@ def recommend_main(argv: Sequence[str]) -> int:
         other = against_config(overrides, args.against) if args.against else None
     except Exception as error:  # every composition and value error becomes one line
         print(f"harness recommend: {explain_error(error)}", file=sys.stderr)
+        return 2
+    # The run's own checks (bench steps, tracking) too: a recipe written here must not be pruned downstream.
+    run_problems = launch_problems(cfg)
+    if run_problems:
+        print(f"harness recommend: {'; '.join(run_problems)}", file=sys.stderr)
         return 2
     if launcher:
         print(f"cluster.nodes={cfg.cluster.nodes}: ranked for launcher={launcher} (a Slurm job across the nodes)")

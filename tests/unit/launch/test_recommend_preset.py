@@ -70,3 +70,16 @@ def test_layouts_the_model_cannot_separate_are_one_choice_led_by_the_simplest():
     assert len(top) == 2
     assert top[0].plan is ranked[1] and set(map(id, top[0].alike)) == {id(ranked[0]), id(ranked[2])}
     assert top[1].plan is ranked[3] and top[1].alike == ()
+
+
+def test_a_run_setting_the_sweep_would_refuse_is_refused_before_ranking(capsys, tmp_path, monkeypatch):
+    """bench.warmup_steps=1 passes composition but every prepared run refuses it: recommend says so in one line
+    and writes nothing, instead of writing recipes the printed sweep then prunes."""
+    from harness.launch.recommend import recommend_main
+
+    monkeypatch.setenv("HARNESS_CONFIG_DIR", str(tmp_path / "config"))
+    code = recommend_main(["--global-batch", "8", "--top", "1", "model=tiny_llama", "engine=deepspeed",
+                           "cluster=local_slurm", "bench.warmup_steps=1", "tracking=disabled"])
+    err = capsys.readouterr().err
+    assert code == 2 and "bench.warmup_steps=1 must be >= 2" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "config").exists()
