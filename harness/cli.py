@@ -456,10 +456,22 @@ def main() -> int:
         return 2
     if command in COMMAND_USAGE and {"-h", "--help"} & set(rest):
         print(COMMAND_USAGE[command])
+        if command == "run":
+            print_config_groups()
         return 0
     # SIGTERM (a scheduler, `kill`) stops a run the way Ctrl-C does: cancelled, summarised, exit 130.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     return _guarded(command, rest)
+
+
+def print_config_groups() -> None:
+    """The config groups and their options (`GROUP=NAME` picks one), wrapped to the terminal."""
+    from harness.config.compose import config_groups
+    from harness.terminal import print_fitted
+
+    print("\n  Config groups (GROUP=NAME picks one; `harness run --cfg job` shows the composed config):")
+    for group, names in config_groups().items():
+        print_fitted(f"    {group}: {', '.join(names)}")
 
 
 def _guarded(command: str, rest: List[str]) -> int:

@@ -32,6 +32,18 @@ def user_config_dir() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config").expanduser().resolve() / "harness"
 
 
+def config_groups() -> Dict[str, List[str]]:
+    """Every config group and its options, as Hydra's search path finds them: hydra_configs/<group>/,
+    recipes/ and the user config directory's groups (`harness run --help` lists them)."""
+    groups: Dict[str, set] = {}
+    for root in (CONFIG_DIR, REPO_ROOT, user_config_dir()):
+        for folder in sorted(root.iterdir()) if root.is_dir() else ():
+            names = {path.stem for path in folder.glob("*.yaml")} if folder.is_dir() else set()
+            if names and (root != REPO_ROOT or folder.name == "recipes"):
+                groups.setdefault(folder.name, set()).update(names)
+    return {group: sorted(names) for group, names in sorted(groups.items())}
+
+
 # `standin=cpu`: the CPU stand-in of the composed recipe (harness/config/standin.py).
 STANDIN_KEY, STANDIN_CHOICES = "standin", ("cpu",)
 # How a composed recipe's ranks build its model (`full` or `meta`: model.init with `auto` decided at the

@@ -218,3 +218,18 @@ def test_report_into_a_folder_it_cannot_write_is_one_line(tmp_path, monkeypatch,
     assert code == 2 and err.strip() == (f"harness report: the report folder {tmp_path / 'afile' / 'r'} lies under "
                                          f"{tmp_path / 'afile'}, which is a file")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["afile", "sweep"]
+
+
+def test_run_help_lists_every_config_group_and_its_options(monkeypatch, capsys, tmp_path):
+    """`harness run --help` names the groups Hydra composes from and their options, the user's own too."""
+    user = tmp_path / "config"
+    (user / "sweep").mkdir(parents=True)
+    (user / "sweep" / "mine.yaml").write_text("# @package _global_\n")
+    monkeypatch.setenv("HARNESS_CONFIG_DIR", str(user))
+    monkeypatch.setenv("COLUMNS", "400")
+    code, out, _ = harness(monkeypatch, capsys, "run", "--help")
+    groups = {line.split(":")[0].strip(): line.split(":", 1)[1] for line in out.splitlines()
+              if line.startswith("    ") and ":" in line}
+    assert code == 0 and {"model", "engine", "layout", "cluster", "data", "tracking", "launcher", "recipes",
+                          "sweep"} <= set(groups)
+    assert "nd_tp2" in groups["layout"] and "cpu_zero2" in groups["recipes"] and "mine" in groups["sweep"]
