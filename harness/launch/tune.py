@@ -84,6 +84,10 @@ def sweep_measure(results_dir: Path) -> Measure:
             measured = record.get("measured") or {}
             if layout in names and measured.get("step_time_s"):
                 found[names[layout]] = Measurement(measured["step_time_s"], measured["tokens_per_s"])
+        if len(found) < len(names):  # say why: the sweep's lines of its pruned and failed points
+            said = [line for line in (proc.stdout + proc.stderr).splitlines() if "PRUNED" in line or "FAILED" in line]
+            print("\n".join(f"   {line.strip()}" for line in said[:10]) or "   some layouts measured nothing",
+                  flush=True)
         return found
 
     return measure
@@ -121,8 +125,9 @@ def new_profile_path(base_name: str, name: str) -> Path:
 
 
 def tune(spaces: Sequence[Space], global_batch: int, k: int, name: str, measure: Measure,
-         write: bool = True) -> Tuned:
-    """The loop (see the module docstring). `spaces` share one cluster and profile."""
+         profile_name: Optional[str] = None) -> Tuned:
+    """The loop (see the module docstring). `spaces` share one cluster and profile; `name` prefixes the rounds'
+    presets, `profile_name` (default `name`) suffixes the refitted profile's."""
     recommended = top_k(spaces, global_batch, k)
     measured = dict(measure(recommended, f"{name}_r1"))
     predicted = {key(plan): plan for _, plan in recommended}
@@ -132,24 +137,23 @@ def tune(spaces: Sequence[Space], global_batch: int, k: int, name: str, measure:
     if hw is None or not tuned.samples():
         return tuned
     tuned.after = refit(tuned.samples(), before)
-    path = new_profile_path(hw.name, name)
-    if write:
-        note = f"engine factors fitted by harness tune from {len(tuned.samples())} measured runs"
-        save_profile(replace(hw, name=path.stem, engine_factors=tuned.after, version=max(hw.version, PROFILE_VERSION),
-                             source=f"{hw.source}; {note}"), path)
-        tuned.profile = path
-        retuned = [Space((*s.overrides, f"cluster.profile={path}"),
-                         compose_run_config([*s.overrides, f"cluster.profile={path}"])) for s in spaces]
-        again = top_k(retuned, global_batch, k)
-        tuned.reranked = [plan for _, plan in again]
-        fresh = [(s, p) for s, p in again[:1] if key(p) not in measured]
-        if fresh:
-            measured.update(measure(fresh, f"{name}_r2"))
-            for _, plan in fresh:  # its prediction under the starting factors, for the error table
-                e = plan.engine.name
-                predicted[key(plan)] = replace(plan, time=scaled(plan.time, relative(before.get(e, {}),
-                                                                                     tuned.after.get(e, {}))))
-            tuned.measured = {k: m for k, m in measured.items() if k in predicted}
+    path = new_profile_path(hw.name, profile_name or name)
+    note = f"engine factors fitted by harness tune from {len(tuned.samples())} measured runs"
+    save_profile(replace(hw, name=path.stem, engine_factors=tuned.after, version=max(hw.version, PROFILE_VERSION),
+                         source=f"{hw.source}; {note}"), path)
+    tuned.profile = path
+    retuned = [Space((*s.overrides, f"cluster.profile={path}"),
+                     compose_run_config([*s.overrides, f"cluster.profile={path}"])) for s in spaces]
+    again = top_k(retuned, global_batch, k)
+    tuned.reranked = [plan for _, plan in again]
+    fresh = [(s, p) for s, p in again[:1] if key(p) not in measured]
+    if fresh:
+        measured.update(measure(fresh, f"{name}_r2"))
+        for _, plan in fresh:  # its prediction under the starting factors, for the error table
+            e = plan.engine.name
+            predicted[key(plan)] = replace(plan, time=scaled(plan.time, relative(before.get(e, {}),
+                                                                                 tuned.after.get(e, {}))))
+        tuned.measured = {k: m for k, m in measured.items() if k in predicted}
     return tuned
 
 
@@ -222,7 +226,7 @@ def tune_main(argv: Sequence[str]) -> int:
     start = time.monotonic()
     name = f"tune_{args.name}_{time.strftime('%Y%m%d_%H%M%S')}"
     tuned = tune([Space(tuple(overrides), cfg)], args.global_batch, args.top, name,
-                 sweep_measure(Path(cfg.results_dir)))
+                 sweep_measure(Path(cfg.results_dir)), args.name)
     print("\n".join(report(tuned)))
     print(f"tune took {time.monotonic() - start:.0f} s")
     return 0 if tuned.measured else 1
