@@ -19,7 +19,7 @@ from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_
 from harness.config.compose import compose_run_config, user_config_dir
 from harness.config.errors import explain as explain_error
 from harness.launch.recommend import label, preset_files, ranked, recommend_overrides, write_preset
-from harness.plan.engine_factors import Sample, median_error, parts, refit, relative, scaled
+from harness.plan.engine_factors import UNIT, Sample, median_error, parts, refit, relative, scaled
 from harness.plan.hardware import PROFILE_VERSION, hardware_profile, profile_path, save_profile
 from harness.plan.planner import Plan
 from harness.plan.recommend import Choice
@@ -168,10 +168,11 @@ def report(tuned: Tuned) -> List[str]:
     samples = tuned.samples()
     for engine in sorted({s.engine for s in samples}):
         mine = [s for s in samples if s.engine == engine]
-        old, new = tuned.before.get(engine, {}), tuned.after.get(engine, {})
+        old = {**UNIT, **tuned.before.get(engine, {})}
+        new = {**old, **tuned.after.get(engine, {})}  # an engine measured only after the refit keeps its factors
         rel = relative(new, old)
-        lines.append(f"engine factors {engine}: compute {old.get('compute', 1.0):.3f} -> {new['compute']:.3f}, "
-                     f"comm {old.get('comm', 1.0):.3f} -> {new['comm']:.3f}; median |predicted - measured| / "
+        lines.append(f"engine factors {engine}: compute {old['compute']:.3f} -> {new['compute']:.3f}, "
+                     f"comm {old['comm']:.3f} -> {new['comm']:.3f}; median |predicted - measured| / "
                      f"measured step time over {len(mine)} run(s): {median_error(mine):.1%} before, "
                      f"{median_error(mine, rel):.1%} after")
     if tuned.profile:

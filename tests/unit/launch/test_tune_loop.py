@@ -5,6 +5,7 @@ never over an existing one, and the pick is the measured best."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -60,3 +61,15 @@ def test_tune_refuses_a_cluster_with_no_profile_in_one_line(capsys):
                                   "launcher=local"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "cluster.accelerator=cpu" in err
+
+
+def test_the_report_shows_an_engine_measured_only_after_the_refit_with_its_factors_kept(tmp_path, monkeypatch):
+    """The re-ranked top may be another engine's layout, run after the refit: it is reported, not refitted."""
+    monkeypatch.setattr(hardware, "PROFILE_DIR", tmp_path)
+    space = Space(OVERRIDES, compose_run_config(list(OVERRIDES)))
+    tuned = tune([space], 64, 2, "t", stand_in([]))
+    other = replace(tuned.predicted[key(tuned.recommended[0])], engine=replace(space.cfg.engine, name="deepspeed"))
+    tuned.predicted[key(other)] = other
+    tuned.measured[key(other)] = Measurement(other.time.step_time_s, 1.0)
+    lines = "\n".join(report(tuned))
+    assert "engine factors deepspeed: compute 1.000 -> 1.000, comm 1.000 -> 1.000" in lines
