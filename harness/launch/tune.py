@@ -50,9 +50,14 @@ def key(plan: Plan) -> Key:
 
 
 def top_k(spaces: Sequence[Space], global_batch: int, k: int) -> List[Tuple[Space, Plan]]:
-    """The K layouts of highest predicted tokens/s over every engine's admitted layouts."""
-    pool = [(space, choice.plan) for space in spaces for choice in ranked(space.cfg, global_batch, k)[0]]
-    return sorted(pool, key=lambda item: -(item[1].tokens_per_s or 0.0))[:k]
+    """K layouts by predicted tokens/s: each engine's best K // engines (at least one) first, so that every engine
+    is measured and gets its own factors, then the rest by predicted tokens/s over all engines."""
+    tokens = lambda item: -(item[1].tokens_per_s or 0.0)  # noqa: E731
+    per_space = [[(space, choice.plan) for choice in ranked(space.cfg, global_batch, k)[0]] for space in spaces]
+    quota = max(1, k // max(1, len(spaces)))
+    chosen = [item for pool in per_space for item in pool[:quota]]
+    rest = sorted((item for pool in per_space for item in pool[quota:]), key=tokens)
+    return sorted(chosen + rest[:max(0, k - len(chosen))], key=tokens)
 
 
 def sweep_measure(results_dir: Path) -> Measure:

@@ -73,3 +73,11 @@ def test_the_report_shows_an_engine_measured_only_after_the_refit_with_its_facto
     tuned.measured[key(other)] = Measurement(other.time.step_time_s, 1.0)
     lines = "\n".join(report(tuned))
     assert "engine factors deepspeed: compute 1.000 -> 1.000, comm 1.000 -> 1.000" in lines
+
+
+def test_over_several_engines_each_engine_is_measured():
+    spaces = [Space(o, compose_run_config(list(o))) for o in
+              (OVERRIDES, tuple(x if x != "engine=fsdp" else "engine=deepspeed" for x in OVERRIDES))]
+    chosen = tune_module.top_k(spaces, 64, 2)
+    assert sorted(plan.engine.name for _, plan in chosen) == ["deepspeed", "fsdp"]
+    assert len(tune_module.top_k(spaces[:1], 64, 2)) == 2
