@@ -186,7 +186,7 @@ def report(tuned: Tuned) -> List[str]:
         top = tuned.reranked[0]
         same = key(top) == key(tuned.recommended[0])
         lines.append(f"re-ranked top: {top.engine.name} {label(top)}, predicted {top.tokens_per_s:,.0f} tokens/s"
-                     f" ({'unchanged' if same else 'changed; run'})")
+                     f" ({'unchanged' if same else 'changed'})")
     best = tuned.best()
     if best is None:
         lines.append("nothing measured: no refit")
