@@ -18,6 +18,8 @@ USAGE = """usage: harness COMMAND [hydra overrides...]
   report  sweep dir(s) -> summary.csv/.parquet, report.html, W&B report spec (several dirs: compare)
   recommend  rank every layout of a model on a cluster by predicted tokens/s: --global-batch SEQS
           [--top K] [--name NAME] [--no-write] overrides; writes a sweep preset of the top K
+  tune    run the recommended top K, refit the profile's per-engine efficiency factors from their measured
+          step times into a new profile, re-rank, run the new top: --global-batch SEQS [--top K] [--name NAME]
   calibrate  measure this host (or a cluster) into a hardware profile: [--ranks N] [--out PATH]
              [--slurm --nodes N --tasks-per-node K: one Slurm job across nodes]
   doctor  environment facts, PASS / WARN per line (versions, CUDA / NCCL, GPUs, DeepSpeed ops, Slurm, W&B)
@@ -425,6 +427,12 @@ def recommend_command(args: List[str]) -> int:
     return recommend_main(args)
 
 
+def tune_command(args: List[str]) -> int:
+    from harness.launch.tune import tune_main
+
+    return tune_main(args)
+
+
 def calibrate_command(args: List[str]) -> int:
     if "--slurm" in args:  # submitted from a login node: no torch here
         from harness.launch.calibrate_slurm import main as calibrate_slurm_main
@@ -437,7 +445,7 @@ def calibrate_command(args: List[str]) -> int:
 
 COMMANDS = {"run": run_command, "plan": plan_command, "sweep": sweep_command, "report": report_command,
             "recommend": recommend_command, "calibrate": calibrate_command, "sync": sync_command,
-            "doctor": doctor_command}
+            "doctor": doctor_command, "tune": tune_command}
 
 
 def main() -> int:

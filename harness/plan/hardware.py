@@ -48,6 +48,9 @@ class HardwareProfile:
     collective_links: Dict[str, Tuple[float, float]] = field(default_factory=dict)
     # Cores the ranks of one node share (CPU ranks time-slice them); 0: every rank has its own device.
     cores_per_node: int = 0
+    # Per engine, what its measured steps took over the model's prediction: {engine: {"compute": f, "comm": g}},
+    # written only by `harness tune` (harness.plan.engine_factors); none: 1.0 for every engine.
+    engine_factors: Dict[str, Dict[str, float]] = field(default_factory=dict)
     measured_peak_flops: Optional[float] = None  # CPU: the measured matmul peak stands in for a datasheet
     source: str = "datasheet"
     version: int = 0  # PROFILE_VERSION of the calibration that wrote it; datasheet rows carry none

@@ -11,6 +11,7 @@ from harness.plan.pipeline import SINGLE_STAGE_SCHEDULES, SPLIT_BACKWARD, V_SCHE
 from harness.plan.comm import Group, axis_group, collective_time
 from harness.plan.compute_time import OpTime, layer_time, outside_time, streaming_time
 from harness.plan.conventions import COMPUTE_BYTES, state_convention
+from harness.plan.engine_factors import scaled
 from harness.plan.hardware import HardwareProfile
 from harness.plan.host_work import host_work_s
 from harness.plan.model_spec import ModelSpec, param_tensors
@@ -131,7 +132,7 @@ def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwarePro
         if best is None or step.step_time_s > best.step_time_s:
             best = step
     assert best is not None
-    return time_sliced(best, ranks_per_core(layout, hw))
+    return scaled(time_sliced(best, ranks_per_core(layout, hw)), hw.engine_factors.get(engine.name))
 
 
 def ranks_per_core(layout: Any, hw: HardwareProfile) -> float:
