@@ -38,6 +38,7 @@ OVERRIDE_COMMANDS = {
     "plan": ["plan"],
     "sweep": ["sweep", "--dry-run", RESULTS],
     "recommend": ["recommend", "--global-batch", "8"],
+    "tune": ["tune", "--global-batch", "8", RESULTS],
 }
 # Every command line the harness has, with valid arguments up to the one the case breaks.
 ALL_COMMANDS = {
@@ -71,10 +72,13 @@ BAD_COUNTS = ("abc", "0", "-3", "1.5", "")
 for value in BAD_COUNTS:
     add("option", f"recommend--top={value}", ["recommend", "--global-batch", "8", "--top", value])
     add("option", f"recommend--global-batch={value}", ["recommend", "--global-batch", value])
+    add("option", f"tune--top={value}", ["tune", "--global-batch", "8", "--top", value])
+    add("option", f"tune--global-batch={value}", ["tune", "--global-batch", value])
     add("option", f"calibrate--ranks={value}", ["calibrate", "--ranks", value])
     add("option", f"calibrate-slurm--nodes={value}", ["calibrate", "--slurm", "--nodes", value])
     add("option", f"calibrate-slurm--tasks-per-node={value}", ["calibrate", "--slurm", "--tasks-per-node", value])
 add("option", "recommend-without--global-batch", ["recommend"])
+add("option", "tune-without--global-batch", ["tune"])
 for value in ("fp7", "", "BF16"):
     add("option", f"calibrate--precision={value}", ["calibrate", "--precision", value])
     add("option", f"calibrate-slurm--precision={value}", ["calibrate", "--slurm", "--precision", value])
