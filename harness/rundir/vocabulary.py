@@ -67,30 +67,21 @@ def format_seconds(value: Any) -> str:
     return f"{scaled:,.0f} {unit}" if abs(scaled) >= 1000 else f"{scaled:.3g} {unit}"
 
 
-def format_rate(value: Any) -> str:
-    number = _number(value)
-    return "-" if number is None else f"{number:,.0f}"
+def _numeric(spec: str) -> Callable[[Any], str]:
+    """A formatter of numbers by a format spec; `-` for a missing or non-numeric value."""
+
+    def formatted(value: Any) -> str:
+        number = _number(value)
+        return "-" if number is None else spec.format(number)
+
+    return formatted
 
 
-def format_percent(value: Any) -> str:
-    """A fraction (0.284) as a percentage (`28.4%`)."""
-    number = _number(value)
-    return "-" if number is None else f"{number:.1%}"
-
-
-def format_ratio(value: Any) -> str:
-    number = _number(value)
-    return "-" if number is None else f"{number:.2f}×"
-
-
-def format_count(value: Any) -> str:
-    number = _number(value)
-    return "-" if number is None else f"{number:,.0f}"
-
-
-def format_float(value: Any) -> str:
-    number = _number(value)
-    return "-" if number is None else f"{number:.4g}"
+format_rate = _numeric("{:,.0f}")  # tokens/s with thousands separators
+format_count = _numeric("{:,.0f}")
+format_percent = _numeric("{:.1%}")  # a fraction (0.284) as a percentage (28.4%)
+format_ratio = _numeric("{:.2f}×")
+format_float = _numeric("{:.4g}")
 
 
 def format_text(value: Any) -> str:
