@@ -55,13 +55,19 @@ def watch(env, sweep_dir: Path, timeout=900) -> dict[str, dict]:
     return {run.name: state(run) for run in run_dirs(sweep_dir)}
 
 
-def key_tree(value):
-    """The shape of a JSON document: dict keys all the way down (lists by their first element)."""
-    if isinstance(value, dict):
-        return {k: key_tree(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [key_tree(value[0])] if value and isinstance(value[0], (dict, list)) else []
-    return None
+def form_differences(a, b, where="metrics"):
+    """Where two JSON documents differ in form: dict keys all the way down; lists by their first elements where
+    both have one (a list that is empty in one run, such as the outlying steps or the host's busy processes, holds
+    data, not form)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) ^ set(b))
+        return [f"{where}.{key} in one only" for key in keys] + [
+            diff for key in sorted(set(a) & set(b)) for diff in form_differences(a[key], b[key], f"{where}.{key}")]
+    if isinstance(a, list) and isinstance(b, list):
+        return form_differences(a[0], b[0], f"{where}[0]") if a and b else []
+    if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+        return [f"{where}: {type(a).__name__} vs {type(b).__name__}"]
+    return []
 
 
 def digest(run_dir: Path) -> dict[str, str]:
@@ -256,5 +262,5 @@ def test_metrics_have_the_form_of_a_local_runs(env, sweeps):
     watch(env, sweeps["resume"])
     local_metrics = json.loads((local_run / "metrics.json").read_text())
     slurm_metrics = json.loads((slurm_run / "metrics.json").read_text())
-    assert key_tree(slurm_metrics) == key_tree(local_metrics)
+    assert form_differences(slurm_metrics, local_metrics) == []
     assert slurm_metrics["layout"] == local_metrics["layout"] and slurm_metrics["world_size"] == 1
