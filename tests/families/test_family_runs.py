@@ -24,7 +24,7 @@ from tests.integration.runs import prepare_and_launch
 pytestmark = pytest.mark.integration
 
 # Two warm-up steps (the second measures state bytes) and two timed steps: four losses to compare.
-BASE = ["tracking=disabled", "bench.warmup_steps=2", "bench.steps=2", "layout.precision=fp32"]
+BASE = ["tracking=disabled", "bench.warmup_steps=2", "bench.warmup_max_steps=2", "bench.steps=2", "layout.precision=fp32"]
 FP32_RTOL = 1e-5
 TIMEOUT_S = 600
 # The tiny fields' window (32) is shorter than the runs' 64 tokens: nd passes no mask and refuses it.

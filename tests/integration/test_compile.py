@@ -17,7 +17,7 @@ from tests.integration.runs import prepare_and_launch
 pytestmark = pytest.mark.integration
 
 # Two warm-up steps (the first compiles) and one timed step; fp32 so the reference is exact eager arithmetic.
-BASE = ["tracking=disabled", "bench.warmup_steps=2", "bench.steps=1", "layout.precision=fp32",
+BASE = ["tracking=disabled", "bench.warmup_steps=2", "bench.warmup_max_steps=2", "bench.steps=1", "layout.precision=fp32",
         "engine.compile=true"]
 COMPILED_RTOL = 1e-4
 TIMEOUT_S = 900

@@ -7,7 +7,7 @@ from tests.integration.runs import metrics, run_harness
 
 pytestmark = pytest.mark.integration
 
-COMMON = ["recipes=cpu_zero2", "tracking=disabled", "bench.warmup_steps=2", "bench.steps=2"]
+COMMON = ["recipes=cpu_zero2", "tracking=disabled", "bench.warmup_steps=2", "bench.warmup_max_steps=2", "bench.steps=2"]
 # The single-process reference reads the union of the two ranks' micro-batches at every step.
 REFERENCE = ["layout=single", "cluster.accelerators_per_node=1", "layout.micro_batch=4"]
 FP32_RTOL = 1e-5

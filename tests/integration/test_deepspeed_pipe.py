@@ -20,7 +20,7 @@ from tests.integration.test_nd import reference
 pytestmark = pytest.mark.integration
 
 # Two warm-up steps (the last is metered: saved activations, state bytes) and one timed step.
-BASE = ["recipes=cpu_zero1_pp2", "tracking=disabled", "bench.warmup_steps=2", "bench.steps=1",
+BASE = ["recipes=cpu_zero1_pp2", "tracking=disabled", "bench.warmup_steps=2", "bench.warmup_max_steps=2", "bench.steps=1",
         "layout.precision=fp32"]  # fmt: skip
 FP32_RTOL = 1e-5
 ACTIVATION_RTOL = 0.10

@@ -20,7 +20,7 @@ from tests.integration.runs import prepare_and_launch, run_harness
 pytestmark = pytest.mark.integration
 
 # Two warm-up steps (the second measures state bytes) and one timed step: three losses to compare.
-BASE = ["engine=fsdp", "tracking=disabled", "bench.warmup_steps=2", "bench.steps=1", "layout.micro_batch=2"]
+BASE = ["engine=fsdp", "tracking=disabled", "bench.warmup_steps=2", "bench.warmup_max_steps=2", "bench.steps=1", "layout.micro_batch=2"]
 FP32_RTOL = 1e-5
 # bf16: both sides run the same bf16 forward/backward per sample; they differ only in how bf16 gradients
 # are summed (per rank, cast to fp32 and averaged, against once over the whole batch): at most one bf16

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 RANKS = 3
 BASE = [
-    "engine=fsdp", "tracking=disabled", "bench.warmup_steps=2", "bench.steps=1", "layout.micro_batch=1",
+    "engine=fsdp", "tracking=disabled", "bench.warmup_steps=2", "bench.warmup_max_steps=2", "bench.steps=1", "layout.micro_batch=1",
     "layout.seq_len=32", "layout.precision=fp32", "layout.zero_stage=3", f"layout.dp_shard={RANKS}",
     f"cluster.accelerators_per_node={RANKS}", "model.hf_config.vocab_size=251",
 ]  # fmt: skip

@@ -19,7 +19,7 @@ from tests.integration.runs import prepare_and_launch
 
 pytestmark = pytest.mark.integration
 
-BASE = ["model.init=meta", "tracking=disabled", "bench.warmup_steps=2", "bench.steps=2", "layout.precision=fp32"]
+BASE = ["model.init=meta", "tracking=disabled", "bench.warmup_steps=2", "bench.warmup_max_steps=2", "bench.steps=2", "layout.precision=fp32"]
 FOUR = "cluster.accelerators_per_node=4"
 TIMEOUT_S = 600
 

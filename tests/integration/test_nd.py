@@ -23,7 +23,7 @@ from tests.integration.runs import prepare_and_launch
 pytestmark = pytest.mark.integration
 
 # Two warm-up steps (the second measures state bytes) and one timed step: three losses to compare.
-BASE = ["tracking=disabled", "bench.warmup_steps=2", "bench.steps=1", "layout.precision=fp32"]
+BASE = ["tracking=disabled", "bench.warmup_steps=2", "bench.warmup_max_steps=2", "bench.steps=1", "layout.precision=fp32"]
 FP32_RTOL = 1e-5
 ACTIVATION_RTOL = 0.10
 TIMEOUT_S = 600
