@@ -35,14 +35,25 @@ def median_interval(times: Sequence[float], confidence: float = CONFIDENCE) -> T
     n = len(xs)
     if n == 0:
         raise ValueError("median_interval needs at least one time")
-    cdf, best_j = 0.0, 1
+    cdf, best_j, best_cdf = 0.0, 1, _half_binomial_pmf(n, 0)
     for j in range(1, n // 2 + 1):
-        cdf += math.comb(n, j - 1) / 2.0**n  # P(B <= j - 1)
+        cdf += _half_binomial_pmf(n, j - 1)  # P(B <= j - 1)
         if 1.0 - 2.0 * cdf < confidence:
             break
-        best_j = j
-    coverage = 1.0 - 2.0 * sum(math.comb(n, i) for i in range(best_j)) / 2.0**n
-    return xs[best_j - 1], xs[n - best_j], coverage
+        best_j, best_cdf = j, cdf
+    return xs[best_j - 1], xs[n - best_j], 1.0 - 2.0 * best_cdf
+
+
+# Up to this many steps the binomial probabilities are exact (integer C(n, i) over the integer 2^n); beyond it
+# they come from log-gamma (a float 2.0**n overflows past n = 1023: a run cut after ~1,000 steps).
+EXACT_BINOMIAL_N = 1000
+
+
+def _half_binomial_pmf(n: int, i: int) -> float:
+    """P(B = i) for B ~ Binomial(n, 1/2)."""
+    if n <= EXACT_BINOMIAL_N:
+        return math.comb(n, i) / 2**n
+    return math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) - n * math.log(2.0))
 
 
 def quartiles(times: Sequence[float]) -> Tuple[float, float]:

@@ -128,3 +128,16 @@ def test_with_repeats_run_to_run_variation_is_in_the_interval():
     singles = [throughput_difference(drifting_runs(rng, 0.1, 1), 1000, drifting_runs(rng, 0.11, 1), 1000)
                for _ in range(100)]
     assert sum(d.low <= 0.10 <= d.high for d in singles) < 0.8 * 100
+
+
+def test_the_median_interval_holds_for_a_long_run():
+    """A run cut after thousands of steps (a time limit's warning on a long job): 2.0**n overflows a float past
+    n = 1023, so the binomial tail comes from log-gamma there, agreeing with the exact one at the seam."""
+    from harness.rundir.stats import EXACT_BINOMIAL_N, _half_binomial_pmf, median_interval
+
+    for n in (1100, 20_000):
+        low, high, coverage = median_interval(list(range(n)))
+        assert 0.95 <= coverage < 0.96 and low < n / 2 < high
+        assert (high - low) / n < 4 / n ** 0.5  # about 1.96 sqrt(n) order statistics wide
+    n, i = EXACT_BINOMIAL_N + 1, EXACT_BINOMIAL_N // 2 - 20
+    assert _half_binomial_pmf(n, i) == pytest.approx(math.comb(n, i) / 2**n, rel=1e-9)
