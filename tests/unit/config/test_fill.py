@@ -68,7 +68,7 @@ def test_plan_run_and_sweep_say_what_they_filled(command, tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness.cli", *command, "model=llama3_1_8b", "cluster=gpu_h100_1x8",
                           "tracking=disabled", f"results_dir={tmp_path}"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=180,
-                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"})
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "1000"})
     assert out.returncode == 0, out.stderr
     notes = [line for line in out.stderr.splitlines() if line.startswith("[harness] layout not given")]
     assert len(notes) == 1 and "layout.seq_len=8192" in notes[0] and "layout.dp_shard=8" in notes[0]
