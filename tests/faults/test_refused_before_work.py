@@ -233,3 +233,14 @@ def test_run_help_lists_every_config_group_and_its_options(monkeypatch, capsys, 
     assert code == 0 and {"model", "engine", "layout", "cluster", "data", "tracking", "launcher", "recipes",
                           "sweep"} <= set(groups)
     assert "nd_tp2" in groups["layout"] and "cpu_zero2" in groups["recipes"] and "mine" in groups["sweep"]
+
+
+def test_the_op_check_answers_as_deepspeed_itself_does():
+    """The harness's quiet check must give DeepSpeed's own answer: its probe compiles with output sent to
+    sys.stderr's file descriptor, which a Python-level redirect (a StringIO) does not have."""
+    import harness.engines.deepspeed_ops as ops
+    from deepspeed.ops import op_builder
+
+    for builder in ops.DEEPSPEED_OPS:
+        ops.op_compatible.cache_clear()
+        assert ops.op_compatible(builder)[1] == bool(getattr(op_builder, builder)().is_compatible(verbose=False))
