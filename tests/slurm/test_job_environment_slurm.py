@@ -16,11 +16,10 @@ import pytest
 from harness.config.compose import compose_run_config
 from harness.engines.rendered import RenderedRun
 from harness.launch.sbatch import render_job_script
+from tests.unit.launch.test_job_environment import PROBE
 
 pytestmark = pytest.mark.slurm
 
-PROBE = ("import json, os, shutil; d = os.environ.get('TORCH_EXTENSIONS_DIR'); json.dump({'ninja': shutil.which("
-         "'ninja'), 'ext': d, 'writable': bool(d) and os.access(d, os.W_OK)}, open('seen.json', 'w'))")
 
 
 def test_a_job_from_a_bare_shell_sees_the_venv_and_the_op_cache(slurm_cluster, tmp_path, monkeypatch):

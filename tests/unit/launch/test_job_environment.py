@@ -20,6 +20,9 @@ from harness.plan.time_limit import warning_lead_s
 from harness.rundir import PLAN_FILE, write_json
 
 VENV_BIN = str(Path(sys.executable).parent)
+# What a job's launcher sees: the ninja on its PATH and whether TORCH_EXTENSIONS_DIR is set and writable.
+PROBE = ("import json, os, shutil; d = os.environ.get('TORCH_EXTENSIONS_DIR'); json.dump({'ninja': shutil.which("
+         "'ninja'), 'ext': d, 'writable': bool(d) and os.access(d, os.W_OK)}, open('seen.json', 'w'))")
 
 
 def stub_slurm(tmp_path: Path) -> Path:
@@ -41,10 +44,8 @@ def test_a_job_from_a_bare_shell_sees_the_venv_and_a_torch_extensions_dir(tmp_pa
     cfg = compose_run_config(["cluster=local_slurm", "launcher=slurm_local", "tracking=disabled"])
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    probe = ("import json, os, shutil; d = os.environ.get('TORCH_EXTENSIONS_DIR'); json.dump({'ninja': "
-             "shutil.which('ninja'), 'ext': d, 'writable': bool(d) and os.access(d, os.W_OK)}, open('seen.json', 'w'))")
     rendered = RenderedRun(run_dir=str(run_dir), engine="deepspeed", launcher="torchrun", nnodes=1,
-                           nproc_per_node=1, argv=[sys.executable, "-c", probe], env={})
+                           nproc_per_node=1, argv=[sys.executable, "-c", PROBE], env={})
     text = render_job_script(cfg, rendered)
     expected_dir = home / ".cache" / "harness" / "torch_extensions"
     assert f"export PATH={VENV_BIN}:\"$PATH\"" in text
