@@ -149,7 +149,10 @@ def submit_slurm(sweep_dir: Path, points: Sequence[Point], sweep_name: str, dry_
 
 def run_line(view: RunView) -> str:
     """One run's state as it changes while it is followed: its state, Slurm's state and why (in words)."""
-    slurm = f" [slurm {view.slurm_state}]" if view.slurm_state else ""
+    # A run's own final state is written before its job step ends: Slurm's view lags it by a poll, and
+    # "COMPLETED [slurm RUNNING]" would read as a contradiction, so a lagging Slurm state is not shown.
+    lagging = view.final and view.slurm_state not in SLURM_FINAL
+    slurm = f" [slurm {view.slurm_state}]" if view.slurm_state and not lagging else ""
     return f"[harness] {view.run_dir.name}: {view.state}{slurm} {view.reason}".rstrip()
 
 

@@ -439,3 +439,16 @@ def test_node_states_and_host_lists():
     assert node_problem({"state": "draining", "reason": "bad gpu"}) == "draining (bad gpu)"
     assert node_problem({"state": "idle*", "reason": "none"}) == "idle and not responding"
     assert node_problem({"state": "future", "reason": ""}) == "future"
+
+
+def test_a_run_line_never_pairs_a_final_state_with_a_lagging_slurm_state(tmp_path):
+    from harness.launch.sweep import run_line
+    from harness.launch.status import RunView
+
+    lagging = run_line(RunView(tmp_path / "000-a", "COMPLETED", "", "1_0", "RUNNING"))
+    assert lagging == "[harness] 000-a: COMPLETED"
+    # Slurm's own final state, or a run still going, is shown as it is
+    assert run_line(RunView(tmp_path / "000-a", "FAILED", "rank 0 exited 1", "1_0", "FAILED")) == \
+        "[harness] 000-a: FAILED [slurm FAILED] rank 0 exited 1"
+    assert run_line(RunView(tmp_path / "000-a", "RUNNING", "", "1_0", "RUNNING")) == \
+        "[harness] 000-a: RUNNING [slurm RUNNING]"
