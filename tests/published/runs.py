@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from harness.config.schema import (BenchConfig, ClusterConfig, LayoutConfig, ModelConfig, RunConfig,
-                                   engine_config)
-from harness.plan.planner import make_plan
+from harness.config.schema import (BenchConfig, ClusterConfig, LauncherConfig, LayoutConfig, ModelConfig,
+                                   RunConfig, engine_config)
+from harness.plan.planner import Plan, make_plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 Row = Mapping[str, str]
@@ -49,6 +49,11 @@ def source_of(path: Path) -> str:
         return f.readline().lstrip("# ").strip()
 
 
+def _launcher(gpus: int) -> LauncherConfig:
+    """Whole nodes under Slurm when the run spans several (as launcher=slurm_gpu), else a local launch."""
+    return LauncherConfig(backend="slurm", exclusive=True, time_limit="02:00:00") if gpus > 8 else LauncherConfig()
+
+
 def _cluster(gpus: int, accelerator: str, inter_node_gbps: float = 0.0) -> ClusterConfig:
     """Whole nodes of 8 GPUs (fewer GPUs: one node holding them all). inter_node_gbps 0 keeps the hardware
     profile's fabric (harness.plan.hardware: 8 x 400 Gbps on H100 nodes, 8 x 200 Gbps on A100 nodes)."""
@@ -79,7 +84,8 @@ def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float =
                             micro_batch=int(row["micro_batch"]), grad_accum=int(row["grad_accum"]),
                             seq_len=int(row["seq_len"]), activation_checkpointing=row["checkpointing"],
                             precision="bf16"),
-        cluster=_cluster(gpus, accelerator, inter_node_gbps), bench=BenchConfig(**_FOUNDRY_CONVENTION))
+        cluster=_cluster(gpus, accelerator, inter_node_gbps), launcher=_launcher(gpus),
+        bench=BenchConfig(**_FOUNDRY_CONVENTION))
 
 
 def _foundry(accelerator: str, peak: float, inter_node_gbps: float = 0.0) -> Callable[[Row], Tuple]:
@@ -137,12 +143,12 @@ def dgxc_config(row: Row, vocab: Optional[int] = None) -> RunConfig:
                           activation_checkpointing=row["checkpointing"], precision="bf16")
     return RunConfig(model=_megatron_model(row, vocab or int(row["vocab"])),
                      engine=engine_config("megatron_lm", sequence_parallel=row["sequence_parallel"] == "true"),
-                     layout=layout, cluster=_cluster(gpus, "h100_sxm"), bench=BenchConfig(**_DGXC_CONVENTION))
+                     layout=layout, cluster=_cluster(gpus, "h100_sxm"), launcher=_launcher(gpus),
+                     bench=BenchConfig(**_DGXC_CONVENTION))
 
 
 def _dgxc(row: Row) -> Tuple:
-    label = (f"{row['model']} L={row['layers']} gpus={row['gpus']} tp{row['tp']} pp{row['pp']} cp{row['cp']} "
-             f"vp{row['vp']} gbs={row['gbs']}")
+    label = f"{row['model']} L={row['layers']} gpus={row['gpus']} gbs={row['gbs']}"
     measured = float(row["tokens_per_s"]) / int(row["gpus"])
     # the 405b runs used the GPT-2 tokenizer, but the README's MFU counts Llama's vocabulary (mfu_vocab)
     flop_config = dgxc_config(row, vocab=int(row["mfu_vocab"])) if row["mfu_vocab"] != row["vocab"] else None
@@ -169,11 +175,12 @@ def automodel_config(row: Row) -> RunConfig:
                           precision="bf16")
     return RunConfig(model=ModelConfig(name=row["model"], hf_config=hf),
                      engine=engine_config("nd", compile=row["compile"] == "true"), layout=layout,
-                     cluster=_cluster(gpus, "h100_sxm"), bench=BenchConfig(**_AUTOMODEL_CONVENTION))
+                     cluster=_cluster(gpus, "h100_sxm"), launcher=_launcher(gpus),
+                     bench=BenchConfig(**_AUTOMODEL_CONVENTION))
 
 
 def _automodel(row: Row) -> Tuple:
-    label = f"{row['model']} gpus={row['gpus']} cp{row['cp']} fsdp{row['dp_shard']} ckpt={row['checkpointing']}"
+    label = f"{row['model']} gpus={row['gpus']} gbs={row['gbs']}"
     measured = float(row["tokens_per_s_per_gpu"])
     return label, automodel_config(row), measured, float(row["model_tflops_per_gpu"]) * 1e12 / measured, None
 
@@ -215,14 +222,15 @@ def published_runs(table: Optional[str] = None) -> List[PublishedRun]:
     return runs
 
 
-def predicted_tokens_per_s_per_gpu(run: PublishedRun) -> float:
-    """What the time model predicts for the run's layout: make_plan's tokens/s over the world size."""
-    plan = make_plan(run.config)
+def predicted_tokens_per_s_per_gpu(run: PublishedRun, plan: Optional[Plan] = None) -> float:
+    """What the time model predicts for the run's layout: make_plan's tokens/s over the world size (`plan`:
+    the run's plan when the caller already made it)."""
+    plan = make_plan(run.config) if plan is None else plan
     if plan.tokens_per_s is None:
         raise ValueError(f"{run.table}: {run.label}: no prediction ({'; '.join(plan.errors) or 'no time'})")
     return plan.tokens_per_s / plan.world_size
 
 
-def prediction_error(run: PublishedRun) -> float:
+def prediction_error(run: PublishedRun, plan: Optional[Plan] = None) -> float:
     """Predicted / measured tokens per second per GPU - 1: positive when the model is optimistic."""
-    return predicted_tokens_per_s_per_gpu(run) / run.tokens_per_s_per_gpu - 1
+    return predicted_tokens_per_s_per_gpu(run, plan) / run.tokens_per_s_per_gpu - 1
