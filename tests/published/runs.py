@@ -101,13 +101,13 @@ def _foundry(accelerator: str, peak: float, inter_node_gbps: float = 0.0) -> Cal
 
 
 # ------------------------------------------------------------------------------- dgxc-benchmarking (megatron)
-# Llama 3.1 shapes from the HF configs (meta-llama/Llama-3.1-{8B,70B,405B}); layers and vocabulary come from the
-# row (the 405b proxies run fewer layers, and the 405b runs used the GPT-2 tokenizer).
+# Llama 3.1 shapes from the HF configs (meta-llama/Llama-3.1-{8B,70B,405B}); layers, query groups and vocabulary
+# come from the row (the 405b proxies run fewer layers; NeMo's 24.12 405b yaml runs 16 query groups and the GPT-2
+# tokenizer).
 _LLAMA31 = {
     "llama3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8),
     "llama3.1-70b": dict(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8),
-    # the run's yaml has 16 query groups (HF: 8)
-    "llama3.1-405b": dict(hidden_size=16384, intermediate_size=53248, num_attention_heads=128, num_key_value_heads=16),
+    "llama3.1-405b": dict(hidden_size=16384, intermediate_size=53248, num_attention_heads=128, num_key_value_heads=8),
 }
 # The README's MFU lines: flop_attention=full (12·L·h·s per token) with the LM head, over 989 TFLOP/s.
 _DGXC_CONVENTION = dict(flop_attention="full", flop_include_lm_head=True)
@@ -118,7 +118,8 @@ def _megatron_model(row: Row, vocab: int) -> ModelConfig:
     if row["model"] in _LLAMA31:
         hf = dict(model_type="llama", num_hidden_layers=int(row["layers"]), vocab_size=vocab,
                   max_position_embeddings=int(row["seq_len"]), rope_theta=500000.0, rms_norm_eps=1e-5,
-                  tie_word_embeddings=False, attn_implementation="sdpa", **_LLAMA31[row["model"]])
+                  tie_word_embeddings=False, attn_implementation="sdpa",
+                  **{**_LLAMA31[row["model"]], "num_key_value_heads": int(row["query_groups"])})
     elif row["model"] == "gpt3-175b":
         hf = dict(model_type="gpt2", n_embd=12288, n_head=96, n_layer=int(row["layers"]),
                   n_positions=int(row["seq_len"]), vocab_size=vocab, tie_word_embeddings=True,
@@ -128,10 +129,27 @@ def _megatron_model(row: Row, vocab: int) -> ModelConfig:
     return ModelConfig(name=row["model"], hf_config=hf)
 
 
+def stage_layers(row: Row) -> List[int]:
+    """Decoder layers per model chunk in Megatron's global order (empty: an even split). `embedding_loss` is
+    NeMo's account_for_embedding_in_pipeline_split + account_for_loss_in_pipeline_split: the embedding and the
+    loss each take one layer's place, so the first and the last chunk hold one decoder layer fewer."""
+    chunks = int(row["pp"]) * int(row["vp"])
+    if row["split"] == "even" or int(row["pp"]) == 1:
+        return []
+    total = int(row["layers"]) + 2
+    if row["split"] != "embedding_loss" or total % chunks:
+        raise ValueError(f"dgxc table: split={row['split']!r} with {row['layers']} layers over {chunks} chunks")
+    layers = [total // chunks] * chunks
+    layers[0] -= 1
+    layers[-1] -= 1
+    return layers
+
+
 def dgxc_config(row: Row, vocab: Optional[int] = None) -> RunConfig:
     """A NeMo / Megatron-core run as the harness's Megatron-LM export: the distributed optimizer (ZeRO-1 with
     overlapped gradient reduce and parameter gather), sequence parallel as the row says, interleaved 1F1B with
-    the row's virtual stages, no recompute. `vocab` replaces the row's (the MFU check counts mfu_vocab)."""
+    the row's virtual stages and layer split, no recompute. `vocab` replaces the row's (the MFU check counts
+    mfu_vocab)."""
     gpus, tp, pp, cp, vp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp", "vp"))
     dp = gpus // (tp * pp * cp)
     gbs, mbs = int(row["gbs"]), int(row["mbs"])
@@ -140,7 +158,8 @@ def dgxc_config(row: Row, vocab: Optional[int] = None) -> RunConfig:
     layout = LayoutConfig(name=None, dp_shard=dp, tp=tp, pp=pp, cp=cp, zero_stage=1, micro_batch=mbs,
                           grad_accum=gbs // (mbs * dp), seq_len=int(row["seq_len"]),
                           pp_schedule="Interleaved1F1B" if vp > 1 else "1F1B", pp_virtual_stages=vp,
-                          activation_checkpointing=row["checkpointing"], precision="bf16")
+                          pp_stage_layers=stage_layers(row), activation_checkpointing=row["checkpointing"],
+                          precision="bf16")
     return RunConfig(model=_megatron_model(row, vocab or int(row["vocab"])),
                      engine=engine_config("megatron_lm", sequence_parallel=row["sequence_parallel"] == "true"),
                      layout=layout, cluster=_cluster(gpus, "h100_sxm"), launcher=_launcher(gpus),
@@ -204,6 +223,7 @@ TABLES: Dict[str, Table] = {
     "llm_foundry_a100_40gb": Table(DATA / "llm_foundry_a100_40gb_bf16.csv", "fsdp",
                                    _foundry("a100_sxm_40gb", 312e12, 200)),
     "dgxc_h100": Table(DATA / "dgxc_h100_bf16.csv", "megatron_lm", _dgxc),
+    "dgxc_h100_nemo2": Table(DATA / "dgxc_h100_nemo2_bf16.csv", "megatron_lm", _dgxc),
     "automodel_h100": Table(DATA / "automodel_h100_bf16.csv", "nd", _automodel),
 }
 

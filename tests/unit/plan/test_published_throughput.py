@@ -23,6 +23,7 @@ BOUNDS = {
     "llm_foundry_a100_80gb": (0.30, 0.70),
     "llm_foundry_a100_40gb": (0.25, 0.70),
     "dgxc_h100": (0.30, 0.45),
+    "dgxc_h100_nemo2": (0.30, 0.45),
     "automodel_h100": (0.70, 0.70),
 }
 
@@ -72,4 +73,4 @@ def test_published_layouts_plan_as_fitting(capsys):
             misses.append(run)
             print(f"{run.table}: {run.label}: {plan.memory.total_bytes / 2**30:.1f} GiB planned per rank")
     print(f"{len(misses)} published runs plan as not fitting")
-    assert len(misses) <= 110
+    assert len(misses) <= 115
