@@ -28,7 +28,8 @@ Result = Tuple[PublishedRun, float, float, Optional[bool], float]  # run, predic
 
 def layout_text(run: PublishedRun) -> str:
     layout = run.config.layout
-    parts = [f"dp{layout.dp_replicate * (layout.dp_shard or 1)}"]
+    shard = layout.dp_shard or 1
+    parts = [f"dp{layout.dp_replicate}x{shard}" if layout.dp_replicate > 1 else f"dp{shard}"]
     parts += [f"{name}{getattr(layout, name)}" for name in ("tp", "pp", "cp") if getattr(layout, name) > 1]
     if layout.pp_virtual_stages > 1:
         parts.append(f"vp{layout.pp_virtual_stages}")

@@ -100,6 +100,40 @@ def _foundry(accelerator: str, peak: float, inter_node_gbps: float = 0.0) -> Cal
     return mapping
 
 
+# ------------------------------------------------------------------------------------- fms-fsdp (fsdp)
+# Llama-2 shapes from the HF config (meta-llama/Llama-2-7b-hf). MFU: 6N + 12·L·h·T with N every parameter, the
+# harness's flop_attention=full with the lm_head.
+_LLAMA2 = {"llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                             num_key_value_heads=32)}
+_FMS_PEAK = {"a100_sxm": 312e12, "h100_sxm": 989e12}
+
+
+def fms_config(row: Row) -> RunConfig:
+    """IBM's FSDP runs (HSDP: shard within a node, replicate across nodes) as the harness's Accelerate FSDP with
+    ZeRO-3 sharding over dp_shard and torch.compile. The runs were FSDP1 + compile, a pair the harness refuses
+    (it compiles blocks before sharding, which FSDP1's flat parameters replace): FSDP2 stands in, the same
+    per-block gathers and reduce-scatters."""
+    if row["model"] not in _LLAMA2 or row["sharding"] != "HSDP":
+        raise ValueError(f"fms-fsdp table: model={row['model']!r} sharding={row['sharding']!r} has no mapping here")
+    hf = dict(model_type="llama", vocab_size=32000, max_position_embeddings=int(row["seq_len"]), rms_norm_eps=1e-5,
+              tie_word_embeddings=False, attn_implementation="sdpa", **_LLAMA2[row["model"]])
+    gpus = int(row["gpus"])
+    layout = LayoutConfig(name=None, dp_shard=min(8, gpus), dp_replicate=max(1, gpus // 8), zero_stage=3,
+                          micro_batch=int(row["micro_batch"]), grad_accum=int(row["grad_accum"]),
+                          seq_len=int(row["seq_len"]), activation_checkpointing=row["checkpointing"],
+                          precision="bf16")
+    return RunConfig(model=ModelConfig(name=row["model"], hf_config=hf),
+                     engine=engine_config("fsdp", fsdp_version=2, compile=row["compile"] == "true"), layout=layout,
+                     cluster=_cluster(gpus, row["accelerator"], float(row["inter_node_gbps"])),
+                     launcher=_launcher(gpus), bench=BenchConfig(flop_attention="full", flop_include_lm_head=True))
+
+
+def _fms(row: Row) -> Tuple:
+    label = f"{row['model']} {row['accelerator']} gpus={row['gpus']} {row['sharding']} mb={row['micro_batch']}"
+    measured = float(row["tokens_per_s_per_gpu"])
+    return label, fms_config(row), measured, float(row["mfu"]) * _FMS_PEAK[row["accelerator"]] / measured, None
+
+
 # ------------------------------------------------------------------------------- dgxc-benchmarking (megatron)
 # Llama 3.1 shapes from the HF configs (meta-llama/Llama-3.1-{8B,70B,405B}); layers, query groups and vocabulary
 # come from the row (the 405b proxies run fewer layers; NeMo's 24.12 405b yaml runs 16 query groups and the GPT-2
@@ -222,6 +256,7 @@ TABLES: Dict[str, Table] = {
     "llm_foundry_a100_80gb": Table(DATA / "llm_foundry_a100_80gb_bf16.csv", "fsdp", _foundry("a100_sxm", 312e12, 200)),
     "llm_foundry_a100_40gb": Table(DATA / "llm_foundry_a100_40gb_bf16.csv", "fsdp",
                                    _foundry("a100_sxm_40gb", 312e12, 200)),
+    "fms_fsdp": Table(DATA / "fms_fsdp_bf16.csv", "fsdp", _fms),
     "dgxc_h100": Table(DATA / "dgxc_h100_bf16.csv", "megatron_lm", _dgxc),
     "dgxc_h100_nemo2": Table(DATA / "dgxc_h100_nemo2_bf16.csv", "megatron_lm", _dgxc),
     "automodel_h100": Table(DATA / "automodel_h100_bf16.csv", "nd", _automodel),
