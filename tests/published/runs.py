@@ -3,8 +3,9 @@ names its source and its conventions), one mapping per table onto a RunConfig, a
 tests, the bench and calibration share.
 
 Only `make_plan` is asked about a run: nothing here launches. A table's tokens/s per GPU is convention-free; where
-it also gives model FLOPs (an MFU or TFLOP/s column), `table_flops_per_token` recovers its FLOPs per token and
-`flop_convention` says which harness convention (BenchConfig.flop_attention, flop_include_lm_head) it matches."""
+it also gives model FLOPs (an MFU or TFLOP/s column), `table_flops_per_token` is the FLOPs per token that column
+implies, and each mapping sets the harness's FLOP convention (BenchConfig.flop_attention, flop_include_lm_head) to
+the table's, so that the plan's flops_per_token can be checked against it."""
 
 from __future__ import annotations
 
