@@ -1,71 +1,77 @@
-"""The time model against a public throughput table: llm-foundry's MPT runs on H100 with FSDP.
+"""The time model against every public throughput table (tests/data/*.csv, mapped by tests.published.runs): one
+test per table printing each row and the median and max |error|, and, where a table gives model FLOPs, a check
+that the harness's FLOPs per token under the table's convention agree with the table's (a mis-mapped shape
+shows there first).
 
-Throughput (tokens/s per GPU) is convention-free, so no FLOP normalisation is needed to compare it; the
-MFU column uses llm-foundry's convention (6N + 12·L·d·T, the full attention matrix, N with the tied
-embedding), which is the harness's `flop_attention=full` with the lm_head: both are checked."""
+Throughput (tokens/s per GPU) is convention-free, so no FLOP normalisation is needed to compare it. The error
+bounds record where the model stands today, not the goal (median <= 7 %, max <= 15 % per engine): tighten
+them as the model improves."""
 
 from __future__ import annotations
 
-import csv
 import statistics
-from pathlib import Path
 
 import pytest
 
-from harness.config.schema import BenchConfig, ClusterConfig, EngineConfig, LayoutConfig, ModelConfig, RunConfig
 from harness.plan.planner import make_plan
+from tests.published.runs import TABLES, PublishedRun, predicted_tokens_per_s_per_gpu, prediction_error, published_runs
 
-TABLE = Path(__file__).resolve().parents[2] / "data" / "llm_foundry_h100_bf16.csv"
-
-
-def rows():
-    with TABLE.open() as f:
-        return list(csv.DictReader(line for line in f if not line.startswith("#")))
-
-
-def mpt_config(row) -> RunConfig:
-    """MPT as GPT-2-shaped transformers config: learned positions, GELU MLP x4, tied embeddings, no dropout."""
-    hf = dict(model_type="gpt2", n_embd=int(row["d_model"]), n_head=int(row["n_heads"]), n_layer=int(row["n_layers"]),
-              n_positions=int(row["seq_len"]), vocab_size=50368, tie_word_embeddings=True,
-              # MPT ran FlashAttention-2; torch SDPA runs the same kernels on H100 (and, unlike
-              # "flash_attention_2", builds without the flash-attn package on this machine)
-              attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    gpus = int(row["gpus"])
-    return RunConfig(
-        model=ModelConfig(name=f"mpt-{row['model']}", hf_config=hf), engine=EngineConfig(name="fsdp"),
-        layout=LayoutConfig(dp_shard=gpus, zero_stage=3, micro_batch=int(row["micro_batch"]),
-                            grad_accum=int(row["grad_accum"]), seq_len=int(row["seq_len"]),
-                            activation_checkpointing=row["checkpointing"], precision="bf16"),
-        cluster=ClusterConfig(name="h100", nodes=max(1, gpus // 8), accelerators_per_node=min(8, gpus),
-                              accelerator="h100_sxm", host_memory_gib=2048),
-        bench=BenchConfig(flop_attention="full"))
+# table -> (median |error|, max |error|) bounds: the current state plus headroom, not a target met.
+BOUNDS = {
+    "llm_foundry_h100": (0.40, 0.85),
+    "llm_foundry_h100_large": (0.35, 0.50),
+    "llm_foundry_a100_80gb": (0.30, 0.70),
+    "llm_foundry_a100_40gb": (0.25, 0.70),
+    "dgxc_h100": (0.30, 0.45),
+    "dgxc_h100_nemo2": (0.30, 0.45),
+    "fms_fsdp": (0.50, 0.50),
+    "automodel_h100": (0.70, 0.70),
+}
 
 
-def predictions():
-    out = []
-    for row in rows():
-        plan = make_plan(mpt_config(row))
-        gpus = int(row["gpus"])
-        out.append((row, plan, plan.tokens_per_s / gpus / float(row["tokens_per_s_per_gpu"]) - 1))
-    return out
+def test_every_table_has_bounds():
+    assert set(BOUNDS) == set(TABLES)
 
 
-def test_flop_conventions_agree_with_the_table():
-    # the table's MFU / its throughput fixes its FLOPs per token; ours under flop_attention=full must match
-    for row, plan, _ in predictions():
-        theirs = float(row["mfu"]) * 989.5e12 / float(row["tokens_per_s_per_gpu"])
-        assert plan.flops_per_token == pytest.approx(theirs, rel=0.03), row["model"]
+@pytest.mark.parametrize("table", list(TABLES))
+def test_flop_conventions_agree_with_the_table(table):
+    # the table's MFU (or TFLOP/s) over its throughput fixes its FLOPs per token; ours under the table's
+    # convention must match
+    runs = [run for run in published_runs(table) if run.table_flops_per_token is not None]
+    assert runs, f"{table} gives no model FLOPs"
+    for run in runs:
+        ours = make_plan(run.flop_config or run.config).flops_per_token
+        assert ours == pytest.approx(run.table_flops_per_token, rel=0.03), run.label
 
 
-def test_throughput_error_on_the_table(capsys):
+def report(runs: list[PublishedRun]) -> list[float]:
     errors = []
-    for row, plan, error in predictions():
-        errors.append(abs(error))
-        print(f"mpt-{row['model']} T={row['seq_len']} gpus={row['gpus']} ckpt={row['checkpointing']}: "
-              f"{row['tokens_per_s_per_gpu']} measured, {plan.tokens_per_s / int(row['gpus']):.0f} predicted "
-              f"tokens/s/GPU ({error:+.0%}); MFU {row['mfu']} vs {plan.predicted_mfu:.3f}")
+    for run in runs:
+        plan = make_plan(run.config)
+        predicted, error = predicted_tokens_per_s_per_gpu(run, plan), prediction_error(run, plan)
+        errors.append(error)
+        print(f"{run.label}: {run.tokens_per_s_per_gpu:.0f} measured, {predicted:.0f} predicted tokens/s/GPU "
+              f"({error:+.0%})")
+    return errors
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+def test_throughput_error_on_the_table(table, capsys):
+    errors = [abs(e) for e in report(published_runs(table))]
     median, worst = statistics.median(errors), max(errors)
-    print(f"median |error| {median:.0%}, max {worst:.0%}")
-    # The model is optimistic on this table (it knows no kernel or framework inefficiency beyond the
-    # matmul and attention efficiencies); these bounds record where it stands, not a target met.
-    assert median <= 0.40 and worst <= 0.80
+    print(f"{table}: {len(errors)} rows, median |error| {median:.0%}, max {worst:.0%}")
+    bound_median, bound_max = BOUNDS[table]
+    assert median <= bound_median and worst <= bound_max
+
+
+def test_published_layouts_plan_as_fitting(capsys):
+    # every published row ran on its GPUs, so a plan that does not fit is a miss of the memory model; the
+    # bound records how many miss today (the goal is none), so that it can only shrink
+    misses = []
+    for run in published_runs():
+        plan = make_plan(run.config)
+        if plan.fits is False:
+            misses.append(run)
+            print(f"{run.table}: {run.label}: {plan.memory.total_bytes / 2**30:.1f} GiB planned per rank")
+    print(f"{len(misses)} published runs plan as not fitting")
+    assert len(misses) <= 115

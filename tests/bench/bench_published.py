@@ -1,0 +1,96 @@
+"""Benchmark: the time model against every published GPU run (tests/data/*.csv, mapped by tests.published.runs).
+
+Prints one line per row (table, engine, model and layout, measured and predicted tokens/s per GPU, the error,
+and whether the plan fits the device: every row ran, so "no" is a memory-model miss), then the median and max
+|error| per table and per engine, and the worst rows.
+
+    python tests/bench/bench_published.py                 # every table
+    python tests/bench/bench_published.py --table dgxc_h100
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from harness.plan.planner import GIB, make_plan  # noqa: E402
+from tests.published.runs import (TABLES, PublishedRun, predicted_tokens_per_s_per_gpu, prediction_error,  # noqa: E402
+                                  published_runs)
+
+Result = Tuple[PublishedRun, float, float, Optional[bool], float]  # run, predicted, error, fits, GiB per rank
+
+
+def layout_text(run: PublishedRun) -> str:
+    layout = run.config.layout
+    shard = layout.dp_shard or 1
+    parts = [f"dp{layout.dp_replicate}x{shard}" if layout.dp_replicate > 1 else f"dp{shard}"]
+    parts += [f"{name}{getattr(layout, name)}" for name in ("tp", "pp", "cp") if getattr(layout, name) > 1]
+    if layout.pp_virtual_stages > 1:
+        parts.append(f"vp{layout.pp_virtual_stages}")
+    parts += [f"z{layout.zero_stage}", f"mb{layout.micro_batch}", f"ga{layout.grad_accum}", f"T{layout.seq_len}"]
+    if layout.activation_checkpointing != "none":
+        parts.append(f"ckpt={layout.activation_checkpointing}")
+    if run.config.engine.sequence_parallel:
+        parts.append("sp")
+    return " ".join(parts)
+
+
+def evaluate(runs: List[PublishedRun]) -> List[Result]:
+    results = []
+    for run in runs:
+        plan = make_plan(run.config)
+        results.append((run, predicted_tokens_per_s_per_gpu(run, plan), prediction_error(run, plan), plan.fits,
+                        plan.memory.total_bytes / GIB))
+    return results
+
+
+def summary(label: str, errors: List[float]) -> str:
+    absolute = [abs(e) for e in errors]
+    signed = statistics.median(errors)
+    return (f"{label:<34} {len(errors):>4} rows  median |error| {statistics.median(absolute):6.1%}  "
+            f"max {max(absolute):6.1%}  median signed {signed:+6.1%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table", choices=list(TABLES), help="one table only")
+    parser.add_argument("--worst", type=int, default=10, help="how many of the worst rows to list again")
+    args = parser.parse_args()
+    results = evaluate(published_runs(args.table))
+
+    print(f"{'table':<24} {'engine':<12} {'run':<58} {'layout':<46} {'measured':>9} {'predicted':>9} "
+          f"{'error':>7} {'fits':>4} {'GiB':>6}")
+    for run, predicted, error, fits, gib in results:
+        fit = "?" if fits is None else ("yes" if fits else "no")
+        print(f"{run.table:<24} {run.engine:<12} {run.label:<58} {layout_text(run):<46} "
+              f"{run.tokens_per_s_per_gpu:>9.0f} {predicted:>9.0f} {error:>+7.1%} {fit:>4} {gib:>6.1f}")
+
+    by_table: Dict[str, List[float]] = defaultdict(list)
+    by_engine: Dict[str, List[float]] = defaultdict(list)
+    for run, _, error, _, _ in results:
+        by_table[run.table].append(error)
+        by_engine[run.engine].append(error)
+    print("\nper table (error = predicted / measured - 1: positive = optimistic)")
+    for table, errors in by_table.items():
+        print(summary(f"{table} [{TABLES[table].engine}]", errors))
+    print("per engine")
+    for engine, errors in by_engine.items():
+        print(summary(engine, errors))
+    print(summary("all", [error for _, _, error, _, _ in results]))
+    misfits = [r for r in results if r[3] is False]
+    print(f"planned as not fitting though they ran: {len(misfits)} of {len(results)}")
+
+    print(f"\nworst {args.worst} rows by |error|")
+    for run, predicted, error, _, _ in sorted(results, key=lambda r: -abs(r[2]))[:args.worst]:
+        print(f"  {error:+7.1%}  {run.table}: {run.label} [{layout_text(run)}] "
+              f"{run.tokens_per_s_per_gpu:.0f} measured, {predicted:.0f} predicted")
+
+
+if __name__ == "__main__":
+    main()
