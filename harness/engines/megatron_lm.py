@@ -138,6 +138,8 @@ def _parallel_flags(spec: ModelSpec, cfg: RunConfig) -> Flags:
         flags["--recompute-granularity"] = "selective"
     elif layout.activation_checkpointing == "full":
         flags.update({"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": 1})
+    if engine.grad_reduce_in_bf16 and layout.precision in ("bf16", "fp8"):
+        flags["--grad-reduce-in-bf16"] = True
     if layout.precision == "bf16":
         flags["--bf16"] = True
     elif layout.precision == "fp16":
