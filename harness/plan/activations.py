@@ -436,6 +436,31 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
                             share * quadratic, e * h * max(1, spec.hyper_streams), share * mask)
 
 
+def down_projection_inputs(spec: ModelSpec) -> float:
+    """Elements per token the MLPs' down projections read, averaged over the layers as moe_and_mlp_activations
+    averages their MLPs: k routed experts' and the shared or dense MLP's intermediate outputs."""
+    mlps = spec.layer_mlps or ((spec.num_experts, spec.ffn_size if spec.is_moe else 0,
+                                spec.shared_ffn_size if spec.is_moe else spec.ffn_size),)
+    return sum((spec.experts_per_token * ffn if experts else 0) + always_on
+               for experts, ffn, always_on in mlps) / len(mlps)
+
+
+def te_fp8_saved_inputs(spec: ModelSpec, act: LayerActivations, e: int, seq_len: int) -> LayerActivations:
+    """A Megatron-LM layer under Transformer Engine's FP8 (layout.precision=fp8 on megatron_lm): each Linear saves
+    its input quantized, one byte an element, where a 16-bit run saves the compute-dtype tensor (TE
+    pytorch/module/linear.py: under fp8 the saved `inputmat` is input_quantizer's output, with sequence parallelism
+    the local shard it gathers again in backward; LayerNormLinear saves its normalised output the same way). The
+    QKV and fc1 inputs and every down projection's input (the activation's product) drop from e bytes to 1; the
+    output projection keeps a 1-byte copy of the attention output beside the one the fused attention keeps for its
+    own backward (in 16 bits they are one tensor). Norm inputs, Q / K / V, the fc1 output the activation reads
+    and the softmax statistics stay in the compute dtype."""
+    a, _, q_width, _ = spec.mean_attention()
+    out = q_width if spec.attention_heads else a * (spec.v_head_dim or spec.head_dim)
+    _, _, inputs, share = mixer_mix(spec, e, seq_len, 0.0)
+    return act._replace(linear_inputs=act.linear_inputs - (e - 1) * inputs * spec.hidden_size,
+                        sharded=act.sharded + share * out - (e - 1) * down_projection_inputs(spec))
+
+
 def mixer_mix(spec: ModelSpec, e: int, seq_len: int, attention: float) -> Tuple[float, float, float, float]:
     """(replicated, sharded, projection inputs of the hidden size, share of softmax-attention layers): the mean
     over the layers of each layer's token mixer, as moe_and_mlp_activations averages their MLPs. A softmax-
@@ -661,6 +686,8 @@ def token_activations(spec: ModelSpec, profile: str, precision: str, on_cpu: boo
         return hit[1]
     e = COMPUTE_BYTES[precision]
     act = layer_activations(spec, profile, e, e if on_cpu else 1, on_cpu, seq_len)  # CPU dropout mask in dtype
+    if profile == "megatron" and precision == "fp8":
+        act = te_fp8_saved_inputs(spec, act, e, seq_len)
     sp = tp if sequence_parallel else 1
     ends = act.boundary / sp + act.linear_inputs / sp_saved_divisor(profile, tp, sequence_parallel)
     # Keys per query: the whole sequence (ring attention visits every key block; with CP the s^2 term
