@@ -187,6 +187,10 @@ class EngineConfig:
     def loss_parallel(self) -> bool:
         return False
 
+    @property
+    def grad_reduce_in_bf16(self) -> bool:
+        return False
+
 
 @dataclass
 class DeepSpeedOptions(EngineConfig):
@@ -215,6 +219,10 @@ class MegatronOptions(EngineConfig):
     name: EngineName = EngineName.megatron_lm
     # Megatron's --sequence-parallel on the tensor-parallel axis.
     sequence_parallel: bool = False
+    # Megatron's --grad-reduce-in-bf16 (bf16 / fp8 runs): gradients accumulated and reduced in bf16, 2 bytes a
+    # parameter where Megatron-LM's default keeps fp32 main gradients (4); NeMo's and Megatron-Bridge's performance
+    # recipes run with it (grad_reduce_in_fp32=False).
+    grad_reduce_in_bf16: bool = False
 
 
 # The option dataclass of each engine; the `engine` group's files select theirs by this name.

@@ -138,6 +138,8 @@ def _parallel_flags(spec: ModelSpec, cfg: RunConfig) -> Flags:
         flags["--recompute-granularity"] = "selective"
     elif layout.activation_checkpointing == "full":
         flags.update({"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": 1})
+    if engine.grad_reduce_in_bf16 and layout.precision in ("bf16", "fp8"):
+        flags["--grad-reduce-in-bf16"] = True
     if layout.precision == "bf16":
         flags["--bf16"] = True
     elif layout.precision == "fp16":
@@ -403,6 +405,9 @@ def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     warnings: List[str] = []
     if cfg.engine.sequence_parallel and cfg.layout.tp == 1:
         warnings.append("engine.sequence_parallel with tp=1: Megatron disables it")
+    if cfg.engine.grad_reduce_in_bf16 and cfg.layout.precision not in ("bf16", "fp8"):
+        warnings.append(f"engine.grad_reduce_in_bf16 with precision={cfg.layout.precision}: no effect (it applies "
+                        "to bf16 and fp8 runs; the export does not render it)")
     window: Optional[int] = cfg.model.hf_config.get("sliding_window")
     if window is not None and spec.model_type != "qwen2" and window < cfg.layout.seq_len:
         warnings.append(f"sliding_window={window} < seq_len={cfg.layout.seq_len}: the export has no window flag")

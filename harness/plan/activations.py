@@ -15,6 +15,10 @@ from harness.plan.support import ENGINE_SUPPORT
 # Korthikanti et al. 2022 (norms save their input only, softmax in the compute dtype).
 PROFILES = ("hf", "megatron")
 
+# Schedules whose peak is replayed stage by stage (staged_moments): a rank's local stages differ in what they
+# save (the first stage's embedding, the last one's head and loss, uneven splits) and in how many chunks each holds.
+STAGED_SCHEDULES = ("Interleaved1F1B", *SPLIT_BACKWARD)
+
 
 class LayerActivations(NamedTuple):
     """Bytes one decoder layer saves per token (one micro-batch), split by how TP/SP divide them."""
@@ -432,6 +436,31 @@ def layer_activations(spec: ModelSpec, profile: str, dtype_bytes: int, mask_byte
                             share * quadratic, e * h * max(1, spec.hyper_streams), share * mask)
 
 
+def down_projection_inputs(spec: ModelSpec) -> float:
+    """Elements per token the MLPs' down projections read, averaged over the layers as moe_and_mlp_activations
+    averages their MLPs: k routed experts' and the shared or dense MLP's intermediate outputs."""
+    mlps = spec.layer_mlps or ((spec.num_experts, spec.ffn_size if spec.is_moe else 0,
+                                spec.shared_ffn_size if spec.is_moe else spec.ffn_size),)
+    return sum((spec.experts_per_token * ffn if experts else 0) + always_on
+               for experts, ffn, always_on in mlps) / len(mlps)
+
+
+def te_fp8_saved_inputs(spec: ModelSpec, act: LayerActivations, e: int, seq_len: int) -> LayerActivations:
+    """A Megatron-LM layer under Transformer Engine's FP8 (layout.precision=fp8 on megatron_lm): each Linear saves
+    its input quantized, one byte an element, where a 16-bit run saves the compute-dtype tensor (TE
+    pytorch/module/linear.py: under fp8 the saved `inputmat` is input_quantizer's output, with sequence parallelism
+    the local shard it gathers again in backward; LayerNormLinear saves its normalised output the same way). The
+    QKV and fc1 inputs and every down projection's input (the activation's product) drop from e bytes to 1; the
+    output projection keeps a 1-byte copy of the attention output beside the one the fused attention keeps for its
+    own backward (in 16 bits they are one tensor). Norm inputs, Q / K / V, the fc1 output the activation reads
+    and the softmax statistics stay in the compute dtype."""
+    a, _, q_width, _ = spec.mean_attention()
+    out = q_width if spec.attention_heads else a * (spec.v_head_dim or spec.head_dim)
+    _, _, inputs, share = mixer_mix(spec, e, seq_len, 0.0)
+    return act._replace(linear_inputs=act.linear_inputs - (e - 1) * inputs * spec.hidden_size,
+                        sharded=act.sharded + share * out - (e - 1) * down_projection_inputs(spec))
+
+
 def mixer_mix(spec: ModelSpec, e: int, seq_len: int, attention: float) -> Tuple[float, float, float, float]:
     """(replicated, sharded, projection inputs of the hidden size, share of softmax-attention layers): the mean
     over the layers of each layer's token mixer, as moe_and_mlp_activations averages their MLPs. A softmax-
@@ -527,23 +556,63 @@ def inflight_microbatches(schedule: str, pp: int, virtual_stages: int, microbatc
     if schedule == "1F1B":
         return float(min(p - rank, m))  # PipeDream-Flush: rank r warms up p - r (Narayanan et al. 2021)
     if schedule == "Interleaved1F1B":
-        # torch's interleaved warm-up: (v-1)·per_round + 2·(p-1-r) model chunks, plus the steady one;
-        # each chunk is 1/v of the rank's layers (Korthikanti et al. 2022: rank 0 holds L·(1+(p-1)/(p·v))).
-        per_round = m // max(1, m // p)
-        chunks = min((v - 1) * per_round + 2 * (p - 1 - rank) + 1, m * v)
-        return chunks / v
-    if schedule in SPLIT_BACKWARD:
+        # the warm-up forwards plus the steady one (interleaved_warmup); each chunk is 1/v of the rank's layers
+        # (Korthikanti et al. 2022: rank 0 holds L·(1+(p-1)/(p·v)))
+        return min(interleaved_warmup(p, v, m, rank) + 1, m * v) / v
+    if schedule in STAGED_SCHEDULES:
         moments = distinct_moments(schedule, p, v, m, rank)
         return max(sum(counts) for counts, _ in moments) / len(moments[0][0])
     raise ValueError(f"pp_schedule={schedule!r} is not a known schedule")
 
 
+def interleaved_round(pp: int, microbatches: int) -> int:
+    """Micro-batches an interleaved schedule runs through one local stage before the next: torch's
+    microbatches_per_round = m // max(1, m // p); Megatron-LM's microbatch_group_size_per_vp_stage, p by default
+    (the two agree where Megatron's rule m % p == 0 holds)."""
+    return microbatches // max(1, microbatches // pp)
+
+
+def interleaved_warmup(pp: int, virtual_stages: int, microbatches: int, rank: int) -> int:
+    """Forwards interleaved 1F1B runs on `rank` before its first backward: (v-1)·round + 2·(p-1-r), capped at the
+    m·v chunks of the step (Megatron-LM, core/pipeline_parallel/schedules.py get_pp_rank_microbatches; torch's
+    ScheduleInterleaved1F1B warm-up)."""
+    return min((virtual_stages - 1) * interleaved_round(pp, microbatches) + 2 * (pp - 1 - rank),
+               microbatches * virtual_stages)
+
+
+def interleaved_moments(pp: int, virtual_stages: int, microbatches: int,
+                        rank: int) -> Tuple[Tuple[Tuple[int, ...], int], ...]:
+    """The moments interleaved 1F1B's peak can fall on, for one rank, as split_backward_moments gives them: (chunks
+    held by each local stage; chunks of the pipeline's last stage holding the loss). After the warm-up every step
+    runs one forward, then one backward that frees a whole chunk (loss included); forward j runs local stage
+    (j // round) % v, backward b local stage v-1-(b // round) % v (Megatron-LM's get_model_chunk_id, torch's
+    forward_stage_index / backward_stage_index). The peak follows a forward: warm-up + 1 chunks, spread over the
+    local stages in the order the rounds visit them, so a heavier first or last stage counts by its own chunks."""
+    m, p, v, r = microbatches, pp, virtual_stages, rank
+    per_round, warmup = interleaved_round(p, m), interleaved_warmup(p, v, m, r)
+    counts, moments = [0] * v, []
+    for j in range(m * v):
+        counts[(j // per_round) % v] += 1
+        moments.append((tuple(counts), counts[v - 1] if r == p - 1 else 0))
+        if j >= warmup:
+            counts[v - 1 - ((j - warmup) // per_round) % v] -= 1
+    return tuple(moments)
+
+
+def staged_moments(schedule: str, pp: int, virtual_stages: int, microbatches: int,
+                   rank: int) -> Tuple[Tuple[Tuple[int, ...], int], ...]:
+    """The replayed moments of a STAGED_SCHEDULES schedule."""
+    if schedule == "Interleaved1F1B":
+        return interleaved_moments(pp, virtual_stages, microbatches, rank)
+    return split_backward_moments(schedule, pp, virtual_stages, microbatches, rank)
+
+
 @lru_cache(maxsize=4096)
 def distinct_moments(schedule: str, pp: int, virtual_stages: int, microbatches: int,
                      rank: int) -> Tuple[Tuple[Tuple[int, ...], int], ...]:
-    """split_backward_moments without repeats (the peak is a maximum over them), memoised: a steady
+    """staged_moments without repeats (the peak is a maximum over them), memoised: a steady
     schedule repeats the same holdings once per micro-batch."""
-    return tuple(dict.fromkeys(split_backward_moments(schedule, pp, virtual_stages, microbatches, rank)))
+    return tuple(dict.fromkeys(staged_moments(schedule, pp, virtual_stages, microbatches, rank)))
 
 
 def split_backward_moments(schedule: str, pp: int, virtual_stages: int, microbatches: int,
@@ -571,7 +640,7 @@ def split_backward_moments(schedule: str, pp: int, virtual_stages: int, microbat
         return (((2 * p - r, r + 1), int(r == 0)),)
     if schedule != "InterleavedZeroBubble":
         raise ValueError(f"pp_schedule={schedule!r} does not split its backward")
-    per_round = m // max(1, m // p)
+    per_round = interleaved_round(p, m)
     warmup = min((v - 1) * per_round + p - 1 - r, m * v)
     loss_stage = v - 1 if r == p - 1 else -1
 
@@ -617,6 +686,8 @@ def token_activations(spec: ModelSpec, profile: str, precision: str, on_cpu: boo
         return hit[1]
     e = COMPUTE_BYTES[precision]
     act = layer_activations(spec, profile, e, e if on_cpu else 1, on_cpu, seq_len)  # CPU dropout mask in dtype
+    if profile == "megatron" and precision == "fp8":
+        act = te_fp8_saved_inputs(spec, act, e, seq_len)
     sp = tp if sequence_parallel else 1
     ends = act.boundary / sp + act.linear_inputs / sp_saved_divisor(profile, tp, sequence_parallel)
     # Keys per query: the whole sequence (ring attention visits every key block; with CP the s^2 term
@@ -654,8 +725,8 @@ def rank_activation_bytes(tok: TokenActivations, layout: Any, rank: int, layers:
     tokens = layout.micro_batch * (layout.seq_len // layout.cp)
     out = tok.outside
     recompute = int(tokens * tok.recompute)
-    if layout.pp > 1 and layout.pp_schedule in SPLIT_BACKWARD:
-        return split_backward_bytes(tok, layout, rank, layers, tokens), recompute
+    if layout.pp > 1 and layout.pp_schedule in STAGED_SCHEDULES:
+        return staged_bytes(tok, layout, rank, layers, tokens), recompute
     one_microbatch = (tokens * (layers * tok.layer + (out.first_per_token if first else 0)
                                 + (out.last_per_token if last else 0))
                       + out.per_stage + (out.last_constant if last else 0))
@@ -664,9 +735,9 @@ def rank_activation_bytes(tok: TokenActivations, layout: Any, rank: int, layers:
     return int(inflight * one_microbatch), recompute
 
 
-def split_backward_bytes(tok: TokenActivations, layout: Any, rank: int, layers: int, tokens: int) -> int:
-    """Peak over split_backward_moments of the chunks each local stage holds, each stage weighed by its
-    own layers and outside-layer tensors; the loss part counts only until the input pass."""
+def staged_bytes(tok: TokenActivations, layout: Any, rank: int, layers: int, tokens: int) -> int:
+    """Peak over staged_moments of the chunks each local stage holds, each stage weighed by its own layers and
+    outside-layer tensors; the loss part counts until the backward frees it (the input pass where it is split)."""
     p, v, out = layout.pp, layout.pp_virtual_stages, tok.outside
     stages = rank_stages(layout.pp_schedule, p, v, rank)
     explicit = list(layout.pp_stage_layers)

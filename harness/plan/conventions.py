@@ -39,6 +39,12 @@ class StateConvention:
     # unit); False: only for parameters the backward reaches (FSDP2 leaves .grad None and torch's AdamW
     # creates no state without a gradient, measured).
     states_for_untrained: bool = True
+    # States held in buffers allocated once, at their exact size, for the whole run (Megatron-LM: its
+    # DistributedDataParallel keeps every parameter and gradient in one contiguous buffer per dtype, its
+    # communication buckets being views of it, core/distributed/param_and_grad_buffer.py _ParamAndGradBuffer; the
+    # optimizer's fp32 shards and Adam state are allocated once and never freed). The allocator cannot fragment
+    # them, so the memory allowance's fraction leaves them out (harness.plan.memory.allowance_bytes).
+    preallocated: bool = False
 
 
 # The one table. Keys: (engine, precision) or, for stage-specific behaviour, (engine, precision, stage).
@@ -72,9 +78,9 @@ STATE_CONVENTIONS: Dict[Union[Tuple[str, str], Tuple[str, str, int]], StateConve
     ("nd", "fp16"): StateConvention(4, 4, 0, 8, param_shard_stage=2, partition="dim0", states_for_untrained=False),
     ("nd", "fp32"): StateConvention(4, 4, 0, 8, working=4, param_shard_stage=2, partition="dim0",
                                        states_for_untrained=False),
-    ("megatron_lm", "bf16"): StateConvention(2, 4, 4, 8),
-    ("megatron_lm", "fp16"): StateConvention(2, 2, 4, 8, optimizer_grad=4),
-    ("megatron_lm", "fp32"): StateConvention(4, 4, 0, 8, working=4),
+    ("megatron_lm", "bf16"): StateConvention(2, 4, 4, 8, preallocated=True),
+    ("megatron_lm", "fp16"): StateConvention(2, 2, 4, 8, optimizer_grad=4, preallocated=True),
+    ("megatron_lm", "fp32"): StateConvention(4, 4, 0, 8, working=4, preallocated=True),
 }
 
 # fp8 keeps bf16's states: torchao's Float8Linear holds the high-precision weight and casts it per GEMM,
@@ -84,12 +90,17 @@ STATE_CONVENTIONS.update({(key[0], "fp8", *key[2:]): conv for key, conv in list(
                           if key[1] == "bf16"})
 
 
-def state_convention(engine: str, precision: str, zero_stage: int, fsdp_version: int = 2) -> Optional[StateConvention]:
+def state_convention(engine: str, precision: str, zero_stage: int, fsdp_version: int = 2,
+                     grad_reduce_in_bf16: bool = False) -> Optional[StateConvention]:
     """The table entry for this engine, precision and stage (stage-specific entries win); FSDP1 keeps
-    the same bytes per parameter as FSDP2 but partitions flat parameters."""
+    the same bytes per parameter as FSDP2 but partitions flat parameters. Megatron-LM's --grad-reduce-in-bf16
+    makes its gradient buffer bf16 in a bf16 / fp8 run (arguments.py: accumulate_allreduce_grads_in_fp32 off, the
+    buffer in the parameters' dtype): 2 + 2 + 12/d bytes a parameter, where the table's row is 2 + 4 + 12/d."""
     conv = STATE_CONVENTIONS.get((engine, precision, zero_stage)) or STATE_CONVENTIONS.get((engine, precision))
     if conv is not None and engine == "fsdp" and fsdp_version == 1:
         conv = replace(conv, partition="flat", states_for_untrained=True)
+    if conv is not None and engine == "megatron_lm" and grad_reduce_in_bf16 and precision in ("bf16", "fp8"):
+        conv = replace(conv, grad=2)
     return conv
 
 

@@ -7,6 +7,7 @@ from typing import Any, Dict
 
 from harness.plan.activations import layout_token_activations, rank_activation_bytes
 from harness.plan.compute_time import layer_gemms
+from harness.plan.conventions import state_convention
 from harness.plan.regime import fp8_scaling_state_bytes
 from harness.plan.model_spec import ModelSpec
 from harness.plan.records import build
@@ -16,7 +17,8 @@ from harness.plan.states import rank_states
 @dataclass(frozen=True)
 class Allowance:
     """Head-room on top of the predicted bytes: allocator fragmentation, communication buckets,
-    workspace (a fraction of the prediction), plus a fixed amount per rank (CUDA context, NCCL)."""
+    workspace (a fraction of what the allocator hands out and takes back: allowance_bytes), plus a fixed
+    amount per rank (CUDA context, NCCL)."""
 
     fraction: float = 0.10
     fixed_bytes: int = 0
@@ -64,18 +66,22 @@ def memory_per_rank(spec: ModelSpec, layout: Any, engine: Any, accelerator: str,
     passed validation.
     """
     tok = layout_token_activations(spec, layout, engine, accelerator)
+    conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version,
+                            engine.grad_reduce_in_bf16)
     best = None
-    for st in rank_states(spec, layout, engine.name, engine.fsdp_version):
+    for st in rank_states(spec, layout, engine.name, engine.fsdp_version, engine.grad_reduce_in_bf16):
         # weight-shared stacks (HRM, pp = 1 by validation): each run with gradient saves its layer's activations
         saved = spec.saved_layer_runs if spec.layer_runs else st.layers
         activations, recompute = rank_activation_bytes(tok, layout, st.rank, saved, st.first, st.last)
         scaling = fp8_scaling_bytes(spec, layout, engine.name, st.layers)
         predicted = (st.param + st.grad + st.master + st.moments + st.optimizer_grad + st.gathered
                      + st.accumulated_grad + activations + recompute + scaling)
-        if best is None or predicted > best[0]:
-            best = (predicted, activations, recompute, st, scaling)
-    predicted, activations, recompute, st, scaling = best
-    extra = int(allowance.fraction * predicted) + allowance.fixed_bytes
+        preallocated = (st.param + st.grad + st.master + st.moments + st.optimizer_grad + scaling
+                        if conv is not None and conv.preallocated else 0)
+        extra = allowance_bytes(allowance, predicted, preallocated)
+        if best is None or predicted + extra > best[0] + best[1]:
+            best = (predicted, extra, activations, recompute, st, scaling)
+    predicted, extra, activations, recompute, st, scaling = best
     return build(
         MemoryBreakdown, pp_rank=st.rank, param_bytes=st.param, grad_bytes=st.grad, master_bytes=st.master,
         moment_bytes=st.moments, optimizer_grad_bytes=st.optimizer_grad, gathered_bytes=st.gathered,
@@ -83,6 +89,17 @@ def memory_per_rank(spec: ModelSpec, layout: Any, engine: Any, accelerator: str,
         allowance_bytes=extra,
         total_bytes=predicted + extra, host_bytes=st.host, nvme_bytes=st.nvme, scaling_state_bytes=scaling,
     )
+
+
+def allowance_bytes(allowance: Allowance, predicted: int, preallocated: int) -> int:
+    """The head-room on top of `predicted` bytes: `fraction` of the bytes the caching allocator hands out and takes
+    back during a step, plus `fixed_bytes`. The `preallocated` part (states in buffers allocated once at their
+    exact size: StateConvention.preallocated) takes no fraction: torch's CUDA caching allocator serves a request
+    from the smallest cached block that fits, splitting it, and cudaMallocs a new segment when none does
+    (c10/cuda/CUDACachingAllocator.cpp; requests of 10 MiB and more are rounded to 2 MiB), so a tensor that is
+    never freed fills its segment and only the tensors freed and re-allocated within the step (activations,
+    gathered parameters, temporaries) leave the reserved-but-unused gaps the fraction stands for."""
+    return int(allowance.fraction * (predicted - preallocated)) + allowance.fixed_bytes
 
 
 def fp8_scaling_bytes(spec: ModelSpec, layout: Any, engine: str, layers: int) -> int:

@@ -215,19 +215,20 @@ class RankStates(NamedTuple):
 _RANK_STATES: Dict[tuple, Tuple[ModelSpec, Tuple[RankStates, ...]]] = {}
 
 
-def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: int = 2) -> Tuple[RankStates, ...]:
+def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: int = 2,
+                grad_reduce_in_bf16: bool = False) -> Tuple[RankStates, ...]:
     """States of pipeline rank 0 and of the last rank (one rank without pipelining); memoised, since a
     sweep repeats the same sharding under many batch shapes. `fsdp_version` 1 selects FSDP1's flat
-    parameters for engine=fsdp."""
+    parameters for engine=fsdp; `grad_reduce_in_bf16` Megatron's bf16 gradient buffer (state_convention)."""
     pp = layout.pp
     v = layout.pp_virtual_stages if pp > 1 else 1
     key = (id(spec), engine_name, layout.precision, layout.zero_stage, layout.tp, layout.ep, pp, v,
            layout.pp_schedule, tuple(layout.pp_stage_layers), layout.dp_shard, layout.cp,
-           layout.offload_optimizer, layout.offload_params, fsdp_version)
+           layout.offload_optimizer, layout.offload_params, fsdp_version, grad_reduce_in_bf16)
     hit = _RANK_STATES.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]
-    conv = state_convention(engine_name, layout.precision, layout.zero_stage, fsdp_version)
+    conv = state_convention(engine_name, layout.precision, layout.zero_stage, fsdp_version, grad_reduce_in_bf16)
     if conv is None:
         raise ValueError(f"no state convention for engine={engine_name!r} precision={layout.precision!r}")
     counts = stage_layer_counts(spec.num_layers, pp, v, layout.pp_stage_layers)

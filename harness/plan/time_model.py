@@ -411,7 +411,8 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
     support = ENGINE_SUPPORT[engine.name]
     params = rank_params(spec, layout.tp, layout.ep, layer_ids, first, last, layout.pp, support.tp_shards_vocab)
     local = params.dense_total + params.expert_total
-    conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version)
+    conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version,
+                            engine.grad_reduce_in_bf16)
     opt_params = local / groups.dp_shard.size if layout.zero_stage >= conv.optimizer_shard_stage else local
     dp = data_parallel_comm(layout, engine, hw, groups, call_counts(params), conv.working, conv.grad,
                             conv.param_shard_stage)

@@ -202,6 +202,15 @@ def test_recompute_and_precision_flags():
     assert "--recompute-granularity" not in none and "--bf16" not in none and "--fp16" not in none
 
 
+@pytest.mark.parametrize("precision, rendered", [("bf16", True), ("fp8", True), ("fp16", False), ("fp32", False)])
+def test_bf16_gradient_reduction_flag_only_where_megatron_reads_it(precision, rendered):
+    cfg = layout_cfg(tp=8, dp_shard=8, precision=precision)
+    cfg = replace(cfg, engine=replace(cfg.engine, grad_reduce_in_bf16=True))
+    assert ("--grad-reduce-in-bf16" in flags_of(cfg)) == rendered
+    assert any("grad_reduce_in_bf16" in w for w in megatron_lm.check(cfg)[1]) != rendered
+    assert "--grad-reduce-in-bf16" not in flags_of(layout_cfg(tp=8, dp_shard=8, precision=precision))
+
+
 def test_distributed_optimizer_instances_for_dp_replicate():
     flags = flags_of(layout_cfg(tp=8, dp_replicate=2, dp_shard=4, zero_stage=1))
     assert flags["--num-distributed-optimizer-instances"] == 2 and flags["--use-distributed-optimizer"]
