@@ -75,6 +75,9 @@ def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float =
     sharding column)."""
     hf = dict(model_type="gpt2", n_embd=int(row["d_model"]), n_head=int(row["n_heads"]), n_layer=int(row["n_layers"]),
               n_positions=int(row["seq_len"]), vocab_size=50368, tie_word_embeddings=True,
+              # MPT's MLP is nn.GELU(approximate="none"), one kernel: not GPT-2's python tanh-GELU ("gelu_new"),
+              # whose intermediate tensors transformers would save (llm-foundry, mpt/modeling_mpt ffn.py)
+              activation_function="gelu",
               # MPT ran FlashAttention-2; torch SDPA runs the same kernels on H100 (and, unlike
               # "flash_attention_2", builds without the flash-attn package on this machine)
               attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -180,11 +183,11 @@ def stage_layers(row: Row) -> List[int]:
     return layers
 
 
-def dgxc_config(row: Row, vocab: Optional[int] = None) -> RunConfig:
+def dgxc_config(row: Row, vocab: Optional[int] = None, bf16_grads: bool = False) -> RunConfig:
     """A NeMo / Megatron-core run as the harness's Megatron-LM export: the distributed optimizer (ZeRO-1 with
     overlapped gradient reduce and parameter gather), sequence parallel as the row says, interleaved 1F1B with
     the row's virtual stages and layer split, no recompute. `vocab` replaces the row's (the MFU check counts
-    mfu_vocab)."""
+    mfu_vocab). `bf16_grads`: gradients reduced and kept in bf16 (NeMo 1's optim.grad_sync_dtype: bf16)."""
     gpus, tp, pp, cp, vp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp", "vp"))
     dp = gpus // (tp * pp * cp)
     gbs, mbs = int(row["gbs"]), int(row["mbs"])
@@ -196,17 +199,26 @@ def dgxc_config(row: Row, vocab: Optional[int] = None) -> RunConfig:
                           pp_stage_layers=stage_layers(row), activation_checkpointing=row["checkpointing"],
                           precision="bf16")
     return RunConfig(model=_megatron_model(row, vocab or int(row["vocab"])),
-                     engine=engine_config("megatron_lm", sequence_parallel=row["sequence_parallel"] == "true"),
+                     engine=engine_config("megatron_lm", sequence_parallel=row["sequence_parallel"] == "true",
+                                          grad_reduce_in_bf16=bf16_grads),
                      layout=layout, cluster=_cluster(gpus, "h100_sxm"), launcher=_launcher(gpus),
                      bench=BenchConfig(**_DGXC_CONVENTION))
 
 
-def _dgxc(row: Row) -> Tuple:
-    label = f"{row['model']} L={row['layers']} gpus={row['gpus']} gbs={row['gbs']}"
-    measured = float(row["tokens_per_s"]) / int(row["gpus"])
-    # the 405b runs used the GPT-2 tokenizer, but the README's MFU counts Llama's vocabulary (mfu_vocab)
-    flop_config = dgxc_config(row, vocab=int(row["mfu_vocab"])) if row["mfu_vocab"] != row["vocab"] else None
-    return label, dgxc_config(row), measured, float(row["mfu"]) * _DGXC_PEAK / measured, flop_config
+def _dgxc_mapping(bf16_grads: bool) -> Callable[[Row], Tuple]:
+    """The dgxc rows of one release, both with 2-byte gradients: v25.02's NeMo 1 yamls set optim.grad_sync_dtype:
+    bf16; v25.04.01's llama3.1/pretrain_llama31.py builds NeMo 2.0's recipes with performance_mode=True, whose
+    pretrain_performance_optimizations sets grad_reduce_in_fp32=False (NVIDIA/NeMo
+    nemo/collections/llm/recipes/llama3_8b.py, llama3_70b.py, llama31_405b.py)."""
+    def mapping(row: Row) -> Tuple:
+        label = f"{row['model']} L={row['layers']} gpus={row['gpus']} gbs={row['gbs']}"
+        measured = float(row["tokens_per_s"]) / int(row["gpus"])
+        # the 405b runs used the GPT-2 tokenizer, but the README's MFU counts Llama's vocabulary (mfu_vocab)
+        flop_config = (dgxc_config(row, vocab=int(row["mfu_vocab"]), bf16_grads=bf16_grads)
+                       if row["mfu_vocab"] != row["vocab"] else None)
+        config = dgxc_config(row, bf16_grads=bf16_grads)
+        return label, config, measured, float(row["mfu"]) * _DGXC_PEAK / measured, flop_config
+    return mapping
 
 
 # ------------------------------------------------------------------------------------ NeMo AutoModel (nd)
@@ -258,8 +270,8 @@ TABLES: Dict[str, Table] = {
     "llm_foundry_a100_40gb": Table(DATA / "llm_foundry_a100_40gb_bf16.csv", "fsdp",
                                    _foundry("a100_sxm_40gb", 312e12, 200)),
     "fms_fsdp": Table(DATA / "fms_fsdp_bf16.csv", "fsdp", _fms),
-    "dgxc_h100": Table(DATA / "dgxc_h100_bf16.csv", "megatron_lm", _dgxc),
-    "dgxc_h100_nemo2": Table(DATA / "dgxc_h100_nemo2_bf16.csv", "megatron_lm", _dgxc),
+    "dgxc_h100": Table(DATA / "dgxc_h100_bf16.csv", "megatron_lm", _dgxc_mapping(bf16_grads=True)),
+    "dgxc_h100_nemo2": Table(DATA / "dgxc_h100_nemo2_bf16.csv", "megatron_lm", _dgxc_mapping(bf16_grads=True)),
     "automodel_h100": Table(DATA / "automodel_h100_bf16.csv", "nd", _automodel),
 }
 
