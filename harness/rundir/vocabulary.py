@@ -84,6 +84,21 @@ format_ratio = _numeric("{:.2f}×")
 format_float = _numeric("{:.4g}")
 
 
+def format_band(value: Any) -> str:
+    """A prediction band's half-width (a fraction, 0.09) as `±9%`; `-` when there is none."""
+    number = _number(value)
+    return "-" if number is None else f"±{number:.0%}"
+
+
+def format_with_band(value: Any, half_width: Any, source: Any = "calibrated") -> str:
+    """A predicted throughput with its band: `48,700 (±9%)`; `48,700 (±63%, uncalibrated)` where the band is
+    not its engine and regime's own (harness.plan.uncertainty.band); the bare figure where it has no band."""
+    shown = format_rate(value)
+    if shown == "-" or _number(half_width) is None:
+        return shown
+    return f"{shown} ({format_band(half_width)}{'' if source == 'calibrated' else f', {source}'})"
+
+
 def format_text(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -99,7 +114,7 @@ def format_host(value: Any) -> str:
 FORMATS: Dict[str, Callable[[Any], str]] = {
     "s": format_seconds, "bytes": format_bytes, "GiB": format_gib, "tokens/s": format_rate, "%": format_percent,
     "ratio": format_ratio, "count": format_count, "number": format_float, "TFLOP/s": format_float,
-    "FLOP/s": format_float, "text": format_text, "host": format_host,
+    "FLOP/s": format_float, "text": format_text, "host": format_host, "band": format_band,
 }
 
 
@@ -184,6 +199,10 @@ FIGURES: Tuple[Figure, ...] = tuple([
         ("pred_time_bubble_s", "bubble pred", "s"), ("pred_time_optimizer_s", "optimizer step pred", "s"),
         ("pred_time_offload_s", "offload pred", "s"),
         ("pred_total_bytes", "memory pred total bytes", "bytes"), ("hfu_predicted", "HFU pred", "%"),
+        # the band of the predicted tokens/s (harness.plan.uncertainty) and whether the measurement fell in it
+        ("tokens_per_s_band", "tokens/s pred band", "band"), ("band_regime", "band regime", "text"),
+        ("band_source", "band source", "text"), ("band_rows", "band rows", "count"),
+        ("tokens_per_s_in_band", "measured vs band", "text"),
     )),
     *_figures(OTHER, (
         ("repeats", "repeats", "count"), ("repeat", "repeat", "count"), ("point", "point", "text"),
