@@ -44,9 +44,6 @@ class Band:
         """The band around a predicted `value`."""
         return value * (1 - self.half_width), value * (1 + self.half_width)
 
-    def holds(self, predicted: float, measured: float) -> bool:
-        """Whether a measured value lies inside the band of its prediction."""
-        return abs(residual(predicted, measured)) <= self.half_width
 
     def to_dict(self) -> Dict[str, Any]:
         return {"half_width": self.half_width, "rows": self.rows, "source": self.source, "regime": self.regime,
@@ -78,6 +75,16 @@ def residual(predicted: float, measured: float) -> float:
     "the measurement lies within ±w of the number shown". The usual error predicted / measured - 1 = e is the
     same figure as 1 / (1 + e) - 1; a step-time error predicted_s / measured_s - 1 is this one already."""
     return measured / predicted - 1
+
+
+def versus_band(predicted: Any, measured: Any, width: Any) -> Optional[str]:
+    """Where a measured throughput fell against the band of its prediction: "inside", "above" or "below"; None
+    where one of the three is missing (None or NaN) or nothing was predicted."""
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (predicted, measured, width)) \
+            or not predicted:
+        return None
+    error = residual(float(predicted), float(measured))
+    return "inside" if abs(error) <= float(width) else "above" if error > 0 else "below"
 
 
 def half_width(residuals: Sequence[float], coverage: float = COVERAGE) -> Tuple[float, float]:
