@@ -101,15 +101,16 @@ def row(index: int, choice: Choice) -> str:
     plan = choice.plan
     alike = f"  (+{len(choice.alike)} layout(s) the model cannot separate: {_alike(choice)})" if choice.alike else ""
     return (f"#{index} engine={plan.engine.name} {label(plan)}{alike}\n"
-            f"   {predicted_rate(plan)} tokens/s, MFU {plan.predicted_mfu:.1%}, {breakdown(plan)}\n"
+            f"   {predicted_rate(plan)}, MFU {plan.predicted_mfu:.1%}, {breakdown(plan)}\n"
             f"   memory {format_bytes(plan.memory.total_bytes)} per rank of {format_bytes(plan.device_memory_bytes)} "
             f"(margin {format_bytes(plan.margin_bytes)})")
 
 
 def predicted_rate(plan: Plan) -> str:
-    """The predicted tokens/s with its band: `48,700 (±9%)`."""
+    """The predicted tokens/s with its band: `48,700 tokens/s (±9%)`."""
     band = plan.prediction_band
-    return format_with_band(plan.tokens_per_s, band.half_width if band else None, band.source if band else None)
+    return format_with_band(plan.tokens_per_s, band.half_width if band else None, band.source if band else None,
+                            "tokens/s")
 
 
 def ties_line(top: Sequence[Choice], measure: str) -> str:
@@ -147,9 +148,9 @@ def why(title: str, best: Plan, other: Plan) -> str:
     """`best` against `other`, part by part (harness.plan.recommend.compare)."""
     head, *parts = compare(best, other)
     if overlaps(best.tokens_per_s, best.prediction_band, other.tokens_per_s, other.prediction_band):
-        band = best.prediction_band
-        head += (f", within the model's {format_band(band.half_width) if band else ''} band: a tie on the prediction, "
-                 "where the parts below say what differs")
+        width = format_band(best.prediction_band.half_width) if best.prediction_band else ""
+        parts.append(f"both within the model's {width} band: a tie on the prediction; the parts above say where "
+                     "the model puts the difference, a measurement decides it")
     return f"why #1 over {title}: {head}\n" + "\n".join(f"   {line}" for line in parts)
 
 
@@ -185,7 +186,7 @@ def preset_files(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg
     files = {}
     for i, choice in enumerate(top, 1):
         plan = choice.plan
-        note = (f"choice #{i} of `{command}`, predicted {predicted_rate(plan)} tokens/s, MFU "
+        note = (f"choice #{i} of `{command}`, predicted {predicted_rate(plan)}, MFU "
                 f"{plan.predicted_mfu:.1%}, {format_bytes(plan.memory.total_bytes)} per rank")
         files[f"recipes/{name}_{i}.yaml"] = recipe(plan, choices, cfg, f"{name}_{i}", note)
     files[f"sweep/{name}.yaml"] = (
