@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness.plan.uncertainty import band
 from harness.report import plan_view
 from harness.report.table import print_table, summary_frame
@@ -73,3 +75,17 @@ def test_the_wandb_summary_holds_the_band_and_where_the_measurement_fell():
                                               "tokens_per_s_in_band": "inside"}
     assert band_summary(predicted, 800.0)["tokens_per_s_in_band"] == "below"
     assert band_summary({"tokens_per_s": 1000.0}, 800.0)["tokens_per_s_in_band"] is None
+
+
+def test_the_throughput_plot_draws_each_prediction_with_its_band(tmp_path):
+    from harness.report.plots import throughput_figure
+
+    sweep = tmp_path / "s"
+    _with_prediction(make_run(sweep, "a", COMPLETED, zero_stage=1), 1.05)
+    frame = summary_frame([sweep]).reset_index(drop=True)
+    fig = throughput_figure(frame, {i: f"run {i}" for i in frame.index}, set())
+    predicted = next(trace for trace in fig.data if trace.name == "predicted (band)")
+    per_device = frame.at[0, "tokens_per_s_predicted"] / frame.at[0, "world_size"]
+    assert predicted.x[0] == pytest.approx(per_device)
+    assert predicted.error_x.array[0] == pytest.approx(0.09 * per_device)
+    assert "band: ±9%" in predicted.hovertext[0] and "measured vs band: inside" in predicted.hovertext[0]
