@@ -111,16 +111,19 @@ def table_columns(points: Sequence[PlannedPoint]) -> List[tuple]:
 
 
 def predicted_rate(plan: Any) -> str:
-    """The predicted tokens/s with its band: `48,700 (±9%)` (harness.rundir.vocabulary.format_with_band)."""
+    """The predicted tokens/s with its band: `48,700 (±9%)`, `48,700 (±63%*)` where it is uncalibrated (a note
+    under the table says so; harness.rundir.vocabulary.format_with_band)."""
     band = plan.prediction_band
-    return format_with_band(plan.tokens_per_s, band.half_width if band else None, band.source if band else None)
+    return format_with_band(plan.tokens_per_s, band.half_width if band else None, band.source if band else None,
+                            marked=True)
 
 
 def band_notes(points: Sequence[PlannedPoint]) -> List[str]:
     """One line per distinct band shown: what it is derived from, and where it is not the group's own."""
     bands = {point.plan.prediction_band for point in points
              if point.plan is not None and not point.errors and point.plan.prediction_band is not None}
-    return [describe(band) for band in sorted(bands, key=lambda b: (b.regime, b.half_width))]
+    return [("* " if not band.calibrated else "") + describe(band)
+            for band in sorted(bands, key=lambda b: (b.regime, b.half_width))]
 
 
 def _world_sizes(points: Sequence[PlannedPoint]) -> set:

@@ -90,17 +90,20 @@ def format_band(value: Any) -> str:
     return "-" if number is None else f"±{number:.0%}"
 
 
-def format_with_band(value: Any, half_width: Any, source: Any = "calibrated", unit: str = "") -> str:
+def format_with_band(value: Any, half_width: Any, source: Any = "calibrated", unit: str = "",
+                     marked: bool = False) -> str:
     """A predicted throughput with its band: `48,700 (±9%)`, with `unit` `48,700 tokens/s (±9%)`; `(±63%,
-    uncalibrated)` where the band is not its engine and regime's own (harness.plan.uncertainty.band); the bare
-    figure where it has no band."""
+    uncalibrated)` where the band is not its engine and regime's own (harness.plan.uncertainty.band), `(±63%*)`
+    when `marked` (a narrow table whose note says what the star means); the bare figure where it has no band."""
     shown = format_rate(value)
     if shown == "-":
         return shown
     shown += f" {unit}" if unit else ""
     if _number(half_width) is None:
         return shown
-    return f"{shown} ({format_band(half_width)}{'' if source == 'calibrated' else f', {source}'})"
+    if source == "calibrated":
+        return f"{shown} ({format_band(half_width)})"
+    return f"{shown} ({format_band(half_width)}*)" if marked else f"{shown} ({format_band(half_width)}, {source})"
 
 
 def format_text(value: Any) -> str:

@@ -37,7 +37,8 @@ def test_an_uncalibrated_band_is_said_to_be(capsys, monkeypatch):
     plan_view.print_plan_table(points)
     plan_view.print_messages(points, why=False)
     out = capsys.readouterr().out
-    assert "%, uncalibrated)" in out
+    assert f"{points[0].plan.tokens_per_s:,.0f} (±" in out and "%*)" in out
+    assert "note: * band ±" in out
     assert "(gpu/data-parallel+compile) is uncalibrated: no calibration run of this engine and regime" in out
 
 
