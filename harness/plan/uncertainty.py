@@ -42,12 +42,18 @@ class Band:
 
     def interval(self, value: float) -> Tuple[float, float]:
         """The band around a predicted `value`."""
-        return value * (1 - self.half_width), value * (1 + self.half_width)
+        return interval(value, self.half_width)
 
 
     def to_dict(self) -> Dict[str, Any]:
         return {"half_width": self.half_width, "rows": self.rows, "source": self.source, "regime": self.regime,
                 "coverage": self.coverage}
+
+
+def interval(value: float, width: float) -> Tuple[float, float]:
+    """The band of half-width `width` around a predicted `value`: where measured / predicted - 1 lies within
+    ±width, the measurement lies within value x (1 ± width)."""
+    return value * (1 - width), value * (1 + width)
 
 
 def regime(accelerator: str, layout: Any, compiled: bool = False) -> str:

@@ -207,7 +207,9 @@ FIGURES: Tuple[Figure, ...] = tuple([
         ("pred_time_offload_s", "offload pred", "s"),
         ("pred_total_bytes", "memory pred total bytes", "bytes"), ("hfu_predicted", "HFU pred", "%"),
         # the band of the predicted tokens/s (harness.plan.uncertainty) and whether the measurement fell in it
-        ("tokens_per_s_band", "tokens/s pred band", "band"), ("band_regime", "band regime", "text"),
+        ("tokens_per_s_band", "tokens/s pred band", "band"),
+        ("tokens_per_s_predicted_low", "tokens/s pred band low", "tokens/s"),
+        ("tokens_per_s_predicted_high", "tokens/s pred band high", "tokens/s"), ("band_regime", "band regime", "text"),
         ("band_source", "band source", "text"), ("band_rows", "band rows", "count"),
         ("tokens_per_s_in_band", "measured vs band", "text"),
     )),

@@ -73,6 +73,8 @@ def test_the_wandb_summary_holds_the_band_and_where_the_measurement_fell():
     predicted = {"tokens_per_s": 1000.0, "tokens_per_s_band": 0.09, "band_regime": "gpu/data-parallel",
                  "band_source": "calibrated", "band_rows": 10}
     assert band_summary(predicted, 950.0) == {**{k: v for k, v in predicted.items() if k != "tokens_per_s"},
+                                              "tokens_per_s_predicted_low": pytest.approx(910.0),
+                                              "tokens_per_s_predicted_high": pytest.approx(1090.0),
                                               "tokens_per_s_in_band": "inside"}
     assert band_summary(predicted, 800.0)["tokens_per_s_in_band"] == "below"
     assert band_summary({"tokens_per_s": 1000.0}, 800.0)["tokens_per_s_in_band"] is None
