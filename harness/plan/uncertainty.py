@@ -20,7 +20,6 @@ COVERAGE = 0.90
 # A group stands on its own rows from 4 up: the largest of n residuals holds a new one with probability n/(n+1)
 # (half_width), 80% at n = 4; fewer rows than that say too little, and the group takes the pooled band widened.
 MIN_ROWS = 4
-DEVICE_CLASSES = ("cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,6 @@ class Band:
     def interval(self, value: float) -> Tuple[float, float]:
         """The band around a predicted `value`."""
         return interval(value, self.half_width)
-
 
     def to_dict(self) -> Dict[str, Any]:
         return {"half_width": self.half_width, "rows": self.rows, "source": self.source, "regime": self.regime,

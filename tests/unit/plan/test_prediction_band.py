@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import sys
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -156,3 +157,15 @@ def test_a_plan_carries_the_band_of_its_engine_and_regime():
     tp = make_plan(replace(cfg, layout=replace(cfg.layout, tp=2, dp_shard=4)))
     assert tp.prediction_band.regime == "gpu/model-parallel" and not tp.prediction_band.calibrated
     assert make_plan(cfg, predict_time=False).prediction_band is None
+
+
+def test_the_published_runs_module_is_read_with_each_rows_engine_regime_and_residual(monkeypatch):
+    # tests/published/runs.py's interface: published_runs() -> runs with table, label, engine, config;
+    # prediction_error(run) -> predicted / measured - 1
+    cfg = compose_run_config(["recipes=gpu_llama8b_fsdp_tp2_8gpu"])
+    run = SimpleNamespace(table="a_table", label="row 1", engine=cfg.engine.name, config=cfg)
+    fake = SimpleNamespace(published_runs=lambda: [run], prediction_error=lambda r: 0.25)
+    monkeypatch.setitem(sys.modules, "tests.published.runs", fake)
+    (row,) = _tool().published_rows()
+    assert (row.table, row.label, row.engine, row.regime) == ("a_table", "row 1", "fsdp", "gpu/model-parallel")
+    assert row.residual == pytest.approx(-0.2)  # 25% optimistic: the measurement 20% under the prediction
