@@ -53,8 +53,8 @@ def published_rows() -> List[Row]:
     for run in published_runs():
         error = prediction_error(run)  # predicted / measured - 1
         cfg = run.config
-        rows.append(Row(run.table, run.label, run.engine, regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile),
-                        residual(1 + error, 1.0)))
+        name = regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile)
+        rows.append(Row(run.table, run.label, run.engine, name, residual(1 + error, 1.0)))
     return rows
 
 
