@@ -229,8 +229,9 @@ def side_by_side(metrics: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any
     predicted, measured = Predicted.from_dict(metrics.get("predicted")), Measured.from_dict(metrics["measured"])
     device_bytes = measured.param_bytes + measured.grad_bytes + measured.optimizer_bytes + measured.activation_bytes
     values = {**measured.to_dict(), "state_activation_bytes": device_bytes}
-    return ({key: getattr(predicted, key) for key in PREDICTED_KEYS},
-            {key: values[key] for key in MEASURED_KEYS})
+    shown = {**{key: getattr(predicted, key) for key in PREDICTED_KEYS},
+             "tokens_per_s_band": predicted.tokens_per_s_band}
+    return shown, {key: values[key] for key in MEASURED_KEYS}
 
 
 def ratios(predicted: Dict[str, Any], measured: Dict[str, Any]) -> Dict[str, Optional[float]]:
@@ -390,14 +391,25 @@ def comparison_lines(outcomes: Sequence[Outcome]) -> List[str]:
     columns = (("step ms", "step_time_s", "step_time_s", "ms"), ("tokens/s", "tokens_per_s", "tokens_per_s", ""),
                ("MFU %", "mfu", "mfu", "%"), ("mem MiB", "total_bytes", "peak_allocated_bytes", "MiB"),
                ("state+act MiB", "state_activation_bytes", "state_activation_bytes", "MiB"))
-    header = f"{'run':<28}" + "".join(f"{name + ' pred/meas':>26}" for name, *_ in columns)
+    header = f"{'run':<28}" + "".join(f"{name + ' pred/meas':>26}" for name, *_ in columns) + f"{'tokens/s band':>20}"
     lines = [header]
     for outcome in outcomes:
         if outcome.measured and outcome.kind != "calibrate":
             cells = [f"{fmt(outcome.predicted.get(p), unit)} / {fmt(outcome.measured.get(m), unit)}"
                      for _, p, m, unit in columns]
-            lines.append(f"{outcome.name:<28}" + "".join(f"{cell:>26}" for cell in cells))
+            lines.append(f"{outcome.name:<28}" + "".join(f"{cell:>26}" for cell in cells)
+                         + f"{band_cell(outcome.predicted, outcome.measured):>20}")
     return lines
+
+
+def band_cell(predicted: Dict[str, Any], measured: Dict[str, Any]) -> str:
+    """The predicted tokens/s band and where the measurement fell: `±41% inside` (harness.plan.uncertainty)."""
+    from harness.plan.uncertainty import versus_band
+    from harness.rundir.vocabulary import format_band
+
+    width = predicted.get("tokens_per_s_band")
+    verdict = versus_band(predicted.get("tokens_per_s"), measured.get("tokens_per_s"), width)
+    return " ".join(filter(None, (format_band(width), verdict)))
 
 
 def summary(mode: Mode, outcomes: Sequence[Outcome], wall_s: float, budget_s: float) -> Dict[str, Any]:

@@ -17,7 +17,7 @@ from harness.engines.rendered import RenderedRun
 from harness.launch.host_profile import measure_host_profile
 from harness.launch.local import for_backend
 from harness.plan.construction import model_init_mode
-from harness.plan.planner import Plan, make_plan
+from harness.plan.planner import Plan, band_columns, make_plan
 from harness.plan.time_limit import plan_time_limit_problem
 from harness.rundir import (
     CONFIG_FILE,
@@ -118,7 +118,7 @@ def prediction(plan: Plan) -> Predicted:
         nvme_bytes=memory.nvme_bytes, device_memory_bytes=plan.device_memory_bytes, fits=plan.fits,
         margin_bytes=plan.margin_bytes, mfu=plan.predicted_mfu, hfu=plan.predicted_hfu,
         step_time_s=step_time_s, tokens_per_s=plan.tokens_per_s,
-        tflop_per_s_per_device=plan.tflop_per_s_per_device,
+        tflop_per_s_per_device=plan.tflop_per_s_per_device, **band_columns(plan.prediction_band),
         extra={"time": plan.time.to_dict()} if plan.time else {},
     )
 

@@ -19,9 +19,11 @@ from harness.config.errors import explain as explain_error
 from harness.engines.admission import judge, launcher_to_add
 from harness.launch.prepare import launch_problems
 from harness.plan.planner import GIB, Plan
-from harness.plan.recommend import Choice, compare, rank
+from harness.plan.recommend import Choice, band_ties, compare, rank
+from harness.plan.uncertainty import describe, overlaps
 from harness.plan.units import format_bytes
 from harness.rundir import write_text
+from harness.rundir.vocabulary import format_band, format_with_band
 from harness.terminal import print_fitted
 
 LAYOUT_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "pp_schedule",
@@ -99,9 +101,42 @@ def row(index: int, choice: Choice) -> str:
     plan = choice.plan
     alike = f"  (+{len(choice.alike)} layout(s) the model cannot separate: {_alike(choice)})" if choice.alike else ""
     return (f"#{index} engine={plan.engine.name} {label(plan)}{alike}\n"
-            f"   {plan.tokens_per_s:,.0f} tokens/s, MFU {plan.predicted_mfu:.1%}, {breakdown(plan)}\n"
+            f"   {predicted_rate(plan)}, MFU {plan.predicted_mfu:.1%}, {breakdown(plan)}\n"
             f"   memory {format_bytes(plan.memory.total_bytes)} per rank of {format_bytes(plan.device_memory_bytes)} "
             f"(margin {format_bytes(plan.margin_bytes)})")
+
+
+def predicted_rate(plan: Plan) -> str:
+    """The predicted tokens/s with its band: `48,700 tokens/s (±9%)`."""
+    band = plan.prediction_band
+    return format_with_band(plan.tokens_per_s, band.half_width if band else None, band.source if band else None,
+                            "tokens/s")
+
+
+def ties_line(top: Sequence[Choice], measure: str) -> str:
+    """Which choices the model's band cannot separate from #1, in words, and how to measure them; or that it
+    separates them all (harness.plan.recommend.band_ties)."""
+    if len(top) < 2:
+        return ""
+    tied = band_ties(top)
+    band = top[0].plan.prediction_band
+    width = format_band(band.half_width) if band else "±0%"
+    if not tied:
+        return f"#2 to #{len(top)} lie outside the model's {width} band of #1: the prediction separates them"
+    names = _and([f"#{rank}" for rank in tied])
+    verb = "is" if len(tied) == 1 else "are"
+    return (f"{names} {verb} within the model's {width} band of #1: a tie the prediction cannot break; "
+            f"measure them ({measure})")
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def band_notes(top: Sequence[Choice]) -> List[str]:
+    """What each distinct band of the choices means (harness.plan.uncertainty.describe)."""
+    bands = {choice.plan.prediction_band for choice in top if choice.plan.prediction_band is not None}
+    return [f"note: {describe(band)}" for band in sorted(bands, key=lambda b: (b.regime, b.half_width))]
 
 
 def _alike(choice: Choice, shown: int = 2) -> str:
@@ -112,6 +147,10 @@ def _alike(choice: Choice, shown: int = 2) -> str:
 def why(title: str, best: Plan, other: Plan) -> str:
     """`best` against `other`, part by part (harness.plan.recommend.compare)."""
     head, *parts = compare(best, other)
+    if overlaps(best.tokens_per_s, best.prediction_band, other.tokens_per_s, other.prediction_band):
+        width = format_band(best.prediction_band.half_width) if best.prediction_band else ""
+        parts.append(f"both within the model's {width} band: a tie on the prediction; the parts above say where "
+                     "the model puts the difference, a measurement decides it")
     return f"why #1 over {title}: {head}\n" + "\n".join(f"   {line}" for line in parts)
 
 
@@ -147,7 +186,7 @@ def preset_files(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg
     files = {}
     for i, choice in enumerate(top, 1):
         plan = choice.plan
-        note = (f"choice #{i} of `{command}`, predicted {plan.tokens_per_s:,.0f} tokens/s, MFU "
+        note = (f"choice #{i} of `{command}`, predicted {predicted_rate(plan)}, MFU "
                 f"{plan.predicted_mfu:.1%}, {format_bytes(plan.memory.total_bytes)} per rank")
         files[f"recipes/{name}_{i}.yaml"] = recipe(plan, choices, cfg, f"{name}_{i}", note)
     files[f"sweep/{name}.yaml"] = (
@@ -228,6 +267,11 @@ def recommend_main(argv: Sequence[str]) -> int:
         print("no layout fits", file=sys.stderr)
         return 1
     print_fitted("\n".join(row(i, choice) for i, choice in enumerate(top, 1)))
+    measure = (f"harness sweep sweep={args.name}" if not args.no_write
+               else f"drop --no-write, then harness sweep sweep={args.name}")
+    for line in [ties_line(top, measure), *band_notes(top)]:
+        if line:
+            print_fitted(line)
     if len(top) > 1:
         print_fitted(why("#2", top[0].plan, top[1].plan))
     if other is not None:

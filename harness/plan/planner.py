@@ -14,6 +14,7 @@ from harness.plan.peak import Peak, device_memory_gib, peak_flops
 from harness.plan.records import build
 from harness.plan.regime import compute_precision, fp8_gemm_speedup, mfu_by_peak
 from harness.plan.time_model import StepTime, predict_step_time
+from harness.plan.uncertainty import Band, band, regime
 from harness.plan.utilization import hfu, mfu, tokens_per_step
 from harness.plan.validate import validate
 
@@ -48,6 +49,8 @@ class Plan:
     predicted_hfu: Optional[float] = None
     time: Optional[StepTime] = None  # predicted step time and its breakdown (None: no hardware profile)
     time_source: str = "none"  # the hardware profile the time came from
+    # where the measured tokens/s should lie around the predicted (harness.plan.uncertainty; None: no prediction)
+    prediction_band: Optional[Band] = None
 
     @property
     def step_time_s(self) -> Optional[float]:
@@ -122,6 +125,7 @@ class Plan:
             "tflop_per_s_per_device": self.tflop_per_s_per_device,
             "time": self.time.to_dict() if self.time else None,
             "time_source": self.time_source,
+            "prediction_band": self.prediction_band.to_dict() if self.prediction_band else None,
         }
 
 
@@ -167,7 +171,7 @@ def _flops(spec: ModelSpec, seq_len: int, convention: FlopConvention, checkpoint
 
 def clear_caches() -> None:
     """Forget every memoised spec, rule result and state breakdown (after editing a table at run time)."""
-    from harness.plan import activations, hardware, states, validate as rules
+    from harness.plan import activations, hardware, states, uncertainty, validate as rules
 
     for cache in (_SPECS, _CONVENTIONS, _FLOPS, _PEAKS, _ALLOWANCES, _DEVICE_MEMORY, _PROFILES, states._RANK_PARAMS,
                   states._RANK_STATES, activations._TOKEN_ACTIVATIONS, hardware._LOADED):
@@ -176,6 +180,7 @@ def clear_caches() -> None:
                  rules.check_sequence, rules.check_experts, rules.check_engine, rules.check_offload,
                  rules.check_model_init):
         rule.cache_clear()
+    uncertainty.clear()
     from harness.plan import comm, compute_time, pipeline
 
     for memo in (activations.distinct_moments, comm.collective_time, comm.axis_group, compute_time.layer_time,
@@ -296,7 +301,7 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
         predicted_mfu=None if tokens_per_s is None else mfu(tokens_per_s, model_flops, peak.flops, world),
         predicted_hfu=None if tokens_per_s is None else hfu(tokens_per_s, model_flops,
                                                             hardware_flops - model_flops, peak.flops, world),
-        time=step, time_source=time_source,
+        time=step, time_source=time_source, prediction_band=band_of(cfg) if step is not None else None,
     )
 
 
@@ -312,9 +317,15 @@ def with_time(plan: Plan, cfg: Any) -> Plan:
     tokens_per_s = plan.tokens_per_step / step.step_time_s
     model, hardware = plan.flops_per_token, plan.hfu_flops_per_token
     peak = measured_when_missing(Peak(plan.peak_flops_per_device, plan.peak_flops_source), measured_peak, source)
-    return replace(plan, time=step, time_source=source, tokens_per_s=tokens_per_s, peak_flops_per_device=peak.flops,
+    return replace(plan, time=step, time_source=source, tokens_per_s=tokens_per_s, prediction_band=band_of(cfg),
+                   peak_flops_per_device=peak.flops,
                    peak_flops_source=peak.source, predicted_mfu=mfu(tokens_per_s, model, peak.flops, plan.world_size),
                    predicted_hfu=hfu(tokens_per_s, model, hardware - model, peak.flops, plan.world_size))
+
+
+def band_of(cfg: Any) -> Optional[Band]:
+    """The band of a predicted throughput: the residuals of its engine in its regime (harness.plan.uncertainty)."""
+    return band(cfg.engine.name, regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile))
 
 
 def measured_when_missing(peak: Peak, measured: Optional[float], time_source: str) -> Peak:
@@ -365,6 +376,7 @@ def _invalid(cfg: Any, spec: Optional[ModelSpec], world: int, tokens: int, error
         hfu_flops_per_token=None, tokens_per_step=tokens,
         peak_flops_per_device=peak.flops if peak else None, peak_flops_source=peak.source if peak else "unknown",
         tokens_per_s=None, predicted_mfu=None, predicted_hfu=None, time=None, time_source="none",
+        prediction_band=None,
     )
 
 
@@ -413,5 +425,14 @@ def plan_rows(plans: Iterable[Plan]) -> List[Dict[str, Any]]:
             "peak_source": plan.peak_flops_source,
             "step_time(s)": plan.step_time_s,
             "tokens_per_s": plan.tokens_per_s,
+            **band_columns(plan.prediction_band),
         })
     return rows
+
+
+def band_columns(prediction_band: Optional[Band]) -> Dict[str, Any]:
+    """The band of a plan's predicted tokens/s as export columns."""
+    if prediction_band is None:
+        return {"tokens_per_s_band": None, "band_regime": None, "band_source": None, "band_rows": None}
+    return {"tokens_per_s_band": prediction_band.half_width, "band_regime": prediction_band.regime,
+            "band_source": prediction_band.source, "band_rows": prediction_band.rows}

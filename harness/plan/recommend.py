@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.planner import Plan, make_plan, spec_for, with_time
 from harness.plan.support import ENGINE_SUPPORT
+from harness.plan.uncertainty import overlaps
 
 CHECKPOINTING_BY_MEMORY = ("full", "selective", "none")  # least activation memory first
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -166,6 +167,17 @@ def choices(ranked: Sequence[Plan], top_k: int) -> List[Choice]:
         lead = min(group, key=lambda p: (_axes(p.layout), -(p.margin_bytes or 0), -p.tokens_per_s))
         out.append(Choice(lead, tuple(p for p in group if p is not lead)))
     return out
+
+
+def band_ties(top: Sequence[Choice]) -> List[int]:
+    """The ranks (2, 3, ...) of the choices whose predicted tokens/s band overlaps the first's
+    (harness.plan.uncertainty.overlaps): the model's calibration residuals cannot say which of them runs faster,
+    so only a measurement ranks them. Choices within RESOLUTION are already one; this is the wider, honest tie."""
+    if not top:
+        return []
+    best = top[0].plan
+    return [rank for rank, choice in enumerate(top[1:], 2)
+            if overlaps(best.tokens_per_s, best.prediction_band, choice.plan.tokens_per_s, choice.plan.prediction_band)]
 
 
 def _axes(layout: Any) -> Tuple[int, int]:

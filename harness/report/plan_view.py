@@ -13,6 +13,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import pandas as pd
 
 from harness.plan.units import memory_unit
+from harness.plan.uncertainty import describe
+from harness.rundir.vocabulary import format_with_band
 from harness.terminal import print_fitted
 
 FIT_ORDER = {"fits": 0, "fit?": 1, "OOM": 2, "invalid": 3}
@@ -100,11 +102,28 @@ def table_columns(points: Sequence[PlannedPoint]) -> List[tuple]:
     if len(_world_sizes(points)) > 1:  # one world size for all is said in the title instead
         columns.insert(2, ("ranks", 3, lambda p: _fmt(p.row.get("world"), "{}")))
     if any(getattr(plan, "tokens_per_s", None) for plan in plans):
-        columns.insert(3, ("pred tokens/s", 1, valid(lambda plan: plan.tokens_per_s, "{:,.0f}")))
+        columns.insert(3, ("pred tokens/s (band)", 1, lambda p: "-" if p.plan is None or p.errors
+                           else predicted_rate(p.plan)))
         columns.insert(4, ("pred MFU (%)", 2, valid(lambda plan: plan.predicted_mfu and 100 * plan.predicted_mfu,
                                                     "{:.1f}")))
     columns.append(("first problem (--why: all)", 0, _first_problem))
     return columns
+
+
+def predicted_rate(plan: Any) -> str:
+    """The predicted tokens/s with its band: `48,700 (±9%)`, `48,700 (±63%*)` where it is uncalibrated (a note
+    under the table says so; harness.rundir.vocabulary.format_with_band)."""
+    band = plan.prediction_band
+    return format_with_band(plan.tokens_per_s, band.half_width if band else None, band.source if band else None,
+                            marked=True)
+
+
+def band_notes(points: Sequence[PlannedPoint]) -> List[str]:
+    """One line per distinct band shown: what it is derived from, and where it is not the group's own."""
+    bands = {point.plan.prediction_band for point in points
+             if point.plan is not None and not point.errors and point.plan.prediction_band is not None}
+    return [("* " if not band.calibrated else "") + describe(band)
+            for band in sorted(bands, key=lambda b: (b.regime, b.half_width))]
 
 
 def _world_sizes(points: Sequence[PlannedPoint]) -> set:
@@ -144,6 +163,8 @@ def print_messages(points: Sequence[PlannedPoint], why: bool, out: Callable[[str
     shared = set.intersection(*warnings) if warnings else set()
     for message in sorted(shared):
         out(f"note (all layouts): {message}")
+    for line in band_notes(points):
+        out(f"note: {line}")
     if why:
         for point in points:
             for kind, messages in (("error", point.errors), ("warning", [w for w in point.warnings

@@ -10,7 +10,7 @@ import pandas as pd
 
 from harness.report.headline import layout_summary
 from harness.rundir import COMPLETED, PLOTLY_JS, TIME_PARTS, write_bytes
-from harness.rundir.vocabulary import format_bytes, format_gib, format_seconds, memory_unit, time_unit
+from harness.rundir.vocabulary import format_band, format_bytes, format_gib, format_seconds, memory_unit, time_unit
 
 MEASURED, RECOMMENDED, PREDICTED = "#4e79a7", "#59a14f", "#e15759"
 MEMORY_PARTS = (("param_bytes", "parameters", "#4e79a7"), ("grad_bytes", "gradients", "#f28e2b"),
@@ -66,6 +66,8 @@ def hover_text(row: pd.Series) -> str:
     pairs = (("tokens/s", num(row.get("tokens_per_s")), "{:,.0f}"),
              ("tokens/s/device", num(row.get("tokens_per_s_per_device")), "{:,.0f}"),
              ("predicted tokens/s", num(row.get("tokens_per_s_predicted")), "{:,.0f}"),
+             ("band", num(row.get("tokens_per_s_band")), format_band),
+             ("measured vs band", _text(row.get("tokens_per_s_in_band")), "{}"),
              ("tokens/s 95% CI", None, ""),
              ("step median", num(row.get("step_time_s")), format_seconds),
              ("step min / max", None, ""),
@@ -129,20 +131,35 @@ def throughput_figure(frame: pd.DataFrame, labels: Dict[int, str], best_runs: se
                            marker_color=colours, text=notes, textposition="outside", hovertext=hover,
                            hoverinfo="text", error_x=error_bars(frame, "tokens_per_s_per_device")))
     predicted = [_per_device(row) for _, row in frame.iterrows()]
-    _add_predicted(fig, names, predicted, hover, "predicted")
+    _add_predicted(fig, names, predicted, hover, "predicted (band)", band_bars(frame, predicted))
     _layout(fig, "throughput", "tokens/s per device (higher is better)", len(names), ",.0f")
     return fig
 
 
 def _add_predicted(fig: "go.Figure", names: Sequence[str], predicted: Sequence[Optional[float]],
-                   hover: Sequence[str], name: str) -> None:
-    """Predicted values as diamonds beside the measured bars (nothing when no run has a prediction)."""
+                   hover: Sequence[str], name: str, error_x: Optional[Dict[str, Any]] = None) -> None:
+    """Predicted values as diamonds beside the measured bars, with their band where given (nothing when no run
+    has a prediction)."""
     import plotly.graph_objects as go
 
     if any(p is not None for p in predicted):
         fig.add_trace(go.Scatter(y=names, x=predicted, mode="markers", name=name,
                                  marker=dict(symbol="diamond", size=11, color=PREDICTED), hovertext=hover,
-                                 hoverinfo="text"))
+                                 hoverinfo="text", error_x=error_x))
+
+
+def _text(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+def band_bars(frame: pd.DataFrame, predicted: Sequence[Optional[float]]) -> Optional[Dict[str, Any]]:
+    """plotly's error bar of each prediction's band (harness.plan.uncertainty: ±tokens_per_s_band of the
+    prediction), None where no run has one."""
+    widths = [num(v) for v in frame.get("tokens_per_s_band", pd.Series([None] * len(frame), index=frame.index))]
+    bars = [None if p is None or w is None else p * w for p, w in zip(predicted, widths)]
+    if all(b is None for b in bars):
+        return None
+    return dict(type="data", array=bars, color=PREDICTED, thickness=1.5, width=6)
 
 
 def _per_device(row: pd.Series) -> Optional[float]:

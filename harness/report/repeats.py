@@ -7,6 +7,7 @@ from typing import Any, Dict, List
 
 import pandas as pd
 
+from harness.plan.uncertainty import versus_band
 from harness.rundir import COMPLETED
 from harness.rundir.stats import RATE_FIGURES, figure_intervals, pooled_stats
 from harness.rundir.vocabulary import format_seconds
@@ -69,4 +70,7 @@ def pooled_row(group: pd.DataFrame) -> pd.Series:
         row["step_time_ratio"] = stats.median_s / float(row["step_time_predicted_s"])
     if figures.get("mfu") is not None and not pd.isna(row.get("mfu_predicted")) and row.get("mfu_predicted"):
         row["mfu_ratio"] = figures["mfu"] / float(row["mfu_predicted"])
+    if "tokens_per_s_band" in row:
+        row["tokens_per_s_in_band"] = versus_band(row.get("tokens_per_s_predicted"), figures.get("tokens_per_s"),
+                                                  row.get("tokens_per_s_band"))
     return row

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from harness.plan.peak import device_memory_gib
+from harness.plan.uncertainty import versus_band
 from harness.report.predicted import GIB, plan_messages, prediction
 from harness.report.repeats import interval_columns
 from harness.rundir import (
@@ -32,7 +33,7 @@ from harness.rundir import (
     run_dirs,
     write_with,
 )
-from harness.rundir.vocabulary import format_value, header, sharding_words
+from harness.rundir.vocabulary import format_value, format_with_band, header, sharding_words
 from harness.rundir.stats import RATE_FIGURES, StepStats, figure_intervals, step_stats
 
 LAYOUT_COLUMNS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch",
@@ -206,7 +207,17 @@ def _prediction_columns(measured: Optional[Measured], predicted: Predicted) -> D
         **{f"pred_time_{part}_s": seconds for part, seconds in predicted.time_parts().items()},
         "tokens_per_s_predicted": predicted.tokens_per_s,
         "tflop_per_s_per_device_predicted": predicted.tflop_per_s_per_device,
+        **_band_columns(measured, predicted),
     }
+
+
+def _band_columns(measured: Optional[Measured], predicted: Predicted) -> Dict[str, Any]:
+    """The band of the predicted tokens/s and where the measured tokens/s fell against it (inside, above,
+    below; harness.plan.uncertainty.versus_band)."""
+    band, rate = predicted.tokens_per_s_band, measured.tokens_per_s if measured else None
+    return {"tokens_per_s_band": band, "band_regime": predicted.band_regime, "band_source": predicted.band_source,
+            "band_rows": predicted.band_rows,
+            "tokens_per_s_in_band": versus_band(predicted.tokens_per_s, rate, band)}
 
 
 def _tracking_columns(files: RunFiles) -> Dict[str, Any]:
@@ -343,6 +354,7 @@ def write_summary(sweep_dir: Path) -> pd.DataFrame:
 TERMINAL_COLUMNS: Sequence[tuple] = (
     ("series", 3), ("run", 0), ("label", 1), ("status", 0), ("world_size", 4), ("tokens_per_s", 1),
     ("tokens_per_s_ci_low", 2), ("tokens_per_s_ci_high", 2), ("host_disturbed", 2), ("tokens_per_s_per_device", 5),
+    ("tokens_per_s_predicted", 3), ("tokens_per_s_in_band", 3),
     ("step_time_s", 2), ("step_time_predicted_s", 5), ("tflop_per_s_per_device", 5), ("mfu", 2),
     ("mfu_predicted", 4), ("mem_state_activation_gib", 2), ("mem_predicted_state_activation_gib", 4),
     ("mem_ratio", 3), ("loss_final", 3), ("reason", 0),
@@ -369,8 +381,17 @@ def print_table(frame: pd.DataFrame, title: str = "", wide: bool = False, width:
     columns = [c for c in TERMINAL_COLUMNS if c[0] in frame and (c[0] != "series" or frame["series"].nunique() > 1)]
     shape = [Column(header(column), priority, "left" if column in TEXT_COLUMNS else "right", wrap=column == "reason")
              for column, priority in columns]
-    rows = [[_value(column, row.get(column)) for column, _ in columns] for _, row in frame.iterrows()]
+    rows = [[_shown(column, row) for column, _ in columns] for _, row in frame.iterrows()]
     return print_fitted(shape, rows, title, wide=wide, width=width, hint=HIDDEN_HINT)
+
+
+def _shown(column: str, row: Mapping[str, Any]) -> str:
+    """A cell of the run table: the predicted tokens/s with its band (`48,700 (±9%)`), every other figure by
+    its format."""
+    if column == "tokens_per_s_predicted" and _value(column, row.get(column)) != "-":
+        band = row.get("tokens_per_s_band")
+        return format_with_band(row[column], None if band is None or pd.isna(band) else band, row.get("band_source"))
+    return _value(column, row.get(column))
 
 
 def _value(column: str, value: Any) -> str:

@@ -30,6 +30,9 @@ PUBLISH_TIMEOUT_S = 120
 THROUGHPUT_KEY = "tokens_per_s_per_device"
 UTILIZATION_KEYS = ("mfu", "hfu")
 MEMORY_KEYS = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes", "peak_allocated_bytes")
+# The measured tokens/s beside the predicted one and its band's ends (harness/runtime/bench.py `band_summary`).
+PREDICTED_THROUGHPUT_KEYS = ("tokens_per_s", "tokens_per_s_predicted_low", "tokens_per_s_predicted",
+                             "tokens_per_s_predicted_high")
 # Per-step history keys, logged live by rank 0 against `step` (harness/runtime/progress.py).
 HISTORY_KEYS = ("loss", "step_time_s", "tokens_per_s", "mfu", "memory_gib")
 PANEL_TITLES = {
@@ -40,6 +43,7 @@ PANEL_TITLES = {
     "loss": "Loss per step",
     "step_time": "Step time per timed step (s)",
     "predicted_time": "Step time by layout: measured median and predicted (s)",
+    "predicted_throughput": "Tokens/s by layout: measured, and predicted with its band's low and high ends",
     "predicted_parts": "Predicted step time by layout: where it goes (s)",
     "live_throughput": "Tokens/s per timed step",
     "live_mfu": "MFU per timed step (%)",
@@ -102,6 +106,8 @@ def _panels(frame: pd.DataFrame):
         wr.BarPlot(title=PANEL_TITLES["mfu"], metrics=[wr.SummaryMetric(k) for k in UTILIZATION_KEYS]),
         wr.BarPlot(title=PANEL_TITLES["memory"], metrics=[wr.SummaryMetric(k) for k in MEMORY_KEYS],
                    title_x="bytes"),
+        wr.BarPlot(title=PANEL_TITLES["predicted_throughput"],
+                   metrics=[wr.SummaryMetric(k) for k in PREDICTED_THROUGHPUT_KEYS], title_x="tokens/s"),
         wr.BarPlot(title=PANEL_TITLES["predicted_time"],
                    metrics=[wr.SummaryMetric("step_time_s"), wr.SummaryMetric("predicted_step_time_s")],
                    title_x="seconds per optimizer step"),

@@ -177,6 +177,12 @@ class Predicted:
     step_time_s: Optional[float] = None
     tokens_per_s: Optional[float] = None
     tflop_per_s_per_device: Optional[float] = None
+    # the band of tokens_per_s (harness.plan.uncertainty.Band): measured / predicted - 1 within ±tokens_per_s_band,
+    # from band_rows calibration runs of the engine in band_regime; band_source "calibrated" or "uncalibrated"
+    tokens_per_s_band: Optional[float] = None
+    band_regime: Optional[str] = None
+    band_source: Optional[str] = None
+    band_rows: Optional[int] = None
     extra: Dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as written
 
     @property

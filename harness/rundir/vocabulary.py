@@ -84,6 +84,28 @@ format_ratio = _numeric("{:.2f}×")
 format_float = _numeric("{:.4g}")
 
 
+def format_band(value: Any) -> str:
+    """A prediction band's half-width (a fraction, 0.09) as `±9%`; `-` when there is none."""
+    number = _number(value)
+    return "-" if number is None else f"±{number:.0%}"
+
+
+def format_with_band(value: Any, half_width: Any, source: Any = "calibrated", unit: str = "",
+                     marked: bool = False) -> str:
+    """A predicted throughput with its band: `48,700 (±9%)`, with `unit` `48,700 tokens/s (±9%)`; `(±63%,
+    uncalibrated)` where the band is not its engine and regime's own (harness.plan.uncertainty.band), `(±63%*)`
+    when `marked` (a narrow table whose note says what the star means); the bare figure where it has no band."""
+    shown = format_rate(value)
+    if shown == "-":
+        return shown
+    shown += f" {unit}" if unit else ""
+    if _number(half_width) is None:
+        return shown
+    if source == "calibrated":
+        return f"{shown} ({format_band(half_width)})"
+    return f"{shown} ({format_band(half_width)}*)" if marked else f"{shown} ({format_band(half_width)}, {source})"
+
+
 def format_text(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -99,7 +121,7 @@ def format_host(value: Any) -> str:
 FORMATS: Dict[str, Callable[[Any], str]] = {
     "s": format_seconds, "bytes": format_bytes, "GiB": format_gib, "tokens/s": format_rate, "%": format_percent,
     "ratio": format_ratio, "count": format_count, "number": format_float, "TFLOP/s": format_float,
-    "FLOP/s": format_float, "text": format_text, "host": format_host,
+    "FLOP/s": format_float, "text": format_text, "host": format_host, "band": format_band,
 }
 
 
@@ -184,6 +206,12 @@ FIGURES: Tuple[Figure, ...] = tuple([
         ("pred_time_bubble_s", "bubble pred", "s"), ("pred_time_optimizer_s", "optimizer step pred", "s"),
         ("pred_time_offload_s", "offload pred", "s"),
         ("pred_total_bytes", "memory pred total bytes", "bytes"), ("hfu_predicted", "HFU pred", "%"),
+        # the band of the predicted tokens/s (harness.plan.uncertainty) and whether the measurement fell in it
+        ("tokens_per_s_band", "tokens/s pred band", "band"),
+        ("tokens_per_s_predicted_low", "tokens/s pred band low", "tokens/s"),
+        ("tokens_per_s_predicted_high", "tokens/s pred band high", "tokens/s"), ("band_regime", "band regime", "text"),
+        ("band_source", "band source", "text"), ("band_rows", "band rows", "count"),
+        ("tokens_per_s_in_band", "measured vs band", "text"),
     )),
     *_figures(OTHER, (
         ("repeats", "repeats", "count"), ("repeat", "repeat", "count"), ("point", "point", "text"),

@@ -22,6 +22,7 @@ from harness.modeling import device
 from harness.modeling.model import build_model
 from harness.plan.peak import peak_flops as peak_flops_of
 from harness.plan.time_limit import WARNING_SIGNAL
+from harness.plan.uncertainty import interval, versus_band
 from harness.plan.utilization import hfu, mfu
 from harness.rundir import (
     COMPLETED,
@@ -327,11 +328,22 @@ def _flat_summary(payload: Dict[str, Any]) -> Dict[str, Any]:
         step_time_predicted_s=predicted.get("step_time_s"),
         tokens_per_s_predicted=predicted.get("tokens_per_s"),
         tflop_per_s_per_device_predicted=predicted.get("tflop_per_s_per_device"),
+        **band_summary(predicted, measured.get("tokens_per_s")),
     )
     # where the predicted step time goes, beside the measured step time (seconds)
     parts = Predicted.from_dict(predicted).time_parts()
     summary.update({f"pred_time_{part}_s": seconds for part, seconds in parts.items()})
     return summary
+
+
+def band_summary(predicted: Dict[str, Any], measured_tokens_per_s: Optional[float]) -> Dict[str, Any]:
+    """The band of the predicted tokens/s (harness.plan.uncertainty) under summary.csv's names, its ends as
+    tokens/s (a W&B bar chart draws them beside the measurement), and where the measured tokens/s fell."""
+    band, rate = predicted.get("tokens_per_s_band"), predicted.get("tokens_per_s")
+    keys = ("tokens_per_s_band", "band_regime", "band_source", "band_rows")
+    low, high = interval(rate, band) if band is not None and rate is not None else (None, None)
+    return {**{key: predicted.get(key) for key in keys}, "tokens_per_s_predicted_low": low,
+            "tokens_per_s_predicted_high": high, "tokens_per_s_in_band": versus_band(rate, measured_tokens_per_s, band)}
 
 
 def interval_summary(measured: Dict[str, Any]) -> Dict[str, Any]:

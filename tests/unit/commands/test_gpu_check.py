@@ -86,3 +86,11 @@ def test_state_bytes_must_equal_the_plan_on_every_rank():
     metrics["measured"]["per_rank"][1]["optimizer_bytes"] = 40
     ok, rows = gpu_check.state_bytes_check(cfg, metrics)
     assert not ok and rows["1"]["measured"]["optimizer_bytes"] == 40
+
+
+def test_the_comparison_gives_the_predicted_band_and_where_the_measurement_fell():
+    outcome = gpu_check.Outcome("fsdp_8gpu", "run", predicted={"tokens_per_s": 1000.0, "tokens_per_s_band": 0.09},
+                                measured={"tokens_per_s": 800.0})
+    header, line = gpu_check.comparison_lines([outcome])
+    assert header.endswith("tokens/s band") and line.endswith("±9% below")
+    assert "1,000 / 800" in line

@@ -49,7 +49,8 @@ def test_the_table_gives_every_part_with_its_unit_and_the_why_compares_part_by_p
     assert "ranked for launcher=slurm_gpu" in out
     first = out.split("#1 ", 1)[1].split("#2 ", 1)[0]
     assert first.startswith("engine=nd ")
-    assert re.search(r"[\d,]+ tokens/s, MFU [\d.]+%, step [\d.]+ s: compute [\d.]+ s, exposed communication "
+    assert re.search(r"[\d,]+ tokens/s \(±\d+%(, uncalibrated)?\), MFU [\d.]+%, step [\d.]+ s: compute [\d.]+ s, "
+                     r"exposed communication "
                      r"(\w+ [\d.e-]+ s(, )?)+, bubble [\d.e-]+ s, optimizer [\d.e-]+ s, offload [\d.e-]+ s", first)
     assert re.search(r"memory [\d.]+ GiB per rank of 80.00 GiB \(margin [\d.]+ (GiB|MiB)\)", first)
     assert re.search(r"why #1 over #2: [\d.]+x the tokens/s \([\d,]+ -> [\d,]+\)\n   \w.* [\d.e-]+ s -> [\d.e-]+ s", out)

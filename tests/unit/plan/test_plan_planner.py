@@ -53,7 +53,8 @@ def test_to_dict_is_json_and_complete():
         "valid", "errors", "warnings", "model", "layout", "cluster", "engine", "world_size", "global_batch",
         "tokens_per_step", "memory", "device_memory_bytes", "device_memory_source", "fits", "margin_bytes",
         "flop_convention", "flops_per_token", "hfu_flops_per_token", "peak_flop_per_s_per_device", "peak_flops_source",
-        "tokens_per_s", "predicted_mfu", "predicted_hfu", "step_time_s", "tflop_per_s_per_device", "time", "time_source"}
+        "tokens_per_s", "predicted_mfu", "predicted_hfu", "step_time_s", "tflop_per_s_per_device", "time",
+        "time_source", "prediction_band"}
     assert payload["memory"]["total_bytes"] == plan.memory.total_bytes
     assert payload["model"]["total_params"] == 70_553_706_496
     assert payload["layout"]["tp"] == 8

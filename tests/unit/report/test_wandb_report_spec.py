@@ -73,7 +73,11 @@ def test_runset_is_the_sweeps_group(report):
 def test_panels(report):
     panels = _grid(report).panels
     bars = {p.title: p for p in panels if isinstance(p, wr.BarPlot)}
-    assert set(bars) == {PANEL_TITLES[k] for k in ("throughput", "mfu", "memory", "predicted_time", "predicted_parts")}
+    assert set(bars) == {PANEL_TITLES[k] for k in ("throughput", "mfu", "memory", "predicted_throughput",
+                                                   "predicted_time", "predicted_parts")}
+    # measured tokens/s beside the predicted one and its band's ends (harness/runtime/bench.py band_summary)
+    assert [m.name for m in bars[PANEL_TITLES["predicted_throughput"]].metrics] == [
+        "tokens_per_s", "tokens_per_s_predicted_low", "tokens_per_s_predicted", "tokens_per_s_predicted_high"]
     # the runtime's summary keys (harness/runtime/bench.py _flat_summary): measured beside predicted
     assert [m.name for m in bars[PANEL_TITLES["predicted_time"]].metrics] == ["step_time_s", "predicted_step_time_s"]
     assert [m.name for m in bars[PANEL_TITLES["predicted_parts"]].metrics] == [

@@ -1,0 +1,171 @@
+"""The band of a predicted throughput: the half-width rule on known residuals, the regime of a layout, the fallback
+where an engine and regime has too few rows, the committed table against what the current model gives, and the
+band on a plan."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from harness import REPO_ROOT
+from harness.config.compose import compose_run_config
+from harness.plan import uncertainty
+from harness.plan.planner import make_plan
+from harness.plan.uncertainty import (
+    BAND_FILE,
+    Band,
+    band,
+    half_width,
+    overlaps,
+    regime,
+    residual,
+    uncalibrated_width,
+    versus_band,
+)
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("prediction_band_tool", REPO_ROOT / "tools" / "prediction_band.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_half_width_is_the_conformal_order_statistic_of_the_absolute_residuals():
+    # 19 rows: k = ceil(0.9 * 20) = 18, the 18th smallest |residual|, holding 18/20 = 90% of new layouts
+    residuals = [(-1) ** i * i / 100 for i in range(1, 20)]
+    assert half_width(residuals) == (0.18, 0.9)
+    # 10 rows: k = ceil(9.9) = 10, the largest, 10/11
+    assert half_width([i / 100 for i in range(1, 11)]) == (0.10, pytest.approx(10 / 11))
+    # 3 rows: k would be 4 > 3: the largest, which holds only 3/4; the sign does not matter
+    assert half_width([0.02, -0.3, 0.1]) == (0.3, 0.75)
+    with pytest.raises(ValueError):
+        half_width([])
+
+
+def test_residual_is_measured_over_predicted_and_converts_the_published_error():
+    assert residual(100.0, 91.0) == pytest.approx(-0.09)
+    # a published error e = predicted / measured - 1 of +25% is a measurement 20% below the prediction
+    assert residual(1.25, 1.0) == pytest.approx(-0.2)
+
+
+def _layout(**fields):
+    base = dict(tp=1, pp=1, cp=1, ep=1, offload_optimizer="none", offload_params="none", precision="bf16")
+    return SimpleNamespace(**{**base, **fields})
+
+
+def test_regime_by_device_split_and_training_regime():
+    assert regime("h100_sxm", _layout()) == "gpu/data-parallel"
+    assert regime("cpu", _layout()) == "cpu/data-parallel"
+    for axis in ("tp", "pp", "cp", "ep"):
+        assert regime("a100_sxm", _layout(**{axis: 2})) == "gpu/model-parallel"
+    assert regime("h100_sxm", _layout(tp=2, offload_optimizer="cpu")) == "gpu/offload"
+    assert regime("h100_sxm", _layout(offload_params="nvme")) == "gpu/offload"
+    assert regime("h100_sxm", _layout(precision="fp8"), compiled=True) == "gpu/data-parallel+compile+fp8"
+
+
+TABLE = {"groups": {
+    "fsdp": {"gpu/data-parallel": {"residuals": [-0.05, 0.02, -0.08, 0.01, -0.03]},
+             "gpu/model-parallel": {"residuals": [0.3, -0.2]}},
+    "nd": {"gpu/model-parallel": {"residuals": [0.1, 0.12, 0.09, 0.11]}},
+    "deepspeed": {"cpu/data-parallel": {"residuals": [0.2, -0.1, 0.05]}},
+}}
+
+
+@pytest.fixture
+def table(monkeypatch):
+    monkeypatch.setattr(uncertainty, "band_table", lambda: TABLE)
+    uncertainty.band.cache_clear()
+    yield TABLE
+    uncertainty.band.cache_clear()
+
+
+def test_a_group_with_enough_rows_stands_on_its_own(table):
+    assert band("fsdp", "gpu/data-parallel") == Band(0.08, 5, "calibrated", "gpu/data-parallel", 5 / 6)
+    assert band("nd", "gpu/model-parallel") == Band(0.12, 4, "calibrated", "gpu/model-parallel", 0.8)
+
+
+def test_a_group_with_too_few_or_no_rows_takes_the_pooled_band_widened(table):
+    pooled = [-0.05, 0.02, -0.08, 0.01, -0.03, 0.3, -0.2, 0.1, 0.12, 0.09, 0.11]  # every gpu row
+    # 11 rows: k = ceil(10.8) = 11, the largest (0.3); widened by the largest calibrated bias, nd's median 0.105
+    assert uncalibrated_width(pooled, [-0.03, 0.105]) == (pytest.approx(0.405), 11 / 12)
+    sparse = band("fsdp", "gpu/model-parallel")
+    assert (sparse.half_width, sparse.rows, sparse.source) == (pytest.approx(0.405), 2, "uncalibrated")
+    unknown = band("megatron_lm", "gpu/model-parallel+fp8")
+    assert (unknown.half_width, unknown.rows, unknown.source) == (pytest.approx(0.405), 0, "uncalibrated")
+    # cpu: only deepspeed's three rows, none calibrated: the pooled band unwidened
+    assert band("nd", "cpu/model-parallel").half_width == 0.2
+
+
+def test_no_band_without_any_row_of_the_device_class(monkeypatch):
+    monkeypatch.setattr(uncertainty, "band_table", lambda: {"groups": {}})
+    uncertainty.band.cache_clear()
+    try:
+        assert band("fsdp", "gpu/data-parallel") is None
+    finally:
+        uncertainty.band.cache_clear()
+
+
+def test_where_a_measurement_falls_against_its_band():
+    assert versus_band(100.0, 92.0, 0.09) == "inside"
+    assert versus_band(100.0, 90.0, 0.09) == "below"
+    assert versus_band(100.0, 110.0, 0.09) == "above"
+    assert versus_band(100.0, None, 0.09) is None and versus_band(100.0, 95.0, float("nan")) is None
+
+
+def test_bands_overlap_when_their_intervals_meet():
+    nine = Band(0.09, 10, "calibrated", "gpu/data-parallel", 10 / 11)
+    assert overlaps(100.0, nine, 84.0, nine)  # 91.0 <= 91.56
+    assert not overlaps(100.0, nine, 83.0, nine)  # 91.0 > 90.47
+    assert not overlaps(100.0, None, 99.0, None)
+
+
+def test_the_committed_table_is_what_the_current_model_and_rows_give():
+    committed = json.loads(BAND_FILE.read_text())
+    assert committed == _tool().current(), "stale: run python tools/prediction_band.py"
+
+
+def test_the_committed_table_goes_stale_when_a_prediction_moves(monkeypatch):
+    tool = _tool()
+    rows = tool.gpu_rows()
+    moved = [rows[0]._replace(residual=rows[0].residual + 0.01), *rows[1:]]
+    monkeypatch.setattr(tool, "gpu_rows", lambda: moved)
+    assert json.loads(BAND_FILE.read_text()) != tool.current()
+
+
+def test_the_recorded_cpu_rows_name_the_engine_and_regime_their_overrides_compose_to():
+    with open(REPO_ROOT / "tests" / "data" / "cpu_time_model_residuals.csv") as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    assert len(rows) == 27
+    for row in rows:
+        cfg = compose_run_config(row["overrides"].split())
+        assert (cfg.engine.name, regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile)) == \
+            (row["engine"], row["regime"]), row["run"]
+
+
+def test_a_plan_carries_the_band_of_its_engine_and_regime():
+    cfg = compose_run_config(["recipes=gpu_llama8b_fsdp_8gpu"])
+    plan = make_plan(cfg)
+    assert plan.prediction_band == band("fsdp", "gpu/data-parallel")
+    assert plan.prediction_band.calibrated and plan.to_dict()["prediction_band"]["regime"] == "gpu/data-parallel"
+    tp = make_plan(replace(cfg, layout=replace(cfg.layout, tp=2, dp_shard=4)))
+    assert tp.prediction_band.regime == "gpu/model-parallel" and not tp.prediction_band.calibrated
+    assert make_plan(cfg, predict_time=False).prediction_band is None
+
+
+def test_the_published_runs_module_is_read_with_each_rows_engine_regime_and_residual(monkeypatch):
+    # tests/published/runs.py's interface: published_runs() -> runs with table, label, engine, config;
+    # prediction_error(run) -> predicted / measured - 1
+    cfg = compose_run_config(["recipes=gpu_llama8b_fsdp_tp2_8gpu"])
+    run = SimpleNamespace(table="a_table", label="row 1", engine=cfg.engine.name, config=cfg)
+    fake = SimpleNamespace(published_runs=lambda: [run], prediction_error=lambda r: 0.25)
+    monkeypatch.setitem(sys.modules, "tests.published.runs", fake)
+    (row,) = _tool().published_rows()
+    assert (row.table, row.label, row.engine, row.regime) == ("a_table", "row 1", "fsdp", "gpu/model-parallel")
+    assert row.residual == pytest.approx(-0.2)  # 25% optimistic: the measurement 20% under the prediction
