@@ -110,8 +110,12 @@ def candidates(cfg: Any, global_batch: int, admit: Admit) -> Iterator[Plan]:
                     break
                 if admit(point, plan):
                     continue
+                # judged again with its predicted time: the time limit needs the step time and start-up
+                timed = with_time(plan, point)
+                if admit(point, timed):
+                    continue
                 fitted_any = True
-                yield with_time(plan, point)
+                yield timed
 
 
 def tensor_parallel_options(engine: Any, tp: int) -> Any:
