@@ -51,6 +51,12 @@ class HardwareProfile:
     # Per engine, what its measured steps took over the model's prediction: {engine: {"compute": f, "comm": g}},
     # written only by `harness tune` (harness.plan.engine_factors); none: 1.0 for every engine.
     engine_factors: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    # Each accelerator drives its own NIC (DGX / HGX rails): a ring across nodes crosses the network on as many NICs
+    # per node as the group has ranks there (comm.bus_bandwidth); False: the node shares one link.
+    nic_per_accelerator: bool = False
+    # NVLink SHARP (NCCL's NVLS algorithm) reduces inside the NVSwitch: an all-reduce within a node of more than
+    # four ranks runs faster than its ring (NVLS_ALL_REDUCE_GAIN).
+    nvlink_sharp: bool = False
     measured_peak_flops: Optional[float] = None  # CPU: the measured matmul peak stands in for a datasheet
     source: str = "datasheet"
     version: int = 0  # PROFILE_VERSION of the calibration that wrote it; datasheet rows carry none
@@ -74,11 +80,22 @@ class HardwareProfile:
 #   Bus bandwidth: nccl-tests all_reduce_perf on DGX H100 reaches ~480 GB/s busbw over NVLink 4 (NVIDIA DGX
 #         H100 user guide / NCCL release notes); torch comm_analysis uses 370 GB/s (Hopper) and 240 GB/s
 #         (Ampere) NVLink, 50 GB/s (NDR 400G) and 25 GB/s (HDR 200G) per GPU across nodes.
+#   Across nodes: NCCL's rings (and trees) open several channels whose node crossings fall on different
+#         accelerators, so every NIC of the node is busy at once: the bus bandwidth of a collective over g ranks
+#         per node is g x the per-NIC rate (stas00/ml-engineering, network/README.md, "Inter-node speed depends on
+#         intra-node speed": 4 nodes of 8 accelerators with 8 x 50 GB/s NICs reach 362 GB/s busbw at 1 GiB and
+#         382 GB/s at 16 GiB, against 400 GB/s of NICs: NIC_EFFICIENCY 0.9), capped by the node's own links.
+#         NDR 400G: 50 GB/s per NIC (H100 / H200 / MI300X nodes), HDR 200G: 25 GB/s (A100).
+#   NVLS: the same README, "SHARP": 8x H200 all-reduce at 8 GiB, NVLS over ring busbw 1.14 / 1.19 / 1.26 / 1.29 at
+#         5 / 6 / 7 / 8 GPUs (ring 363-366 GB/s whatever the count, matching the 370 GB/s above; NCCL keeps the
+#         ring at 4 GPUs and fewer). NVSwitch nodes of Hopper only (A100's NVSwitch has no SHARP).
 #   Host link: PCIe Gen5 x16 64 GB/s (Gen4 32 GB/s) per direction, ~80% achievable in pinned copies.
 #   CPU Adam: DeepSpeed ZeRO-Offload (Ren et al. 2021, table 2): CPU-Adam updates 1B parameters in 0.22 s
 #         on a 2x20-core host, 4.5e9 params/s per host, shared by 8 ranks -> 5.6e8 per rank.
 #   NVMe: ZeRO-Infinity (Rajbhandari et al. 2021, sec. 7): ~25 GB/s read per DGX-2 node over 8 ranks (3.1 GB/s each).
-_NVIDIA_NCCL = dict(collective_base_latency_s=8.4 * US, intra_step_latency_s=3.4 * US,
+NIC_EFFICIENCY = 0.9
+NVLS_ALL_REDUCE_GAIN = {5: 1.14, 6: 1.19, 7: 1.26, 8: 1.29}
+_NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=8.4 * US, intra_step_latency_s=3.4 * US,
                     inter_step_latency_s=14.0 * US, low_latency_protocol=True, overlaps_comm=True,
                     op_latency_s=4 * US, cpu_adam_params_per_s=5.6e8, nvme_bandwidth=3.1 * GB)
 HARDWARE: Dict[str, HardwareProfile] = {
@@ -90,10 +107,10 @@ HARDWARE: Dict[str, HardwareProfile] = {
                                      host_link_bandwidth=25 * GB, **_NVIDIA_NCCL),
     "h100_sxm": HardwareProfile("h100_sxm", 0.803, 0.35, 0.35, 3350 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
-                                host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),
+                                host_link_bandwidth=51 * GB, nvlink_sharp=True, **_NVIDIA_NCCL),
     "h200": HardwareProfile("h200", 0.836, 0.35, 0.35, 4800 * GB, 0.90, gpus_per_node=8,
                             intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
-                            host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),
+                            host_link_bandwidth=51 * GB, nvlink_sharp=True, **_NVIDIA_NCCL),
     "mi300x": HardwareProfile("mi300x", 0.601, 0.30, 0.30, 5300 * GB, 0.85, gpus_per_node=8,
                               intra_node_bandwidth=300 * GB, inter_node_bandwidth=50 * GB,
                               host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),
