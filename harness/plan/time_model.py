@@ -315,6 +315,8 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
         per_mb = gather + reduce + _calls("all_reduce", grads / shard.size, counts.units, rep, hw)
         return DataParallelComm(per_mb, 0.0, 0.0, "gathers prefetched behind the previous unit's compute; "
                                 "reduce-scatters behind the next unit's backward")
+    if name == "megatron_lm":
+        return megatron_dp_comm(layout, hw, groups, everyone, counts, weights, grads)
     if zero >= 1 and shard.size > 1:
         reduce = (_calls("reduce_scatter", grads, buckets, shard, hw)
                   + _calls("all_reduce", grads / shard.size, buckets, rep, hw))
@@ -327,6 +329,37 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
     calls = buckets if name == "deepspeed" else grads / DDP_BUCKET_BYTES
     return DataParallelComm(0.0, _calls("all_reduce", grads, calls, everyone, hw), 0.0,
                             "bucketed all-reduce behind the last backward")
+
+
+# Megatron-LM's DDP bucket when it overlaps the reduction (megatron/core/distributed/distributed_data_parallel.py:
+# bucket_size = max(40M, 1M x data-parallel size) elements; without --overlap-grad-reduce one bucket per buffer).
+MEGATRON_BUCKET_NUMEL = 40e6
+
+
+def megatron_dp_comm(layout: Any, hw: HardwareProfile, groups: Groups, everyone: Group, counts: CallCounts,
+                     weights: float, grads: float) -> DataParallelComm:
+    """Megatron-LM's data-parallel traffic as harness.engines.megatron_lm renders its flags.
+
+    zero_stage 0 renders no --overlap-grad-reduce: finish_grad_sync then issues the gradient all-reduce
+    synchronously after the last backward, one bucket per buffer (param_and_grad_buffer.py: "If
+    overlap_grad_reduce is False, start (and finish) synchronous communication call here"), all of it on the
+    critical path. zero_stage 1 renders --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather:
+    the gradient reduce-scatter runs bucket by bucket behind the last backward, and the updated parameters'
+    all-gather is dispatched with the next forward, each bucket waited for by its first layer's pre-hook
+    (behind the first micro-batch's forward); with several optimizer instances the shard is all-reduced across
+    them too."""
+    shard, rep = groups.dp_shard, groups.dp_replicate
+    if layout.zero_stage == 0 or shard.size == 1:
+        return DataParallelComm(0.0, 0.0, collective_time("all_reduce", grads, everyone, hw),
+                                "gradient all-reduce after the last backward, synchronous (no --overlap-grad-reduce)")
+    buckets = max(MEGATRON_BUCKET_NUMEL, 1e6 * shard.size)
+    calls = counts.params / buckets
+    reduce = (_calls("reduce_scatter", grads, calls, shard, hw)
+              + _calls("all_reduce", grads / shard.size, calls, rep, hw))
+    gather = _calls("all_gather", weights, calls, shard, hw)
+    return DataParallelComm(0.0, reduce, 0.0, "reduce-scatter behind the last backward (--overlap-grad-reduce); "
+                            "parameter all-gather behind the next forward (--overlap-param-gather)",
+                            with_first_forward=gather)
 
 
 def fsdp_comm(layout: Any, hw: HardwareProfile, groups: Groups, counts: CallCounts, weights: float,

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from harness.engines.megatron_lm import megatron_flags
 from harness.plan.comm import Group, bus_factor, collective_time
 from harness.plan.hardware import HARDWARE
+from harness.plan.planner import make_plan
+from plan_helpers import run_config
 
 H100 = HARDWARE["h100_sxm"]
 GIB = 1 << 30
@@ -34,3 +37,41 @@ def test_all_reduce_across_four_nodes_runs_on_every_nic_of_the_node(payload, mea
 def test_a_group_with_one_rank_per_node_crosses_on_one_nic():
     # the same arithmetic with one rank of the group per node: its own NIC carries all the traffic
     assert busbw("all_gather", 8 * GIB, Group(4, 4)) == pytest.approx(50e9 * 0.9, rel=0.05)
+
+
+A100_4X8 = dict(name="a100_4x8", nodes=4, accelerators_per_node=8, accelerator="a100_sxm",
+                memory_per_accelerator_gib=None, host_memory_gib=1024.0)
+
+
+LLAMA_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                max_position_embeddings=131072, tie_word_embeddings=True)
+
+
+def plan_config(zero_stage: int):
+    layout = dict(dp_shard=32, zero_stage=zero_stage, micro_batch=4, grad_accum=4, seq_len=2048)
+    return run_config("llama3_2_1b", hf_config=LLAMA_1B, engine=dict(name="megatron_lm"), cluster=A100_4X8,
+                      **layout)
+
+
+def megatron_dp_plan(zero_stage: int):
+    plan = make_plan(plan_config(zero_stage))
+    assert plan.valid, plan.errors
+    return plan
+
+
+def test_megatron_without_overlap_grad_reduce_exposes_the_whole_gradient_all_reduce():
+    # zero_stage 0 renders no --overlap-grad-reduce: Megatron's finish_grad_sync all-reduces the fp32 gradient
+    # buffer synchronously after the last backward (param_and_grad_buffer.py), nothing hides it
+    plan = megatron_dp_plan(0)
+    assert "--overlap-grad-reduce" not in megatron_flags(plan_config(0))
+    dp = plan.time.comm_s["dp"]
+    assert dp["exposed"] == pytest.approx(dp["total"]) and dp["total"] > 0
+
+
+def test_megatron_distributed_optimizer_hides_its_gather_behind_the_next_forward():
+    # zero_stage 1 renders --overlap-grad-reduce and --overlap-param-gather: what is left exposed is the last
+    # bucket of each, a small part of the traffic
+    assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(megatron_flags(plan_config(1)))
+    dp = megatron_dp_plan(1).time.comm_s["dp"]
+    assert dp["exposed"] < 0.25 * dp["total"]
