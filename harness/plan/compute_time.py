@@ -103,11 +103,22 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
         return one * (2.0 if backward else 1.0)
     efficiency = hw.attention_efficiency_flash if spec.attn_implementation == "flash_attention_2" \
         else hw.attention_efficiency_sdpa
-    rate = peak / hw.matmul_efficiency * efficiency
+    rate = peak / hw.matmul_efficiency * efficiency * attention_kernel_efficiency(width / max(heads, 1e-9), seq_len,
+                                                                                  hw)
     sequence_heads = heads * tokens / seq_len
     per_head = hw.attention_backward_head_latency_s if backward else hw.attention_head_latency_s
     return (hw.op_latency_s + sequence_heads * per_head
             + (full / 2) * (hw.attention_backward_ratio if backward else 1.0) / rate)
+
+
+def attention_kernel_efficiency(head_dim: float, seq_len: int, hw: HardwareProfile) -> float:
+    """A fused attention kernel's rate at this head dim and sequence length over its rate at head dim 128 and
+    long sequences: FlashAttention-2's measured forward + backward TFLOP/s fit R_d / (1 + T0 / T) (hardware.py
+    cites the tables): a fixed cost per query block that long sequences amortise, and head dim 64 running at
+    attention_small_head_ratio of 128 (linear between; outside 64-128 the nearer end)."""
+    d = min(max(head_dim, 64.0), 128.0)
+    head = hw.attention_small_head_ratio + (1.0 - hw.attention_small_head_ratio) * (d - 64.0) / 64.0
+    return head / (1.0 + hw.attention_half_rate_tokens / max(1, seq_len))
 
 
 def attention_share(spec: ModelSpec) -> float:

@@ -40,6 +40,11 @@ class HardwareProfile:
     # forward's 2 (Dao 2023, FlashAttention-2 sec. 3.1) at the forward's rate on GPUs; measured on CPUs,
     # whose SDPA backward runs far below its forward rate
     attention_backward_ratio: float = 2.5
+    # A fused attention kernel's rate by shape (compute_time.attention_kernel_efficiency): the attention efficiencies
+    # above hold at head dim 128 as the sequence grows; at head dim 64 the rate is this fraction of it, and at
+    # sequence length T it is 1 / (1 + attention_half_rate_tokens / T) of it (1.0 / 0: no shape dependence).
+    attention_small_head_ratio: float = 1.0
+    attention_half_rate_tokens: float = 0.0
     # fixed seconds per (sequence, head) of a fused attention call, forward and backward (0: FLOPs dominate)
     attention_head_latency_s: float = 0.0
     attention_backward_head_latency_s: float = 0.0
@@ -69,9 +74,15 @@ class HardwareProfile:
 #   MAMF: stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
 #         table" (BF16): A100 SXM 271.2/312 = 86.9%, H100 SXM 794.5/989 = 80.3%, GH200 828.6/989 = 83.6%,
 #         MI300X 781.9/1300 = 60.1%.
-#   Attention: FlashAttention-2 (Dao 2023, sec. 4.1) reaches 50-73% of A100 peak forward+backward; on H100 it
-#         runs at ~35% of peak (Shah et al. 2024, FlashAttention-3, sec. 1: "FlashAttention-2 achieves only 35%
-#         utilization on H100"). attn_implementation flash_attention_2 and torch SDPA both run FA2 kernels.
+#   Attention: FlashAttention-2's forward + backward benchmarks (Dao-AILab/flash-attention, assets/
+#         flash2_a100_fwd_bwd_benchmark.png and flash2_h100_fwd_bwd_benchmark.png; batch x seqlen 16k tokens,
+#         causal, TFLOP/s counting the causal half) fit rate(T) = R_d / (1 + T0 / T) within 2% at every point from
+#         T = 512 to 16k: A100 causal head dim 128: R = 194 TFLOP/s (62.2% of 312), T0 = 484; head dim 64: R = 176
+#         (0.91 of it), T0 = 505. H100 causal head dim 128: R = 334 (33.8% of 989), T0 = 532; head dim 64: R = 293
+#         (0.88), T0 = 546 (Shah et al. 2024, FlashAttention-3, sec. 1: "FlashAttention-2 achieves only 35%
+#         utilization on H100"). T0 ~ 500 is a fixed cost per query block (the diagonal block of the causal mask,
+#         the softmax rescale and output write) that long sequences amortise. attn_implementation flash_attention_2
+#         and torch SDPA both run FA2 kernels. H200 computes as H100.
 #   HBM: A100 80GB datasheet 2,039 GB/s; H100 SXM datasheet 3.35 TB/s; H200 datasheet 4.8 TB/s; MI300X data
 #         sheet 5.3 TB/s. Achievable streaming fraction ~90% (NVIDIA's BabelStream-class copy results; the
 #         ml-engineering "memory bandwidth" section quotes 85-92%).
@@ -93,24 +104,26 @@ class HardwareProfile:
 #   CPU Adam: DeepSpeed ZeRO-Offload (Ren et al. 2021, table 2): CPU-Adam updates 1B parameters in 0.22 s
 #         on a 2x20-core host, 4.5e9 params/s per host, shared by 8 ranks -> 5.6e8 per rank.
 #   NVMe: ZeRO-Infinity (Rajbhandari et al. 2021, sec. 7): ~25 GB/s read per DGX-2 node over 8 ranks (3.1 GB/s each).
+_FA2_A100 = dict(attention_small_head_ratio=0.91, attention_half_rate_tokens=495)
+_FA2_H100 = dict(attention_small_head_ratio=0.88, attention_half_rate_tokens=540)
 NIC_EFFICIENCY = 0.9
 NVLS_ALL_REDUCE_GAIN = {5: 1.14, 6: 1.19, 7: 1.26, 8: 1.29}
 _NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=8.4 * US, intra_step_latency_s=3.4 * US,
                     inter_step_latency_s=14.0 * US, low_latency_protocol=True, overlaps_comm=True,
                     op_latency_s=4 * US, cpu_adam_params_per_s=5.6e8, nvme_bandwidth=3.1 * GB)
 HARDWARE: Dict[str, HardwareProfile] = {
-    "a100_sxm": HardwareProfile("a100_sxm", 0.869, 0.50, 0.50, 2039 * GB, 0.90, gpus_per_node=8,
+    "a100_sxm": HardwareProfile("a100_sxm", 0.869, 0.622, 0.622, 2039 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
-                                host_link_bandwidth=25 * GB, **_NVIDIA_NCCL),
-    "a100_sxm_40gb": HardwareProfile("a100_sxm_40gb", 0.869, 0.50, 0.50, 1555 * GB, 0.90, gpus_per_node=8,
+                                host_link_bandwidth=25 * GB, **_FA2_A100, **_NVIDIA_NCCL),
+    "a100_sxm_40gb": HardwareProfile("a100_sxm_40gb", 0.869, 0.622, 0.622, 1555 * GB, 0.90, gpus_per_node=8,
                                      intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
-                                     host_link_bandwidth=25 * GB, **_NVIDIA_NCCL),
-    "h100_sxm": HardwareProfile("h100_sxm", 0.803, 0.35, 0.35, 3350 * GB, 0.90, gpus_per_node=8,
+                                     host_link_bandwidth=25 * GB, **_FA2_A100, **_NVIDIA_NCCL),
+    "h100_sxm": HardwareProfile("h100_sxm", 0.803, 0.338, 0.338, 3350 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
-                                host_link_bandwidth=51 * GB, nvlink_sharp=True, **_NVIDIA_NCCL),
-    "h200": HardwareProfile("h200", 0.836, 0.35, 0.35, 4800 * GB, 0.90, gpus_per_node=8,
+                                host_link_bandwidth=51 * GB, nvlink_sharp=True, **_FA2_H100, **_NVIDIA_NCCL),
+    "h200": HardwareProfile("h200", 0.836, 0.338, 0.338, 4800 * GB, 0.90, gpus_per_node=8,
                             intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
-                            host_link_bandwidth=51 * GB, nvlink_sharp=True, **_NVIDIA_NCCL),
+                            host_link_bandwidth=51 * GB, nvlink_sharp=True, **_FA2_H100, **_NVIDIA_NCCL),
     "mi300x": HardwareProfile("mi300x", 0.601, 0.30, 0.30, 5300 * GB, 0.85, gpus_per_node=8,
                               intra_node_bandwidth=300 * GB, inter_node_bandwidth=50 * GB,
                               host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),

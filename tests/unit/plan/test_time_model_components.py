@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import pytest
 
 from harness.engines.megatron_lm import megatron_flags
 from harness.plan.comm import Group, bus_factor, collective_time
-from harness.plan.hardware import HARDWARE
+from harness.plan.compute_time import attention_time
+from harness.plan.hardware import HARDWARE, achievable_peak
+from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.planner import make_plan
 from plan_helpers import run_config
 
@@ -75,3 +79,29 @@ def test_megatron_distributed_optimizer_hides_its_gather_behind_the_next_forward
     assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(megatron_flags(plan_config(1)))
     dp = megatron_dp_plan(1).time.comm_s["dp"]
     assert dp["exposed"] < 0.25 * dp["total"]
+
+
+# FlashAttention-2's forward + backward benchmark, causal (Dao-AILab/flash-attention, assets/
+# flash2_{a100,h100}_fwd_bwd_benchmark.png: 16k tokens a batch, hidden 2048): TFLOP/s counting the causal half
+FA2_CAUSAL = {("a100_sxm", 128): {512: 99, 2048: 155, 16384: 189}, ("a100_sxm", 64): {512: 88, 2048: 140, 16384: 171},
+              ("h100_sxm", 128): {512: 163, 2048: 265, 16384: 328}, ("h100_sxm", 64): {512: 141, 2048: 232, 16384: 284}}
+
+
+@lru_cache(maxsize=None)
+def bench_attention(head_dim: int):
+    """The benchmark's shape: hidden 2048 in heads of head_dim; torch SDPA runs the same FA2 kernels."""
+    heads = 2048 // head_dim
+    return model_spec_from_hf("bench", dict(model_type="llama", vocab_size=256, hidden_size=2048, intermediate_size=256,
+                                            num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads,
+                                            head_dim=head_dim, attn_implementation="sdpa"))
+
+
+@pytest.mark.parametrize("device, head_dim, seq_len", [(d, h, t) for (d, h), row in FA2_CAUSAL.items() for t in row])
+def test_fused_attention_matches_the_flash_attention_2_benchmark(device, head_dim, seq_len):
+    hw = HARDWARE[device]
+    spec = bench_attention(head_dim)
+    peak = achievable_peak(hw, device, "bf16")
+    tokens = 16384
+    seconds = sum(attention_time(spec, tokens, seq_len, 1, 2, hw, peak, backward) for backward in (False, True))
+    flops = 3.5 * 4 * tokens * seq_len * 2048 / 2  # the benchmark's count: forward 4 T^2 d per head, halved, x 3.5
+    assert flops / seconds / 1e12 == pytest.approx(FA2_CAUSAL[device, head_dim][seq_len], rel=0.05)
