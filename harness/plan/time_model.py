@@ -14,6 +14,7 @@ from harness.plan.conventions import COMPUTE_BYTES, state_convention
 from harness.plan.engine_factors import scaled
 from harness.plan.hardware import HardwareProfile
 from harness.plan.host_work import host_work_s
+from harness.plan.regime import fused_elementwise
 from harness.plan.model_spec import ModelSpec, param_tensors
 from harness.plan.resharding import reshard_after_forward
 from harness.plan.states import rank_layers, rank_params, stage_layer_counts
@@ -162,9 +163,10 @@ def _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, firs
     """(forward, backward, recompute) OpTimes of one micro-batch on this rank; `peaks`: (the achievable
     FLOP/s, the FP8 GEMM speedup)."""
     tp, (peak, fp8_speedup) = layout.tp, peaks
-    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=engine.compile,
+    fused = fused_elementwise(engine)
+    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=fused,
                      fp8_speedup=fp8_speedup)
-    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=engine.compile,
+    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=fused,
                      fp8_speedup=fp8_speedup)
     vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
     outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last)

@@ -105,3 +105,24 @@ def test_fused_attention_matches_the_flash_attention_2_benchmark(device, head_di
     seconds = sum(attention_time(spec, tokens, seq_len, 1, 2, hw, peak, backward) for backward in (False, True))
     flops = 3.5 * 4 * tokens * seq_len * 2048 / 2  # the benchmark's count: forward 4 T^2 d per head, halved, x 3.5
     assert flops / seconds / 1e12 == pytest.approx(FA2_CAUSAL[device, head_dim][seq_len], rel=0.05)
+
+
+def elementwise_s(engine: dict, **layout) -> float:
+    cfg = run_config("llama3_1_8b", engine=engine, cluster=dict(name="h100", nodes=1, accelerators_per_node=8,
+                                                                 accelerator="h100_sxm", memory_per_accelerator_gib=80),
+                     **{**dict(dp_shard=8, zero_stage=1, micro_batch=1, seq_len=4096), **layout})
+    plan = make_plan(cfg)
+    assert plan.valid, plan.errors
+    return plan.time.compute_s["elementwise"]
+
+
+def test_megatron_runs_the_layer_elementwise_work_as_fused_kernels():
+    # Transformer Engine layers (the norm inside LayerNormLinear) and Megatron's default fusions (bias-SwiGLU,
+    # bias-dropout-add, rotary: their --no-*-fusion flags are store_false and the export sets none of them)
+    flags = megatron_flags(run_config("llama3_1_8b", engine=dict(name="megatron_lm"), dp_shard=8, zero_stage=1,
+                                      cluster=dict(name="h100", nodes=1, accelerators_per_node=8,
+                                                   accelerator="h100_sxm", memory_per_accelerator_gib=80)))
+    assert flags["--transformer-impl"] == "transformer_engine" and not any("fusion" in f for f in flags)
+    megatron = elementwise_s(dict(name="megatron_lm"))
+    assert megatron == pytest.approx(elementwise_s(dict(name="nd", compile=True), zero_stage=3), rel=0.01)
+    assert megatron < 0.6 * elementwise_s(dict(name="nd"), zero_stage=3)
