@@ -195,9 +195,28 @@ def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last
     cp = layers * 3 * (layout.cp - 1) * collective_time("p2p", kv, groups.cp, hw) if layout.cp > 1 else 0.0
     routed = tokens * spec.experts_per_token * h * e
     ep = layers * 4 * collective_time("all_to_all", routed, groups.ep, hw) if layout.ep > 1 and spec.is_moe else 0.0
-    chunks = layout.pp_virtual_stages if layout.pp > 1 else 0
-    pp = 2 * chunks * collective_time("p2p", activation, groups.pp, hw) if layout.pp > 1 else 0.0
+    pp = pipeline_p2p(layout, engine, hw, groups.pp, activation)
     return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "tp_step": tp_step}
+
+
+def pipeline_p2p(layout: Any, engine: Any, hw: HardwareProfile, group: Group, activation: float) -> float:
+    """Seconds of pipeline point-to-point traffic one micro-batch issues on a rank: each of its local stages
+    receives its input and sends its output gradient (and the reverse), 2 transfers per chunk, of one
+    micro-batch's hidden states. Megatron-LM under sequence parallelism sends the tensor-parallel shard of
+    them (schedules.get_tensor_shapes: the sequence divided by cp, then by tp when sequence_parallel)."""
+    if layout.pp <= 1:
+        return 0.0
+    if engine.name == "megatron_lm" and engine.sequence_parallel:
+        activation /= layout.tp
+    return 2 * layout.pp_virtual_stages * collective_time("p2p", activation, group, hw)
+
+
+def p2p_overlapped(layout: Any, engine: Any) -> bool:
+    """Whether the pipeline's transfers run beside compute: Megatron-LM's interleaved schedule overlaps each
+    chunk's send / receive with the next chunk's forward or backward (overlap_p2p_comm, on unless
+    --no-overlap-p2p-communication, which the export does not render); its 1F1B and torch's schedules wait for
+    every transfer."""
+    return engine.name == "megatron_lm" and layout.pp > 1 and layout.pp_virtual_stages > 1
 
 
 class TensorParallelCounts(NamedTuple):
@@ -452,11 +471,14 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
                             conv.param_shard_stage)
     offload_mb = param_offload_time(layout, hw, opt_params, conv.working)
     m, unit = layout.grad_accum, max(1, layers)
-    # TP, EP and pipeline transfers sit on the critical path (each layer waits for them); the ring of
+    # TP, EP and pipeline transfers sit on the critical path (each layer waits for them; Megatron's interleaved
+    # pipeline transfers excepted: p2p_overlapped); the ring of
     # context parallelism runs beside the attention blocks it feeds (its first step is not hidden);
     # data-parallel gathers / reductions and offloaded parameters beside the layers (the first gather
     # and the last reduction are not hidden).
     exposed_mb = {axis: layer_comm[axis] for axis in ("tp", "ep", "pp")}
+    if p2p_overlapped(layout, engine):
+        exposed_mb["pp"] = exposed(layer_comm["pp"], compute_mb, hw)
     exposed_mb["cp"] = exposed(layer_comm["cp"], fwd.attention + bwd.attention, hw,
                                tail=layer_comm["cp"] / max(1, layout.cp - 1) / unit)
     exposed_mb["dp"] = exposed(dp.per_microbatch, compute_mb, hw, tail=dp.per_microbatch / unit)
@@ -481,13 +503,15 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
                "framework": m * host_mb + host_step}
     total = pipeline + step_comm + layer_comm["tp_step"] + opt["optimizer"] + opt["offload"] + host_step
     return StepTime(total, compute, comm, pipeline - m * (forward + backward), opt["optimizer"], opt["offload"],
-                    _overlap(dp, hw))
+                    _overlap(dp, hw, p2p_overlapped(layout, engine)))
 
 
-def _overlap(dp: DataParallelComm, hw: HardwareProfile) -> Dict[str, str]:
+def _overlap(dp: DataParallelComm, hw: HardwareProfile, p2p_hidden: bool = False) -> Dict[str, str]:
     """What hides each axis's communication, in words for the breakdown."""
     return {"dp": dp.how if hw.overlaps_comm else "none: ranks share the cores that compute",
-            "tp": "none (blocking, on the critical path)", "pp": "none (each stage waits for its input)",
+            "tp": "none (blocking, on the critical path)",
+            "pp": "sends / receives behind the next chunk's compute (interleaved schedule)"
+            if p2p_hidden and hw.overlaps_comm else "none (each stage waits for its input)",
             "cp": "ring steps behind the attention blocks" if hw.overlaps_comm else "none",
             "ep": "none (blocking all-to-all)",
             "offload": "parameter fetches behind compute" if hw.overlaps_comm else "none"}

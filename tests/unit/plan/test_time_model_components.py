@@ -126,3 +126,31 @@ def test_megatron_runs_the_layer_elementwise_work_as_fused_kernels():
     megatron = elementwise_s(dict(name="megatron_lm"))
     assert megatron == pytest.approx(elementwise_s(dict(name="nd", compile=True), zero_stage=3), rel=0.01)
     assert megatron < 0.6 * elementwise_s(dict(name="nd"), zero_stage=3)
+
+
+def megatron_pipeline_plan(virtual: int, sequence_parallel: bool = True):
+    cfg = run_config("llama3_1_70b", engine=dict(name="megatron_lm", sequence_parallel=sequence_parallel),
+                     cluster=dict(name="h100_8x8", nodes=8, accelerators_per_node=8, accelerator="h100_sxm",
+                                  memory_per_accelerator_gib=80),
+                     dp_shard=2, tp=8, pp=4, zero_stage=1, micro_batch=1, grad_accum=8, seq_len=4096,
+                     pp_schedule="Interleaved1F1B" if virtual > 1 else "1F1B", pp_virtual_stages=virtual)
+    plan = make_plan(cfg)
+    assert plan.valid, plan.errors
+    return plan
+
+
+def test_megatron_sends_the_sequence_parallel_shard_between_stages():
+    # schedules.get_tensor_shapes: seq_length // cp, then // tp under sequence_parallel: one micro-batch's hidden
+    # states of 4096 tokens x 8192 in bf16, an eighth of them, twice per micro-batch and chunk, across nodes
+    shard = 4096 * 8192 * 2 / 8
+    expected = 8 * 2 * collective_time("p2p", shard, Group(4, 4), H100)
+    assert megatron_pipeline_plan(1).time.comm_s["pp"]["total"] == pytest.approx(expected, rel=1e-6)
+    whole = 8 * 2 * collective_time("p2p", 8 * shard, Group(4, 4), H100)
+    assert megatron_pipeline_plan(1, sequence_parallel=False).time.comm_s["pp"]["total"] == pytest.approx(
+        whole, rel=1e-6)
+
+
+def test_megatron_interleaved_schedule_overlaps_its_transfers():
+    # overlap_p2p_comm (on unless --no-overlap-p2p-communication) in the interleaved schedule; 1F1B waits
+    interleaved, plain = megatron_pipeline_plan(2).time.comm_s["pp"], megatron_pipeline_plan(1).time.comm_s["pp"]
+    assert plain["exposed"] == pytest.approx(plain["total"]) and interleaved["exposed"] == 0.0 < interleaved["total"]
