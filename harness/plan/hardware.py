@@ -62,6 +62,7 @@ class HardwareProfile:
     # NVLink SHARP (NCCL's NVLS algorithm) reduces inside the NVSwitch: an all-reduce within a node of more than
     # four ranks runs faster than its ring (NVLS_ALL_REDUCE_GAIN).
     nvlink_sharp: bool = False
+    sm_count: int = 0  # streaming multiprocessors (GPUs): what an overlapped collective's CTAs take a share of
     measured_peak_flops: Optional[float] = None  # CPU: the measured matmul peak stands in for a datasheet
     source: str = "datasheet"
     version: int = 0  # PROFILE_VERSION of the calibration that wrote it; datasheet rows carry none
@@ -100,12 +101,22 @@ class HardwareProfile:
 #   NVLS: the same README, "SHARP": 8x H200 all-reduce at 8 GiB, NVLS over ring busbw 1.14 / 1.19 / 1.26 / 1.29 at
 #         5 / 6 / 7 / 8 GPUs (ring 363-366 GB/s whatever the count, matching the 370 GB/s above; NCCL keeps the
 #         ring at 4 GPUs and fewer). NVSwitch nodes of Hopper only (A100's NVSwitch has no SHARP).
+#   Overlap: NCCL launches one CTA per channel and keeps its SM to itself (NVIDIA/nccl#689, sjeaugey: "NCCL
+#         CTAs won't share an SM with compute kernels"); DGX A100 all-reduce runs 24 CTAs, 2 per NVLink
+#         (NVIDIA/nccl#1225, #1703), and an H100 all-gather beside a GEMM launches 24 blocks (NVIDIA developer forum,
+#         "Compute-communication overlap causes severe GEMM performance degradation because of tail effect"):
+#         NCCL_COLLECTIVE_CTAS 24 of the SM count (A100 108, H100 / H200 132: NVIDIA's architecture whitepapers;
+#         MI300X 304 CUs, with RCCL's own channel count unknown here: left at none). A send / receive to a
+#         peer on another node runs NCCL_NCHANNELS_PER_NET_PEER channels, "typically 2" (NVIDIA/nccl#1424):
+#         NCCL_P2P_CTAS 2.
 #   Host link: PCIe Gen5 x16 64 GB/s (Gen4 32 GB/s) per direction, ~80% achievable in pinned copies.
 #   CPU Adam: DeepSpeed ZeRO-Offload (Ren et al. 2021, table 2): CPU-Adam updates 1B parameters in 0.22 s
 #         on a 2x20-core host, 4.5e9 params/s per host, shared by 8 ranks -> 5.6e8 per rank.
 #   NVMe: ZeRO-Infinity (Rajbhandari et al. 2021, sec. 7): ~25 GB/s read per DGX-2 node over 8 ranks (3.1 GB/s each).
-_FA2_A100 = dict(attention_small_head_ratio=0.91, attention_half_rate_tokens=495)
-_FA2_H100 = dict(attention_small_head_ratio=0.88, attention_half_rate_tokens=540)
+_FA2_A100 = dict(attention_small_head_ratio=0.91, attention_half_rate_tokens=495, sm_count=108)
+_FA2_H100 = dict(attention_small_head_ratio=0.88, attention_half_rate_tokens=540, sm_count=132)
+NCCL_COLLECTIVE_CTAS = 24
+NCCL_P2P_CTAS = 2
 NIC_EFFICIENCY = 0.9
 NVLS_ALL_REDUCE_GAIN = {5: 1.14, 6: 1.19, 7: 1.26, 8: 1.29}
 _NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=8.4 * US, intra_step_latency_s=3.4 * US,

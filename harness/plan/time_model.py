@@ -12,7 +12,7 @@ from harness.plan.comm import Group, axis_group, collective_time
 from harness.plan.compute_time import OpTime, layer_time, outside_time, streaming_time
 from harness.plan.conventions import COMPUTE_BYTES, state_convention
 from harness.plan.engine_factors import scaled
-from harness.plan.hardware import HardwareProfile
+from harness.plan.hardware import NCCL_COLLECTIVE_CTAS, NCCL_P2P_CTAS, HardwareProfile
 from harness.plan.host_work import host_work_s
 from harness.plan.regime import fused_elementwise
 from harness.plan.model_spec import ModelSpec, param_tensors
@@ -104,13 +104,24 @@ def pipeline_time(schedule: str, pp: int, virtual: int, microbatches: int, forwa
     return work + bubble
 
 
-def exposed(comm: float, hiding: float, hw: HardwareProfile, tail: float = 0.0) -> float:
+def exposed(comm: float, hiding: float, hw: HardwareProfile, tail: float = 0.0,
+            ctas: int = NCCL_COLLECTIVE_CTAS) -> float:
     """What of `comm` the critical path sees when it runs beside `hiding` seconds of compute: all of it
     when the hardware cannot overlap (CPU ranks, one core each), else the excess plus an unhidable tail
-    (the first gather before any compute, the last reduction after the last backward)."""
+    (the first gather before any compute, the last reduction after the last backward), plus what the hidden
+    part costs the compute beside it (overlap_slowdown of the `ctas` SMs it holds: a collective's, a
+    point-to-point transfer's fewer, none for host copies on the copy engines)."""
     if not hw.overlaps_comm:
         return comm
-    return max(0.0, comm - hiding) + min(comm, tail)
+    return max(0.0, comm - hiding) + min(comm, tail) + overlap_slowdown(hw, ctas) * min(comm, hiding)
+
+
+def overlap_slowdown(hw: HardwareProfile, ctas: int = NCCL_COLLECTIVE_CTAS) -> float:
+    """The fraction of compute lost while communication runs beside it: NCCL runs one CTA per channel, each
+    holding an SM that no compute kernel shares (NVIDIA/nccl#689: "NCCL CTAs won't share an SM with compute
+    kernels"), so a kernel beside it runs on the remaining SMs: ctas / sm_count (hardware.py); none where the
+    profile knows no SM count (CPUs)."""
+    return ctas / hw.sm_count if hw.sm_count else 0.0
 
 
 def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwareProfile,
@@ -478,11 +489,12 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
     # and the last reduction are not hidden).
     exposed_mb = {axis: layer_comm[axis] for axis in ("tp", "ep", "pp")}
     if p2p_overlapped(layout, engine):
-        exposed_mb["pp"] = exposed(layer_comm["pp"], compute_mb, hw)
+        exposed_mb["pp"] = exposed(layer_comm["pp"], compute_mb, hw, ctas=NCCL_P2P_CTAS)
     exposed_mb["cp"] = exposed(layer_comm["cp"], fwd.attention + bwd.attention, hw,
                                tail=layer_comm["cp"] / max(1, layout.cp - 1) / unit)
     exposed_mb["dp"] = exposed(dp.per_microbatch, compute_mb, hw, tail=dp.per_microbatch / unit)
-    exposed_mb["offload"] = exposed(offload_mb, max(0.0, compute_mb - dp.per_microbatch), hw, tail=offload_mb / unit)
+    exposed_mb["offload"] = exposed(offload_mb, max(0.0, compute_mb - dp.per_microbatch), hw, tail=offload_mb / unit,
+                                    ctas=0)
     per_mb = sum(exposed_mb.values())
     host_mb, host_step = host_work_s(engine, layout, hw, _tensor_count(params))
     forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3 + host_mb

@@ -12,6 +12,7 @@ from harness.plan.compute_time import attention_time
 from harness.plan.hardware import HARDWARE, achievable_peak
 from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.planner import make_plan
+from harness.plan.time_model import exposed
 from plan_helpers import run_config
 
 H100 = HARDWARE["h100_sxm"]
@@ -75,10 +76,11 @@ def test_megatron_without_overlap_grad_reduce_exposes_the_whole_gradient_all_red
 
 def test_megatron_distributed_optimizer_hides_its_gather_behind_the_next_forward():
     # zero_stage 1 renders --overlap-grad-reduce and --overlap-param-gather: what is left exposed is the last
-    # bucket of each, a small part of the traffic
+    # bucket of each and the SMs the hidden part takes from the compute, a small part of the traffic, where
+    # zero_stage 0 exposes all of its all-reduce
     assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(megatron_flags(plan_config(1)))
     dp = megatron_dp_plan(1).time.comm_s["dp"]
-    assert dp["exposed"] < 0.25 * dp["total"]
+    assert dp["exposed"] < 0.4 * dp["total"] and dp["exposed"] < 0.4 * megatron_dp_plan(0).time.comm_s["dp"]["exposed"]
 
 
 # FlashAttention-2's forward + backward benchmark, causal (Dao-AILab/flash-attention, assets/
@@ -152,5 +154,17 @@ def test_megatron_sends_the_sequence_parallel_shard_between_stages():
 
 def test_megatron_interleaved_schedule_overlaps_its_transfers():
     # overlap_p2p_comm (on unless --no-overlap-p2p-communication) in the interleaved schedule; 1F1B waits
+    # (what stays exposed is the SMs its two channels per peer take from the compute: NVIDIA/nccl#1424)
     interleaved, plain = megatron_pipeline_plan(2).time.comm_s["pp"], megatron_pipeline_plan(1).time.comm_s["pp"]
-    assert plain["exposed"] == pytest.approx(plain["total"]) and interleaved["exposed"] == 0.0 < interleaved["total"]
+    assert plain["exposed"] == pytest.approx(plain["total"])
+    assert interleaved["exposed"] == pytest.approx(interleaved["total"] * 2 / 132)
+
+
+@pytest.mark.parametrize("device, sms", [("h100_sxm", 132), ("a100_sxm", 108)])
+def test_a_hidden_collective_takes_its_ctas_from_the_compute_beside_it(device, sms):
+    # NCCL's 24 CTAs (NVIDIA/nccl#1225: 24 on DGX A100; 24 blocks beside an H100 GEMM, NVIDIA developer forum)
+    # each hold an SM no compute kernel shares (NVIDIA/nccl#689): 1 s of all-gather hidden behind 10 s of GEMMs
+    # costs them 24 / SMs of a second
+    hw = HARDWARE[device]
+    assert exposed(1.0, 10.0, hw) == pytest.approx(24 / sms)
+    assert exposed(1.0, 10.0, hw, ctas=0) == 0.0  # host copies run on the copy engines
