@@ -68,7 +68,8 @@ def _steps(kind: str, n: int) -> int:
 def ring_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile, low_latency: bool = False) -> float:
     """NCCL's ring model (tuning.cc ncclTopoTuneModel / ncclTopoGetAlgoTime): base latency, then one step
     latency per ring step (network steps for the hops between nodes), then bytes at the bus bandwidth of the
-    slowest link (bus_bandwidth). LL halves the bandwidth (8-byte flag per 8 bytes of data) and cuts the step latency."""
+    slowest link (bus_bandwidth). LL halves the bandwidth (8-byte flag per 8 bytes of data) and cuts the step
+    latency."""
     n = group.size
     if n <= 1 and kind != "p2p":
         return 0.0

@@ -85,7 +85,7 @@ def layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dtype_bytes
 
 
 def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
-                   peak: float, backward: bool) -> float:
+                   peak: float, backward: bool, cp: int = 1) -> float:
     """QK^T and AV of one layer for `tokens` query tokens against the whole sequence.
 
     Fused kernels (SDPA, flash) skip masked blocks, so a causal mask costs half the T^2 work; they run at
@@ -93,7 +93,9 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
     (recomputed scores: 5 matmuls against the forward's 2 on GPUs), plus a fixed cost per (sequence, head)
     the kernel works through (measured on CPUs, whose kernels set up buffers per head; 0 on GPUs). Eager
     attention materialises the scores: both matmuls over the full T, plus the fp32 softmax traffic (write
-    scores, upcast, softmax, cast: ~14 bytes per score)."""
+    scores, upcast, softmax, cast: ~14 bytes per score). Under context parallelism (`cp` > 1) the ring runs one
+    kernel per step on the rank's seq_len / cp queries against one block of keys, each call paying the
+    per-query-block cost of attention_kernel_efficiency again: the kernel sees sequences of seq_len / cp."""
     heads, _, width, _ = spec.mean_attention()  # the layers' own heads where they differ
     heads, full = heads / tp, 4.0 * width / tp * tokens * seq_len
     if spec.attn_implementation == "eager":
@@ -103,8 +105,8 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
         return one * (2.0 if backward else 1.0)
     efficiency = hw.attention_efficiency_flash if spec.attn_implementation == "flash_attention_2" \
         else hw.attention_efficiency_sdpa
-    rate = peak / hw.matmul_efficiency * efficiency * attention_kernel_efficiency(width / max(heads, 1e-9), seq_len,
-                                                                                  hw)
+    rate = peak / hw.matmul_efficiency * efficiency * attention_kernel_efficiency(width / max(heads, 1e-9),
+                                                                                  seq_len // max(1, cp), hw)
     sequence_heads = heads * tokens / seq_len
     per_head = hw.attention_backward_head_latency_s if backward else hw.attention_head_latency_s
     return (hw.op_latency_s + sequence_heads * per_head
@@ -141,7 +143,7 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
 
 @lru_cache(maxsize=1 << 16)
 def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
-               peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0) -> OpTime:
+               peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0, cp: int = 1) -> OpTime:
     """One decoder layer on one rank for one micro-batch of `tokens` local tokens: forward, or backward
     (two GEMMs per weight GEMM, one for the input gradient and one for the weight gradient; twice the
     elementwise traffic). `compiled`: the block runs under torch.compile. `fp8_speedup` > 1: the weight
@@ -152,7 +154,7 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
     gemms = layer_gemms(spec, tokens, tp)
     gemm_bytes, gemm_peak = (1, peak * fp8_speedup) if fp8 else (dtype_bytes, peak)
     gemm = sum(count * per_gemm * gemm_time(m, k, n, gemm_bytes, hw, gemm_peak) for m, k, n, count in gemms)
-    attention = (attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward) * attention_share(spec)
+    attention = (attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward, cp) * attention_share(spec)
                  + mixer_time(spec, tokens, seq_len, tp, peak, backward))
     direction = "backward" if backward else "forward"
     if compiled:  # the block under torch.compile: fused elementwise kernels (harness.plan.regime)

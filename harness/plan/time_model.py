@@ -176,9 +176,9 @@ def _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, firs
     tp, (peak, fp8_speedup) = layout.tp, peaks
     fused = fused_elementwise(engine)
     fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=fused,
-                     fp8_speedup=fp8_speedup)
+                     fp8_speedup=fp8_speedup, cp=layout.cp)
     bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=fused,
-                     fp8_speedup=fp8_speedup)
+                     fp8_speedup=fp8_speedup, cp=layout.cp)
     vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
     outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last)
     # Weight-shared stacks (HRM, pp = 1): every run is a forward, the runs with gradient a backward and a recompute

@@ -168,3 +168,12 @@ def test_a_hidden_collective_takes_its_ctas_from_the_compute_beside_it(device, s
     hw = HARDWARE[device]
     assert exposed(1.0, 10.0, hw) == pytest.approx(24 / sms)
     assert exposed(1.0, 10.0, hw, ctas=0) == 0.0  # host copies run on the copy engines
+
+
+def test_context_parallel_attention_pays_the_per_block_cost_on_each_ring_step():
+    # the ring runs one kernel per step on seq_len / cp queries: at cp 2 the kernel sees 4096-token sequences
+    spec, hw = bench_attention(128), HARDWARE["h100_sxm"]
+    peak = achievable_peak(hw, "h100_sxm", "bf16")
+    ring = attention_time(spec, 8192, 16384, 1, 2, hw, peak, False, cp=2)
+    whole = attention_time(spec, 8192, 16384, 1, 2, hw, peak, False)
+    assert ring / whole == pytest.approx((1 + 540 / 8192) / (1 + 540 / 16384), rel=0.01)
