@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -30,12 +31,41 @@ class OpTime(NamedTuple):
 
 
 def gemm_time(m: float, k: float, n: float, dtype_bytes: int, hw: HardwareProfile, peak: float) -> float:
-    """One (m x k) @ (k x n) product: roofline at the achievable matmul rate and the achievable memory
-    bandwidth (Williams et al. 2009), plus the per-op latency; efficiency falls for thin shapes because
-    their bytes per FLOP grow, and for tiny ones because the latency dominates."""
+    """One (m x k) @ (k x n) product: roofline at the achievable matmul rate (less its wave quantization) and
+    the achievable memory bandwidth (Williams et al. 2009), plus the per-op latency; efficiency falls for thin
+    shapes because their bytes per FLOP grow, and for tiny ones because the latency dominates."""
     flops = 2.0 * m * k * n
     moved = dtype_bytes * (m * k + k * n + m * n)
-    return hw.op_latency_s + max(flops / peak, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+    compute = flops / (peak * wave_efficiency(m, k, n, hw.sm_count))
+    return hw.op_latency_s + max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+
+
+# Output tiles cuBLAS picks among for large bf16 GEMMs, and its split-K factors (NVIDIA, "Matrix Multiplication
+# Background User's Guide", sec. "Tile quantization" / "Wave quantization": 256x128 and 128x128 tiles, the
+# largest the most efficient; split-K divides the reduction among more thread blocks when the tiles are too few).
+GEMM_TILES = ((128, 256), (256, 128), (128, 128))
+SPLIT_K = (1, 2, 4, 8)
+SPLIT_K_MIN_DEPTH = 1024  # a split keeps at least this much of the reduction per thread block
+
+
+@lru_cache(maxsize=1 << 14)
+def wave_efficiency(m: float, k: float, n: float, sms: int) -> float:
+    """Fraction of the GPU's SMs an (m x k) @ (k x n) GEMM keeps busy, at the best tile and split-K: its
+    ceil(m/Tm) x ceil(n/Tn) x split thread blocks run in waves of one block per SM, each wave costing as much
+    full or not (NVIDIA's guide above; stas00/ml-engineering training/performance "Tile and wave quantization":
+    time ~ ceil(blocks / SMs)), and a partial tile costs a whole one. MAMF (the profile's matmul efficiency) is
+    measured at full waves. 1 without an SM count (CPUs)."""
+    if not sms:
+        return 1.0
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        blocks = math.ceil(m / tm) * math.ceil(n / tn)
+        for split in SPLIT_K:
+            if split > 1 and k / split < SPLIT_K_MIN_DEPTH:
+                break
+            waves = math.ceil(blocks * split / sms)
+            best = max(best, m * n * split / (waves * sms * tm * tn))
+    return min(1.0, best)
 
 
 def streaming_time(nbytes: float, ops: int, hw: HardwareProfile) -> float:
@@ -149,11 +179,12 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
     elementwise traffic). `compiled`: the block runs under torch.compile. `fp8_speedup` > 1: the weight
     GEMMs run in FP8 (1-byte operands, the faster peak) and pay their casts as elementwise work
     (harness.plan.regime); attention and the elementwise chain stay in the compute precision."""
-    per_gemm = 2 if backward else 1
     fp8 = fp8_speedup != 1.0
     gemms = layer_gemms(spec, tokens, tp)
     gemm_bytes, gemm_peak = (1, peak * fp8_speedup) if fp8 else (dtype_bytes, peak)
-    gemm = sum(count * per_gemm * gemm_time(m, k, n, gemm_bytes, hw, gemm_peak) for m, k, n, count in gemms)
+    # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n)
+    gemm = sum(count * (gemm_time(m, n, k, gemm_bytes, hw, gemm_peak) + gemm_time(k, m, n, gemm_bytes, hw, gemm_peak)
+                        if backward else gemm_time(m, k, n, gemm_bytes, hw, gemm_peak)) for m, k, n, count in gemms)
     attention = (attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward, cp) * attention_share(spec)
                  + mixer_time(spec, tokens, seq_len, tp, peak, backward))
     direction = "backward" if backward else "forward"
@@ -180,7 +211,8 @@ def outside_time(spec: ModelSpec, tokens: float, tp: int, vocab_split: bool, dty
     if first:
         out += OpTime(elementwise=streaming_time(3 * tokens * h * e, 3, hw))
     if last:
-        head = 3 * gemm_time(tokens, h, vocab, e, hw, peak)
+        head = (gemm_time(tokens, h, vocab, e, hw, peak) + gemm_time(tokens, vocab, h, e, hw, peak)
+                + gemm_time(h, tokens, vocab, e, hw, peak))  # forward, input and weight gradients
         loss = streaming_time(tokens * vocab * (e + 4 * 6), 12, hw)
         out += OpTime(gemm=head, elementwise=loss + streaming_time(3 * (3 * e + 32) * h * tokens, 16, hw))
     return out

@@ -8,7 +8,7 @@ import pytest
 
 from harness.engines.megatron_lm import megatron_flags
 from harness.plan.comm import Group, bus_factor, collective_time
-from harness.plan.compute_time import attention_time
+from harness.plan.compute_time import attention_time, gemm_time, wave_efficiency
 from harness.plan.hardware import HARDWARE, achievable_peak
 from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.planner import make_plan
@@ -177,3 +177,23 @@ def test_context_parallel_attention_pays_the_per_block_cost_on_each_ring_step():
     ring = attention_time(spec, 8192, 16384, 1, 2, hw, peak, False, cp=2)
     whole = attention_time(spec, 8192, 16384, 1, 2, hw, peak, False)
     assert ring / whole == pytest.approx((1 + 540 / 8192) / (1 + 540 / 16384), rel=0.01)
+
+
+def test_a_large_gemm_runs_at_the_mamf_table_figure():
+    # stas00/ml-engineering, MAMF table: H100 SXM 794.5 TFLOP/s, A100 SXM 271.2 (bf16, best shape)
+    for device, mamf in (("h100_sxm", 794.5e12), ("a100_sxm", 271.2e12)):
+        hw = HARDWARE[device]
+        seconds = gemm_time(8192, 8192, 8192, 2, hw, achievable_peak(hw, device, "bf16"))
+        assert 2 * 8192**3 / seconds == pytest.approx(mamf, rel=0.01)
+
+
+def test_one_more_column_of_tiles_costs_a_nearly_empty_wave():
+    # NVIDIA's Matrix Multiplication Background guide, wave quantization: 7 x 18 = 126 tiles of 128 x 256 fit the
+    # 132 SMs of an H100 in one wave; 7 x 19 = 133 need a second (or 266 of 128 x 128 in three); the reduction is
+    # too short to split (k = 1536)
+    assert wave_efficiency(896, 1536, 4608, 132) > 0.95
+    assert wave_efficiency(896, 1536, 4864, 132) == pytest.approx(896 * 4864 / (3 * 132 * 128 * 128))
+    hw = HARDWARE["h100_sxm"]
+    peak = achievable_peak(hw, "h100_sxm", "bf16")
+    rate = [2 * 896 * 1536 * n / (gemm_time(896, 1536, n, 2, hw, peak) - hw.op_latency_s) for n in (4608, 4864)]
+    assert rate[1] < 0.75 * rate[0]
