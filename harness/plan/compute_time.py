@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from harness.plan.flops import mixer_flops_per_token
-from harness.plan.hardware import HardwareProfile
+from harness.plan.hardware import GEMM_TILES, SPLIT_K, SPLIT_K_MIN_DEPTH, HardwareProfile
 from harness.plan.model_spec import ModelSpec
 from harness.plan.regime import COMPILED_LAYER_ELEMENTWISE_OPS, compiled_layer_elementwise_bytes, fp8_cast_bytes
 
@@ -40,21 +40,12 @@ def gemm_time(m: float, k: float, n: float, dtype_bytes: int, hw: HardwareProfil
     return hw.op_latency_s + max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
 
 
-# Output tiles cuBLAS picks among for large bf16 GEMMs, and its split-K factors (NVIDIA, "Matrix Multiplication
-# Background User's Guide", sec. "Tile quantization" / "Wave quantization": 256x128 and 128x128 tiles, the
-# largest the most efficient; split-K divides the reduction among more thread blocks when the tiles are too few).
-GEMM_TILES = ((128, 256), (256, 128), (128, 128))
-SPLIT_K = (1, 2, 4, 8)
-SPLIT_K_MIN_DEPTH = 1024  # a split keeps at least this much of the reduction per thread block
-
-
 @lru_cache(maxsize=1 << 14)
 def wave_efficiency(m: float, k: float, n: float, sms: int) -> float:
     """Fraction of the GPU's SMs an (m x k) @ (k x n) GEMM keeps busy, at the best tile and split-K: its
     ceil(m/Tm) x ceil(n/Tn) x split thread blocks run in waves of one block per SM, each wave costing as much
-    full or not (NVIDIA's guide above; stas00/ml-engineering training/performance "Tile and wave quantization":
-    time ~ ceil(blocks / SMs)), and a partial tile costs a whole one. MAMF (the profile's matmul efficiency) is
-    measured at full waves. 1 without an SM count (CPUs)."""
+    full or not, and a partial tile costs a whole one (hardware.py cites the tiles, the split-K rule and the
+    guide). MAMF (the profile's matmul efficiency) is measured at full waves. 1 without an SM count (CPUs)."""
     if not sms:
         return 1.0
     best = 0.0

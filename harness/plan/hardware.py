@@ -84,6 +84,14 @@ class HardwareProfile:
 #         utilization on H100"). T0 ~ 500 is a fixed cost per query block (the diagonal block of the causal mask,
 #         the softmax rescale and output write) that long sequences amortise. attn_implementation flash_attention_2
 #         and torch SDPA both run FA2 kernels. H200 computes as H100.
+#   GEMM waves: an output of ceil(m/Tm) x ceil(n/Tn) tiles (x the split-K factor) runs in waves of one thread
+#         block per SM, each wave costing as much full or not, a partial tile as much as a whole one (NVIDIA,
+#         "Matrix Multiplication Background User's Guide", "Tile quantization" and "Wave quantization";
+#         stas00/ml-engineering training/performance/README.md, "Tile and wave quantization": time ~
+#         ceil(blocks / SMs)). GEMM_TILES: the 256x128 / 128x256 / 128x128 tiles the guide names for large
+#         bf16 GEMMs; SPLIT_K: the reduction split among 2-8 blocks when the tiles are too few, keeping at least
+#         SPLIT_K_MIN_DEPTH of it per block. SMs: A100 108, H100 / H200 132 (NVIDIA's architecture
+#         whitepapers; the same README). The MAMF efficiency above is a full-wave GEMM's.
 #   HBM: A100 80GB datasheet 2,039 GB/s; H100 SXM datasheet 3.35 TB/s; H200 datasheet 4.8 TB/s; MI300X data
 #         sheet 5.3 TB/s. Achievable streaming fraction ~90% (NVIDIA's BabelStream-class copy results; the
 #         ml-engineering "memory bandwidth" section quotes 85-92%).
@@ -113,8 +121,11 @@ class HardwareProfile:
 #   CPU Adam: DeepSpeed ZeRO-Offload (Ren et al. 2021, table 2): CPU-Adam updates 1B parameters in 0.22 s
 #         on a 2x20-core host, 4.5e9 params/s per host, shared by 8 ranks -> 5.6e8 per rank.
 #   NVMe: ZeRO-Infinity (Rajbhandari et al. 2021, sec. 7): ~25 GB/s read per DGX-2 node over 8 ranks (3.1 GB/s each).
-_FA2_A100 = dict(attention_small_head_ratio=0.91, attention_half_rate_tokens=495, sm_count=108)
-_FA2_H100 = dict(attention_small_head_ratio=0.88, attention_half_rate_tokens=540, sm_count=132)
+_A100 = dict(sm_count=108, attention_small_head_ratio=0.91, attention_half_rate_tokens=495)
+_H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_tokens=540)
+GEMM_TILES = ((128, 256), (256, 128), (128, 128))
+SPLIT_K = (1, 2, 4, 8)
+SPLIT_K_MIN_DEPTH = 1024
 NCCL_COLLECTIVE_CTAS = 24
 NCCL_P2P_CTAS = 2
 NIC_EFFICIENCY = 0.9
@@ -125,16 +136,16 @@ _NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=8.4 * US
 HARDWARE: Dict[str, HardwareProfile] = {
     "a100_sxm": HardwareProfile("a100_sxm", 0.869, 0.622, 0.622, 2039 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
-                                host_link_bandwidth=25 * GB, **_FA2_A100, **_NVIDIA_NCCL),
+                                host_link_bandwidth=25 * GB, **_A100, **_NVIDIA_NCCL),
     "a100_sxm_40gb": HardwareProfile("a100_sxm_40gb", 0.869, 0.622, 0.622, 1555 * GB, 0.90, gpus_per_node=8,
                                      intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
-                                     host_link_bandwidth=25 * GB, **_FA2_A100, **_NVIDIA_NCCL),
+                                     host_link_bandwidth=25 * GB, **_A100, **_NVIDIA_NCCL),
     "h100_sxm": HardwareProfile("h100_sxm", 0.803, 0.338, 0.338, 3350 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
-                                host_link_bandwidth=51 * GB, nvlink_sharp=True, **_FA2_H100, **_NVIDIA_NCCL),
+                                host_link_bandwidth=51 * GB, nvlink_sharp=True, **_H100, **_NVIDIA_NCCL),
     "h200": HardwareProfile("h200", 0.836, 0.338, 0.338, 4800 * GB, 0.90, gpus_per_node=8,
                             intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
-                            host_link_bandwidth=51 * GB, nvlink_sharp=True, **_FA2_H100, **_NVIDIA_NCCL),
+                            host_link_bandwidth=51 * GB, nvlink_sharp=True, **_H100, **_NVIDIA_NCCL),
     "mi300x": HardwareProfile("mi300x", 0.601, 0.30, 0.30, 5300 * GB, 0.85, gpus_per_node=8,
                               intra_node_bandwidth=300 * GB, inter_node_bandwidth=50 * GB,
                               host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),
