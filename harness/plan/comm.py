@@ -6,7 +6,7 @@ import math
 from functools import lru_cache
 from typing import NamedTuple
 
-from harness.plan.hardware import HardwareProfile
+from harness.plan.hardware import NIC_EFFICIENCY, NVLS_ALL_REDUCE_GAIN, HardwareProfile
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -41,6 +41,24 @@ def bus_factor(kind: str, n: int) -> float:
     return (n - 1) / n
 
 
+def bus_bandwidth(kind: str, group: Group, hw: HardwareProfile) -> float:
+    """Bus bandwidth (bytes/s per rank, as nccl-tests reports busbw) of a large collective over `group`.
+
+    Within a node: the NVLink ring's, times NVLink SHARP's gain for an all-reduce over more than four ranks
+    where the switch has it. Across nodes: NCCL's channels cross the node boundary at different ranks, so the
+    node's traffic spreads over the NICs of every rank the group has there (one NIC per accelerator, at
+    NIC_EFFICIENCY of its rate), capped by the node's links; a group with one rank per node runs on one NIC
+    (hardware.py's table cites both measurements)."""
+    if group.nodes <= 1:
+        gain = NVLS_ALL_REDUCE_GAIN.get(min(group.size, max(NVLS_ALL_REDUCE_GAIN)), 1.0) \
+            if kind == "all_reduce" and hw.nvlink_sharp else 1.0
+        return hw.intra_node_bandwidth * gain
+    if not hw.nic_per_accelerator:
+        return hw.inter_node_bandwidth
+    per_node = math.ceil(group.size / group.nodes)
+    return min(hw.intra_node_bandwidth, per_node * hw.inter_node_bandwidth * NIC_EFFICIENCY)
+
+
 def _steps(kind: str, n: int) -> int:
     if kind == "p2p":
         return 1
@@ -50,11 +68,12 @@ def _steps(kind: str, n: int) -> int:
 def ring_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile, low_latency: bool = False) -> float:
     """NCCL's ring model (tuning.cc ncclTopoTuneModel / ncclTopoGetAlgoTime): base latency, then one step
     latency per ring step (network steps for the hops between nodes), then bytes at the bus bandwidth of the
-    slowest link. LL halves the bandwidth (8-byte flag per 8 bytes of data) and cuts the step latency."""
+    slowest link (bus_bandwidth). LL halves the bandwidth (8-byte flag per 8 bytes of data) and cuts the step
+    latency."""
     n = group.size
     if n <= 1 and kind != "p2p":
         return 0.0
-    bandwidth = hw.inter_node_bandwidth if group.nodes > 1 else hw.intra_node_bandwidth
+    bandwidth = bus_bandwidth(kind, group, hw)
     steps = _steps(kind, n)
     inter_steps = 0 if group.nodes == 1 else (2 if kind == "all_reduce" else 1) * (group.nodes - 1)
     intra, inter, base = hw.intra_step_latency_s, hw.inter_step_latency_s, hw.collective_base_latency_s
@@ -76,7 +95,7 @@ def tree_all_reduce_time(nbytes: float, group: Group, hw: HardwareProfile) -> fl
     if n <= 1:
         return 0.0
     per_node = max(1, n // group.nodes)
-    bandwidth = (hw.inter_node_bandwidth if group.nodes > 1 else hw.intra_node_bandwidth) * 0.92
+    bandwidth = bus_bandwidth("all_reduce", group, hw) * 0.92
     latency = hw.collective_base_latency_s + 2 * ((per_node - 1) * hw.intra_step_latency_s
                                                   + math.log2(group.nodes) * hw.inter_step_latency_s)
     return latency + nbytes / (0.5 * bandwidth)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import NamedTuple
 
 from harness.plan.flops import mixer_flops_per_token
-from harness.plan.hardware import HardwareProfile
+from harness.plan.hardware import GEMM_TILES, SPLIT_K, SPLIT_K_MIN_DEPTH, HardwareProfile
 from harness.plan.model_spec import ModelSpec
 from harness.plan.regime import COMPILED_LAYER_ELEMENTWISE_OPS, compiled_layer_elementwise_bytes, fp8_cast_bytes
 
@@ -30,12 +31,32 @@ class OpTime(NamedTuple):
 
 
 def gemm_time(m: float, k: float, n: float, dtype_bytes: int, hw: HardwareProfile, peak: float) -> float:
-    """One (m x k) @ (k x n) product: roofline at the achievable matmul rate and the achievable memory
-    bandwidth (Williams et al. 2009), plus the per-op latency; efficiency falls for thin shapes because
-    their bytes per FLOP grow, and for tiny ones because the latency dominates."""
+    """One (m x k) @ (k x n) product: roofline at the achievable matmul rate (less its wave quantization) and
+    the achievable memory bandwidth (Williams et al. 2009), plus the per-op latency; efficiency falls for thin
+    shapes because their bytes per FLOP grow, and for tiny ones because the latency dominates."""
     flops = 2.0 * m * k * n
     moved = dtype_bytes * (m * k + k * n + m * n)
-    return hw.op_latency_s + max(flops / peak, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+    compute = flops / (peak * wave_efficiency(m, k, n, hw.sm_count))
+    return hw.op_latency_s + max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+
+
+@lru_cache(maxsize=1 << 14)
+def wave_efficiency(m: float, k: float, n: float, sms: int) -> float:
+    """Fraction of the GPU's SMs an (m x k) @ (k x n) GEMM keeps busy, at the best tile and split-K: its
+    ceil(m/Tm) x ceil(n/Tn) x split thread blocks run in waves of one block per SM, each wave costing as much
+    full or not, and a partial tile costs a whole one (hardware.py cites the tiles, the split-K rule and the
+    guide). MAMF (the profile's matmul efficiency) is measured at full waves. 1 without an SM count (CPUs)."""
+    if not sms:
+        return 1.0
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        blocks = math.ceil(m / tm) * math.ceil(n / tn)
+        for split in SPLIT_K:
+            if split > 1 and k / split < SPLIT_K_MIN_DEPTH:
+                break
+            waves = math.ceil(blocks * split / sms)
+            best = max(best, m * n * split / (waves * sms * tm * tn))
+    return min(1.0, best)
 
 
 def streaming_time(nbytes: float, ops: int, hw: HardwareProfile) -> float:
@@ -85,7 +106,7 @@ def layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dtype_bytes
 
 
 def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
-                   peak: float, backward: bool) -> float:
+                   peak: float, backward: bool, cp: int = 1) -> float:
     """QK^T and AV of one layer for `tokens` query tokens against the whole sequence.
 
     Fused kernels (SDPA, flash) skip masked blocks, so a causal mask costs half the T^2 work; they run at
@@ -93,7 +114,9 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
     (recomputed scores: 5 matmuls against the forward's 2 on GPUs), plus a fixed cost per (sequence, head)
     the kernel works through (measured on CPUs, whose kernels set up buffers per head; 0 on GPUs). Eager
     attention materialises the scores: both matmuls over the full T, plus the fp32 softmax traffic (write
-    scores, upcast, softmax, cast: ~14 bytes per score)."""
+    scores, upcast, softmax, cast: ~14 bytes per score). Under context parallelism (`cp` > 1) the ring runs one
+    kernel per step on the rank's seq_len / cp queries against one block of keys, each call paying the
+    per-query-block cost of attention_kernel_efficiency again: the kernel sees sequences of seq_len / cp."""
     heads, _, width, _ = spec.mean_attention()  # the layers' own heads where they differ
     heads, full = heads / tp, 4.0 * width / tp * tokens * seq_len
     if spec.attn_implementation == "eager":
@@ -103,11 +126,22 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
         return one * (2.0 if backward else 1.0)
     efficiency = hw.attention_efficiency_flash if spec.attn_implementation == "flash_attention_2" \
         else hw.attention_efficiency_sdpa
-    rate = peak / hw.matmul_efficiency * efficiency
+    rate = peak / hw.matmul_efficiency * efficiency * attention_kernel_efficiency(width / max(heads, 1e-9),
+                                                                                  seq_len // max(1, cp), hw)
     sequence_heads = heads * tokens / seq_len
     per_head = hw.attention_backward_head_latency_s if backward else hw.attention_head_latency_s
     return (hw.op_latency_s + sequence_heads * per_head
             + (full / 2) * (hw.attention_backward_ratio if backward else 1.0) / rate)
+
+
+def attention_kernel_efficiency(head_dim: float, seq_len: int, hw: HardwareProfile) -> float:
+    """A fused attention kernel's rate at this head dim and sequence length over its rate at head dim 128 and
+    long sequences: FlashAttention-2's measured forward + backward TFLOP/s fit R_d / (1 + T0 / T) (hardware.py
+    cites the tables): a fixed cost per query block that long sequences amortise, and head dim 64 running at
+    attention_small_head_ratio of 128 (linear between; outside 64-128 the nearer end)."""
+    d = min(max(head_dim, 64.0), 128.0)
+    head = hw.attention_small_head_ratio + (1.0 - hw.attention_small_head_ratio) * (d - 64.0) / 64.0
+    return head / (1.0 + hw.attention_half_rate_tokens / max(1, seq_len))
 
 
 def attention_share(spec: ModelSpec) -> float:
@@ -130,18 +164,19 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
 
 @lru_cache(maxsize=1 << 16)
 def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
-               peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0) -> OpTime:
+               peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0, cp: int = 1) -> OpTime:
     """One decoder layer on one rank for one micro-batch of `tokens` local tokens: forward, or backward
     (two GEMMs per weight GEMM, one for the input gradient and one for the weight gradient; twice the
     elementwise traffic). `compiled`: the block runs under torch.compile. `fp8_speedup` > 1: the weight
     GEMMs run in FP8 (1-byte operands, the faster peak) and pay their casts as elementwise work
     (harness.plan.regime); attention and the elementwise chain stay in the compute precision."""
-    per_gemm = 2 if backward else 1
     fp8 = fp8_speedup != 1.0
     gemms = layer_gemms(spec, tokens, tp)
     gemm_bytes, gemm_peak = (1, peak * fp8_speedup) if fp8 else (dtype_bytes, peak)
-    gemm = sum(count * per_gemm * gemm_time(m, k, n, gemm_bytes, hw, gemm_peak) for m, k, n, count in gemms)
-    attention = (attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward) * attention_share(spec)
+    # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n)
+    gemm = sum(count * (gemm_time(m, n, k, gemm_bytes, hw, gemm_peak) + gemm_time(k, m, n, gemm_bytes, hw, gemm_peak)
+                        if backward else gemm_time(m, k, n, gemm_bytes, hw, gemm_peak)) for m, k, n, count in gemms)
+    attention = (attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward, cp) * attention_share(spec)
                  + mixer_time(spec, tokens, seq_len, tp, peak, backward))
     direction = "backward" if backward else "forward"
     if compiled:  # the block under torch.compile: fused elementwise kernels (harness.plan.regime)
@@ -167,7 +202,8 @@ def outside_time(spec: ModelSpec, tokens: float, tp: int, vocab_split: bool, dty
     if first:
         out += OpTime(elementwise=streaming_time(3 * tokens * h * e, 3, hw))
     if last:
-        head = 3 * gemm_time(tokens, h, vocab, e, hw, peak)
+        head = (gemm_time(tokens, h, vocab, e, hw, peak) + gemm_time(tokens, vocab, h, e, hw, peak)
+                + gemm_time(h, tokens, vocab, e, hw, peak))  # forward, input and weight gradients
         loss = streaming_time(tokens * vocab * (e + 4 * 6), 12, hw)
         out += OpTime(gemm=head, elementwise=loss + streaming_time(3 * (3 * e + 32) * h * tokens, 16, hw))
     return out

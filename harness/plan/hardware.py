@@ -40,6 +40,11 @@ class HardwareProfile:
     # forward's 2 (Dao 2023, FlashAttention-2 sec. 3.1) at the forward's rate on GPUs; measured on CPUs,
     # whose SDPA backward runs far below its forward rate
     attention_backward_ratio: float = 2.5
+    # A fused attention kernel's rate by shape (compute_time.attention_kernel_efficiency): the attention efficiencies
+    # above hold at head dim 128 as the sequence grows; at head dim 64 the rate is this fraction of it, and at
+    # sequence length T it is 1 / (1 + attention_half_rate_tokens / T) of it (1.0 / 0: no shape dependence).
+    attention_small_head_ratio: float = 1.0
+    attention_half_rate_tokens: float = 0.0
     # fixed seconds per (sequence, head) of a fused attention call, forward and backward (0: FLOPs dominate)
     attention_head_latency_s: float = 0.0
     attention_backward_head_latency_s: float = 0.0
@@ -51,6 +56,13 @@ class HardwareProfile:
     # Per engine, what its measured steps took over the model's prediction: {engine: {"compute": f, "comm": g}},
     # written only by `harness tune` (harness.plan.engine_factors); none: 1.0 for every engine.
     engine_factors: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    # Each accelerator drives its own NIC (DGX / HGX rails): a ring across nodes crosses the network on as many NICs
+    # per node as the group has ranks there (comm.bus_bandwidth); False: the node shares one link.
+    nic_per_accelerator: bool = False
+    # NVLink SHARP (NCCL's NVLS algorithm) reduces inside the NVSwitch: an all-reduce within a node of more than
+    # four ranks runs faster than its ring (NVLS_ALL_REDUCE_GAIN).
+    nvlink_sharp: bool = False
+    sm_count: int = 0  # streaming multiprocessors (GPUs): what an overlapped collective's CTAs take a share of
     measured_peak_flops: Optional[float] = None  # CPU: the measured matmul peak stands in for a datasheet
     source: str = "datasheet"
     version: int = 0  # PROFILE_VERSION of the calibration that wrote it; datasheet rows carry none
@@ -63,9 +75,23 @@ class HardwareProfile:
 #   MAMF: stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
 #         table" (BF16): A100 SXM 271.2/312 = 86.9%, H100 SXM 794.5/989 = 80.3%, GH200 828.6/989 = 83.6%,
 #         MI300X 781.9/1300 = 60.1%.
-#   Attention: FlashAttention-2 (Dao 2023, sec. 4.1) reaches 50-73% of A100 peak forward+backward; on H100 it
-#         runs at ~35% of peak (Shah et al. 2024, FlashAttention-3, sec. 1: "FlashAttention-2 achieves only 35%
-#         utilization on H100"). attn_implementation flash_attention_2 and torch SDPA both run FA2 kernels.
+#   Attention: FlashAttention-2's forward + backward benchmarks (Dao-AILab/flash-attention, assets/
+#         flash2_a100_fwd_bwd_benchmark.png and flash2_h100_fwd_bwd_benchmark.png; batch x seqlen 16k tokens,
+#         causal, TFLOP/s counting the causal half) fit rate(T) = R_d / (1 + T0 / T) within 2% at every point from
+#         T = 512 to 16k: A100 causal head dim 128: R = 194 TFLOP/s (62.2% of 312), T0 = 484; head dim 64: R = 176
+#         (0.91 of it), T0 = 505. H100 causal head dim 128: R = 334 (33.8% of 989), T0 = 532; head dim 64: R = 293
+#         (0.88), T0 = 546 (Shah et al. 2024, FlashAttention-3, sec. 1: "FlashAttention-2 achieves only 35%
+#         utilization on H100"). T0 ~ 500 is a fixed cost per query block (the diagonal block of the causal mask,
+#         the softmax rescale and output write) that long sequences amortise. attn_implementation flash_attention_2
+#         and torch SDPA both run FA2 kernels. H200 computes as H100.
+#   GEMM waves: an output of ceil(m/Tm) x ceil(n/Tn) tiles (x the split-K factor) runs in waves of one thread
+#         block per SM, each wave costing as much full or not, a partial tile as much as a whole one (NVIDIA,
+#         "Matrix Multiplication Background User's Guide", "Tile quantization" and "Wave quantization";
+#         stas00/ml-engineering training/performance/README.md, "Tile and wave quantization": time ~
+#         ceil(blocks / SMs)). GEMM_TILES: the 256x128 / 128x256 / 128x128 tiles the guide names for large
+#         bf16 GEMMs; SPLIT_K: the reduction split among 2-8 blocks when the tiles are too few, keeping at least
+#         SPLIT_K_MIN_DEPTH of it per block. SMs: A100 108, H100 / H200 132 (NVIDIA's architecture
+#         whitepapers; the same README). The MAMF efficiency above is a full-wave GEMM's.
 #   HBM: A100 80GB datasheet 2,039 GB/s; H100 SXM datasheet 3.35 TB/s; H200 datasheet 4.8 TB/s; MI300X data
 #         sheet 5.3 TB/s. Achievable streaming fraction ~90% (NVIDIA's BabelStream-class copy results; the
 #         ml-engineering "memory bandwidth" section quotes 85-92%).
@@ -74,26 +100,52 @@ class HardwareProfile:
 #   Bus bandwidth: nccl-tests all_reduce_perf on DGX H100 reaches ~480 GB/s busbw over NVLink 4 (NVIDIA DGX
 #         H100 user guide / NCCL release notes); torch comm_analysis uses 370 GB/s (Hopper) and 240 GB/s
 #         (Ampere) NVLink, 50 GB/s (NDR 400G) and 25 GB/s (HDR 200G) per GPU across nodes.
+#   Across nodes: NCCL's rings (and trees) open several channels whose node crossings fall on different
+#         accelerators, so every NIC of the node is busy at once: the bus bandwidth of a collective over g ranks
+#         per node is g x the per-NIC rate (stas00/ml-engineering, network/README.md, "Inter-node speed depends on
+#         intra-node speed": 4 nodes of 8 accelerators with 8 x 50 GB/s NICs reach 362 GB/s busbw at 1 GiB and
+#         382 GB/s at 16 GiB, against 400 GB/s of NICs: NIC_EFFICIENCY 0.9), capped by the node's own links.
+#         NDR 400G: 50 GB/s per NIC (H100 / H200 / MI300X nodes), HDR 200G: 25 GB/s (A100).
+#   NVLS: the same README, "SHARP": 8x H200 all-reduce at 8 GiB, NVLS over ring busbw 1.14 / 1.19 / 1.26 / 1.29 at
+#         5 / 6 / 7 / 8 GPUs (ring 363-366 GB/s whatever the count, matching the 370 GB/s above; NCCL keeps the
+#         ring at 4 GPUs and fewer). NVSwitch nodes of Hopper only (A100's NVSwitch has no SHARP).
+#   Overlap: NCCL launches one CTA per channel and keeps its SM to itself (NVIDIA/nccl#689, sjeaugey: "NCCL
+#         CTAs won't share an SM with compute kernels"); DGX A100 all-reduce runs 24 CTAs, 2 per NVLink
+#         (NVIDIA/nccl#1225, #1703), and an H100 all-gather beside a GEMM launches 24 blocks (NVIDIA developer forum,
+#         "Compute-communication overlap causes severe GEMM performance degradation because of tail effect"):
+#         NCCL_COLLECTIVE_CTAS 24 of the SM count (A100 108, H100 / H200 132: NVIDIA's architecture whitepapers;
+#         MI300X 304 CUs, with RCCL's own channel count unknown here: left at none). A send / receive to a
+#         peer on another node runs NCCL_NCHANNELS_PER_NET_PEER channels, "typically 2" (NVIDIA/nccl#1424):
+#         NCCL_P2P_CTAS 2.
 #   Host link: PCIe Gen5 x16 64 GB/s (Gen4 32 GB/s) per direction, ~80% achievable in pinned copies.
 #   CPU Adam: DeepSpeed ZeRO-Offload (Ren et al. 2021, table 2): CPU-Adam updates 1B parameters in 0.22 s
 #         on a 2x20-core host, 4.5e9 params/s per host, shared by 8 ranks -> 5.6e8 per rank.
 #   NVMe: ZeRO-Infinity (Rajbhandari et al. 2021, sec. 7): ~25 GB/s read per DGX-2 node over 8 ranks (3.1 GB/s each).
-_NVIDIA_NCCL = dict(collective_base_latency_s=8.4 * US, intra_step_latency_s=3.4 * US,
+_A100 = dict(sm_count=108, attention_small_head_ratio=0.91, attention_half_rate_tokens=495)
+_H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_tokens=540)
+GEMM_TILES = ((128, 256), (256, 128), (128, 128))
+SPLIT_K = (1, 2, 4, 8)
+SPLIT_K_MIN_DEPTH = 1024
+NCCL_COLLECTIVE_CTAS = 24
+NCCL_P2P_CTAS = 2
+NIC_EFFICIENCY = 0.9
+NVLS_ALL_REDUCE_GAIN = {5: 1.14, 6: 1.19, 7: 1.26, 8: 1.29}
+_NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=8.4 * US, intra_step_latency_s=3.4 * US,
                     inter_step_latency_s=14.0 * US, low_latency_protocol=True, overlaps_comm=True,
                     op_latency_s=4 * US, cpu_adam_params_per_s=5.6e8, nvme_bandwidth=3.1 * GB)
 HARDWARE: Dict[str, HardwareProfile] = {
-    "a100_sxm": HardwareProfile("a100_sxm", 0.869, 0.50, 0.50, 2039 * GB, 0.90, gpus_per_node=8,
+    "a100_sxm": HardwareProfile("a100_sxm", 0.869, 0.622, 0.622, 2039 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
-                                host_link_bandwidth=25 * GB, **_NVIDIA_NCCL),
-    "a100_sxm_40gb": HardwareProfile("a100_sxm_40gb", 0.869, 0.50, 0.50, 1555 * GB, 0.90, gpus_per_node=8,
+                                host_link_bandwidth=25 * GB, **_A100, **_NVIDIA_NCCL),
+    "a100_sxm_40gb": HardwareProfile("a100_sxm_40gb", 0.869, 0.622, 0.622, 1555 * GB, 0.90, gpus_per_node=8,
                                      intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
-                                     host_link_bandwidth=25 * GB, **_NVIDIA_NCCL),
-    "h100_sxm": HardwareProfile("h100_sxm", 0.803, 0.35, 0.35, 3350 * GB, 0.90, gpus_per_node=8,
+                                     host_link_bandwidth=25 * GB, **_A100, **_NVIDIA_NCCL),
+    "h100_sxm": HardwareProfile("h100_sxm", 0.803, 0.338, 0.338, 3350 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
-                                host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),
-    "h200": HardwareProfile("h200", 0.836, 0.35, 0.35, 4800 * GB, 0.90, gpus_per_node=8,
+                                host_link_bandwidth=51 * GB, nvlink_sharp=True, **_H100, **_NVIDIA_NCCL),
+    "h200": HardwareProfile("h200", 0.836, 0.338, 0.338, 4800 * GB, 0.90, gpus_per_node=8,
                             intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
-                            host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),
+                            host_link_bandwidth=51 * GB, nvlink_sharp=True, **_H100, **_NVIDIA_NCCL),
     "mi300x": HardwareProfile("mi300x", 0.601, 0.30, 0.30, 5300 * GB, 0.85, gpus_per_node=8,
                               intra_node_bandwidth=300 * GB, inter_node_bandwidth=50 * GB,
                               host_link_bandwidth=51 * GB, **_NVIDIA_NCCL),

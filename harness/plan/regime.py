@@ -16,6 +16,17 @@ from harness.plan.model_spec import ModelSpec
 COMPILED_LAYER_ELEMENTWISE_OPS: Dict[str, int] = {"forward": 4, "backward": 8}
 
 
+def fused_elementwise(engine) -> bool:
+    """Whether a layer's memory-bound work runs as fused kernels (the COMPILED_LAYER_ELEMENTWISE_OPS count and
+    compiled_layer_elementwise_bytes): under torch.compile (engine.compile), and always on Megatron-LM, whose
+    export runs Transformer Engine layers (--transformer-impl transformer_engine: the norm fused into
+    LayerNormLinear / LayerNormMLP, one kernel each) with its default fusions left on (megatron/training/
+    arguments.py: --no-bias-swiglu-fusion, --no-bias-gelu-fusion, --no-bias-dropout-fusion and --no-rope-fusion
+    are store_false flags, so SwiGLU / GELU, the residual add and rotary each run as one kernel). Eager
+    engines (DeepSpeed, Accelerate FSDP, nd without compile) run transformers' unfused ops."""
+    return bool(engine.compile) or engine.name == "megatron_lm"
+
+
 def compiled_layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dtype_bytes: int) -> float:
     """Bytes one compiled layer's fused forward kernels read and write for `tokens` tokens on a TP rank.
 

@@ -12,8 +12,9 @@ from harness.plan.comm import Group, axis_group, collective_time
 from harness.plan.compute_time import OpTime, layer_time, outside_time, streaming_time
 from harness.plan.conventions import COMPUTE_BYTES, state_convention
 from harness.plan.engine_factors import scaled
-from harness.plan.hardware import HardwareProfile
+from harness.plan.hardware import NCCL_COLLECTIVE_CTAS, NCCL_P2P_CTAS, HardwareProfile
 from harness.plan.host_work import host_work_s
+from harness.plan.regime import fused_elementwise
 from harness.plan.model_spec import ModelSpec, param_tensors
 from harness.plan.resharding import reshard_after_forward
 from harness.plan.states import rank_layers, rank_params, stage_layer_counts
@@ -103,13 +104,24 @@ def pipeline_time(schedule: str, pp: int, virtual: int, microbatches: int, forwa
     return work + bubble
 
 
-def exposed(comm: float, hiding: float, hw: HardwareProfile, tail: float = 0.0) -> float:
+def exposed(comm: float, hiding: float, hw: HardwareProfile, tail: float = 0.0,
+            ctas: int = NCCL_COLLECTIVE_CTAS) -> float:
     """What of `comm` the critical path sees when it runs beside `hiding` seconds of compute: all of it
     when the hardware cannot overlap (CPU ranks, one core each), else the excess plus an unhidable tail
-    (the first gather before any compute, the last reduction after the last backward)."""
+    (the first gather before any compute, the last reduction after the last backward), plus what the hidden
+    part costs the compute beside it (overlap_slowdown of the `ctas` SMs it holds: a collective's, a
+    point-to-point transfer's fewer, none for host copies on the copy engines)."""
     if not hw.overlaps_comm:
         return comm
-    return max(0.0, comm - hiding) + min(comm, tail)
+    return max(0.0, comm - hiding) + min(comm, tail) + overlap_slowdown(hw, ctas) * min(comm, hiding)
+
+
+def overlap_slowdown(hw: HardwareProfile, ctas: int = NCCL_COLLECTIVE_CTAS) -> float:
+    """The fraction of compute lost while communication runs beside it: NCCL runs one CTA per channel, each
+    holding an SM that no compute kernel shares (NVIDIA/nccl#689: "NCCL CTAs won't share an SM with compute
+    kernels"), so a kernel beside it runs on the remaining SMs: ctas / sm_count (hardware.py); none where the
+    profile knows no SM count (CPUs)."""
+    return ctas / hw.sm_count if hw.sm_count else 0.0
 
 
 def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwareProfile,
@@ -162,10 +174,11 @@ def _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, firs
     """(forward, backward, recompute) OpTimes of one micro-batch on this rank; `peaks`: (the achievable
     FLOP/s, the FP8 GEMM speedup)."""
     tp, (peak, fp8_speedup) = layout.tp, peaks
-    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=engine.compile,
-                     fp8_speedup=fp8_speedup)
-    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=engine.compile,
-                     fp8_speedup=fp8_speedup)
+    fused = fused_elementwise(engine)
+    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=fused,
+                     fp8_speedup=fp8_speedup, cp=layout.cp)
+    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=fused,
+                     fp8_speedup=fp8_speedup, cp=layout.cp)
     vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
     outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last)
     # Weight-shared stacks (HRM, pp = 1): every run is a forward, the runs with gradient a backward and a recompute
@@ -193,9 +206,28 @@ def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last
     cp = layers * 3 * (layout.cp - 1) * collective_time("p2p", kv, groups.cp, hw) if layout.cp > 1 else 0.0
     routed = tokens * spec.experts_per_token * h * e
     ep = layers * 4 * collective_time("all_to_all", routed, groups.ep, hw) if layout.ep > 1 and spec.is_moe else 0.0
-    chunks = layout.pp_virtual_stages if layout.pp > 1 else 0
-    pp = 2 * chunks * collective_time("p2p", activation, groups.pp, hw) if layout.pp > 1 else 0.0
+    pp = pipeline_p2p(layout, engine, hw, groups.pp, activation)
     return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "tp_step": tp_step}
+
+
+def pipeline_p2p(layout: Any, engine: Any, hw: HardwareProfile, group: Group, activation: float) -> float:
+    """Seconds of pipeline point-to-point traffic one micro-batch issues on a rank: each of its local stages
+    receives its input and sends its output gradient (and the reverse), 2 transfers per chunk, of one
+    micro-batch's hidden states. Megatron-LM under sequence parallelism sends the tensor-parallel shard of
+    them (schedules.get_tensor_shapes: the sequence divided by cp, then by tp when sequence_parallel)."""
+    if layout.pp <= 1:
+        return 0.0
+    if engine.name == "megatron_lm" and engine.sequence_parallel:
+        activation /= layout.tp
+    return 2 * layout.pp_virtual_stages * collective_time("p2p", activation, group, hw)
+
+
+def p2p_overlapped(layout: Any, engine: Any) -> bool:
+    """Whether the pipeline's transfers run beside compute: Megatron-LM's interleaved schedule overlaps each
+    chunk's send / receive with the next chunk's forward or backward (overlap_p2p_comm, on unless
+    --no-overlap-p2p-communication, which the export does not render); its 1F1B and torch's schedules wait for
+    every transfer."""
+    return engine.name == "megatron_lm" and layout.pp > 1 and layout.pp_virtual_stages > 1
 
 
 class TensorParallelCounts(NamedTuple):
@@ -315,6 +347,8 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
         per_mb = gather + reduce + _calls("all_reduce", grads / shard.size, counts.units, rep, hw)
         return DataParallelComm(per_mb, 0.0, 0.0, "gathers prefetched behind the previous unit's compute; "
                                 "reduce-scatters behind the next unit's backward")
+    if name == "megatron_lm":
+        return megatron_dp_comm(layout, hw, groups, everyone, counts, weights, grads)
     if zero >= 1 and shard.size > 1:
         reduce = (_calls("reduce_scatter", grads, buckets, shard, hw)
                   + _calls("all_reduce", grads / shard.size, buckets, rep, hw))
@@ -327,6 +361,37 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
     calls = buckets if name == "deepspeed" else grads / DDP_BUCKET_BYTES
     return DataParallelComm(0.0, _calls("all_reduce", grads, calls, everyone, hw), 0.0,
                             "bucketed all-reduce behind the last backward")
+
+
+# Megatron-LM's DDP bucket when it overlaps the reduction (megatron/core/distributed/distributed_data_parallel.py:
+# bucket_size = max(40M, 1M x data-parallel size) elements; without --overlap-grad-reduce one bucket per buffer).
+MEGATRON_BUCKET_NUMEL = 40e6
+
+
+def megatron_dp_comm(layout: Any, hw: HardwareProfile, groups: Groups, everyone: Group, counts: CallCounts,
+                     weights: float, grads: float) -> DataParallelComm:
+    """Megatron-LM's data-parallel traffic as harness.engines.megatron_lm renders its flags.
+
+    zero_stage 0 renders no --overlap-grad-reduce: finish_grad_sync then issues the gradient all-reduce
+    synchronously after the last backward, one bucket per buffer (param_and_grad_buffer.py: "If
+    overlap_grad_reduce is False, start (and finish) synchronous communication call here"), all of it on the
+    critical path. zero_stage 1 renders --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather:
+    the gradient reduce-scatter runs bucket by bucket behind the last backward, and the updated parameters'
+    all-gather is dispatched with the next forward, each bucket waited for by its first layer's pre-hook
+    (behind the first micro-batch's forward); with several optimizer instances the shard is all-reduced across
+    them too."""
+    shard, rep = groups.dp_shard, groups.dp_replicate
+    if layout.zero_stage == 0 or shard.size == 1:
+        return DataParallelComm(0.0, 0.0, collective_time("all_reduce", grads, everyone, hw),
+                                "gradient all-reduce after the last backward, synchronous (no --overlap-grad-reduce)")
+    buckets = max(MEGATRON_BUCKET_NUMEL, 1e6 * shard.size)
+    calls = counts.params / buckets
+    reduce = (_calls("reduce_scatter", grads, calls, shard, hw)
+              + _calls("all_reduce", grads / shard.size, calls, rep, hw))
+    gather = _calls("all_gather", weights, calls, shard, hw)
+    return DataParallelComm(0.0, reduce, 0.0, "reduce-scatter behind the last backward (--overlap-grad-reduce); "
+                            "parameter all-gather behind the next forward (--overlap-param-gather)",
+                            with_first_forward=gather)
 
 
 def fsdp_comm(layout: Any, hw: HardwareProfile, groups: Groups, counts: CallCounts, weights: float,
@@ -418,15 +483,19 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
                             conv.param_shard_stage)
     offload_mb = param_offload_time(layout, hw, opt_params, conv.working)
     m, unit = layout.grad_accum, max(1, layers)
-    # TP, EP and pipeline transfers sit on the critical path (each layer waits for them); the ring of
+    # TP, EP and pipeline transfers sit on the critical path (each layer waits for them; Megatron's interleaved
+    # pipeline transfers excepted: p2p_overlapped); the ring of
     # context parallelism runs beside the attention blocks it feeds (its first step is not hidden);
     # data-parallel gathers / reductions and offloaded parameters beside the layers (the first gather
     # and the last reduction are not hidden).
     exposed_mb = {axis: layer_comm[axis] for axis in ("tp", "ep", "pp")}
+    if p2p_overlapped(layout, engine):
+        exposed_mb["pp"] = exposed(layer_comm["pp"], compute_mb, hw, ctas=NCCL_P2P_CTAS)
     exposed_mb["cp"] = exposed(layer_comm["cp"], fwd.attention + bwd.attention, hw,
                                tail=layer_comm["cp"] / max(1, layout.cp - 1) / unit)
     exposed_mb["dp"] = exposed(dp.per_microbatch, compute_mb, hw, tail=dp.per_microbatch / unit)
-    exposed_mb["offload"] = exposed(offload_mb, max(0.0, compute_mb - dp.per_microbatch), hw, tail=offload_mb / unit)
+    exposed_mb["offload"] = exposed(offload_mb, max(0.0, compute_mb - dp.per_microbatch), hw, tail=offload_mb / unit,
+                                    ctas=0)
     per_mb = sum(exposed_mb.values())
     host_mb, host_step = host_work_s(engine, layout, hw, _tensor_count(params))
     forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3 + host_mb
@@ -447,13 +516,15 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
                "framework": m * host_mb + host_step}
     total = pipeline + step_comm + layer_comm["tp_step"] + opt["optimizer"] + opt["offload"] + host_step
     return StepTime(total, compute, comm, pipeline - m * (forward + backward), opt["optimizer"], opt["offload"],
-                    _overlap(dp, hw))
+                    _overlap(dp, hw, p2p_overlapped(layout, engine)))
 
 
-def _overlap(dp: DataParallelComm, hw: HardwareProfile) -> Dict[str, str]:
+def _overlap(dp: DataParallelComm, hw: HardwareProfile, p2p_hidden: bool = False) -> Dict[str, str]:
     """What hides each axis's communication, in words for the breakdown."""
     return {"dp": dp.how if hw.overlaps_comm else "none: ranks share the cores that compute",
-            "tp": "none (blocking, on the critical path)", "pp": "none (each stage waits for its input)",
+            "tp": "none (blocking, on the critical path)",
+            "pp": "sends / receives behind the next chunk's compute (interleaved schedule)"
+            if p2p_hidden and hw.overlaps_comm else "none (each stage waits for its input)",
             "cp": "ring steps behind the attention blocks" if hw.overlaps_comm else "none",
             "ep": "none (blocking all-to-all)",
             "offload": "parameter fetches behind compute" if hw.overlaps_comm else "none"}

@@ -1,0 +1,199 @@
+"""Each component of the GPU time model against a public measurement of that component alone."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+from harness.engines.megatron_lm import megatron_flags
+from harness.plan.comm import Group, bus_factor, collective_time
+from harness.plan.compute_time import attention_time, gemm_time, wave_efficiency
+from harness.plan.hardware import HARDWARE, achievable_peak
+from harness.plan.model_spec import model_spec_from_hf
+from harness.plan.planner import make_plan
+from harness.plan.time_model import exposed
+from plan_helpers import run_config
+
+H100 = HARDWARE["h100_sxm"]
+GIB = 1 << 30
+
+
+def busbw(kind: str, nbytes: float, group: Group, hw=H100) -> float:
+    """Predicted bus bandwidth as nccl-tests reports it: bytes x bus factor / time."""
+    return nbytes * bus_factor(kind, group.size) / collective_time(kind, nbytes, group, hw)
+
+
+@pytest.mark.parametrize("gpus, measured", [(4, 363.3e9), (8, 473.1e9)])
+def test_all_reduce_in_a_hopper_node_matches_nccl_tests(gpus, measured):
+    # stas00/ml-engineering network/README.md, "SHARP": 8x H200 (NVLink 4, as H100), nccl-tests all_reduce at
+    # 8 GiB: ring 363.3 GB/s at 4 GPUs, NVLS 473.1 GB/s at 8
+    assert busbw("all_reduce", 8 * GIB, Group(gpus, 1)) == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("payload, measured", [(GIB, 361.99e9), (16 * GIB, 381.80e9)])
+def test_all_reduce_across_four_nodes_runs_on_every_nic_of_the_node(payload, measured):
+    # ml-engineering network/README.md, "Inter-node speed depends on intra-node speed": 4 nodes x 8 accelerators
+    # with one 50 GB/s NIC each (the NDR 400G rate of H100 nodes), all_reduce busbw 362 GB/s at 1 GiB, 382 at
+    # 16 GiB: the node's eight NICs, not one (a single NIC would give at most 50 GB/s)
+    assert busbw("all_reduce", payload, Group(32, 4)) == pytest.approx(measured, rel=0.10)
+
+
+def test_a_group_with_one_rank_per_node_crosses_on_one_nic():
+    # the same arithmetic with one rank of the group per node: its own NIC carries all the traffic
+    assert busbw("all_gather", 8 * GIB, Group(4, 4)) == pytest.approx(50e9 * 0.9, rel=0.05)
+
+
+A100_4X8 = dict(name="a100_4x8", nodes=4, accelerators_per_node=8, accelerator="a100_sxm",
+                memory_per_accelerator_gib=None, host_memory_gib=1024.0)
+
+
+LLAMA_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                max_position_embeddings=131072, tie_word_embeddings=True)
+
+
+def plan_config(zero_stage: int):
+    layout = dict(dp_shard=32, zero_stage=zero_stage, micro_batch=4, grad_accum=4, seq_len=2048)
+    return run_config("llama3_2_1b", hf_config=LLAMA_1B, engine=dict(name="megatron_lm"), cluster=A100_4X8,
+                      **layout)
+
+
+def megatron_dp_plan(zero_stage: int):
+    plan = make_plan(plan_config(zero_stage))
+    assert plan.valid, plan.errors
+    return plan
+
+
+def test_megatron_without_overlap_grad_reduce_exposes_the_whole_gradient_all_reduce():
+    # zero_stage 0 renders no --overlap-grad-reduce: Megatron's finish_grad_sync all-reduces the fp32 gradient
+    # buffer synchronously after the last backward (param_and_grad_buffer.py), nothing hides it
+    plan = megatron_dp_plan(0)
+    assert "--overlap-grad-reduce" not in megatron_flags(plan_config(0))
+    dp = plan.time.comm_s["dp"]
+    assert dp["exposed"] == pytest.approx(dp["total"]) and dp["total"] > 0
+
+
+def test_megatron_distributed_optimizer_hides_its_gather_behind_the_next_forward():
+    # zero_stage 1 renders --overlap-grad-reduce and --overlap-param-gather: what is left exposed is the last
+    # bucket of each and the SMs the hidden part takes from the compute, a small part of the traffic, where
+    # zero_stage 0 exposes all of its all-reduce
+    assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(megatron_flags(plan_config(1)))
+    dp = megatron_dp_plan(1).time.comm_s["dp"]
+    assert dp["exposed"] < 0.4 * dp["total"] and dp["exposed"] < 0.4 * megatron_dp_plan(0).time.comm_s["dp"]["exposed"]
+
+
+# FlashAttention-2's forward + backward benchmark, causal (Dao-AILab/flash-attention, assets/
+# flash2_{a100,h100}_fwd_bwd_benchmark.png: 16k tokens a batch, hidden 2048): TFLOP/s counting the causal half
+FA2_CAUSAL = {("a100_sxm", 128): {512: 99, 2048: 155, 16384: 189}, ("a100_sxm", 64): {512: 88, 2048: 140, 16384: 171},
+              ("h100_sxm", 128): {512: 163, 2048: 265, 16384: 328}, ("h100_sxm", 64): {512: 141, 2048: 232, 16384: 284}}
+
+
+@lru_cache(maxsize=None)
+def bench_attention(head_dim: int):
+    """The benchmark's shape: hidden 2048 in heads of head_dim; torch SDPA runs the same FA2 kernels."""
+    heads = 2048 // head_dim
+    return model_spec_from_hf("bench", dict(model_type="llama", vocab_size=256, hidden_size=2048, intermediate_size=256,
+                                            num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads,
+                                            head_dim=head_dim, attn_implementation="sdpa"))
+
+
+@pytest.mark.parametrize("device, head_dim, seq_len", [(d, h, t) for (d, h), row in FA2_CAUSAL.items() for t in row])
+def test_fused_attention_matches_the_flash_attention_2_benchmark(device, head_dim, seq_len):
+    hw = HARDWARE[device]
+    spec = bench_attention(head_dim)
+    peak = achievable_peak(hw, device, "bf16")
+    tokens = 16384
+    seconds = sum(attention_time(spec, tokens, seq_len, 1, 2, hw, peak, backward) for backward in (False, True))
+    flops = 3.5 * 4 * tokens * seq_len * 2048 / 2  # the benchmark's count: forward 4 T^2 d per head, halved, x 3.5
+    assert flops / seconds / 1e12 == pytest.approx(FA2_CAUSAL[device, head_dim][seq_len], rel=0.05)
+
+
+def elementwise_s(engine: dict, **layout) -> float:
+    cfg = run_config("llama3_1_8b", engine=engine, cluster=dict(name="h100", nodes=1, accelerators_per_node=8,
+                                                                 accelerator="h100_sxm", memory_per_accelerator_gib=80),
+                     **{**dict(dp_shard=8, zero_stage=1, micro_batch=1, seq_len=4096), **layout})
+    plan = make_plan(cfg)
+    assert plan.valid, plan.errors
+    return plan.time.compute_s["elementwise"]
+
+
+def test_megatron_runs_the_layer_elementwise_work_as_fused_kernels():
+    # Transformer Engine layers (the norm inside LayerNormLinear) and Megatron's default fusions (bias-SwiGLU,
+    # bias-dropout-add, rotary: their --no-*-fusion flags are store_false and the export sets none of them)
+    flags = megatron_flags(run_config("llama3_1_8b", engine=dict(name="megatron_lm"), dp_shard=8, zero_stage=1,
+                                      cluster=dict(name="h100", nodes=1, accelerators_per_node=8,
+                                                   accelerator="h100_sxm", memory_per_accelerator_gib=80)))
+    assert flags["--transformer-impl"] == "transformer_engine" and not any("fusion" in f for f in flags)
+    megatron = elementwise_s(dict(name="megatron_lm"))
+    assert megatron == pytest.approx(elementwise_s(dict(name="nd", compile=True), zero_stage=3), rel=0.01)
+    assert megatron < 0.6 * elementwise_s(dict(name="nd"), zero_stage=3)
+
+
+def megatron_pipeline_plan(virtual: int, sequence_parallel: bool = True):
+    cfg = run_config("llama3_1_70b", engine=dict(name="megatron_lm", sequence_parallel=sequence_parallel),
+                     cluster=dict(name="h100_8x8", nodes=8, accelerators_per_node=8, accelerator="h100_sxm",
+                                  memory_per_accelerator_gib=80),
+                     dp_shard=2, tp=8, pp=4, zero_stage=1, micro_batch=1, grad_accum=8, seq_len=4096,
+                     pp_schedule="Interleaved1F1B" if virtual > 1 else "1F1B", pp_virtual_stages=virtual)
+    plan = make_plan(cfg)
+    assert plan.valid, plan.errors
+    return plan
+
+
+def test_megatron_sends_the_sequence_parallel_shard_between_stages():
+    # schedules.get_tensor_shapes: seq_length // cp, then // tp under sequence_parallel: one micro-batch's hidden
+    # states of 4096 tokens x 8192 in bf16, an eighth of them, twice per micro-batch and chunk, across nodes
+    shard = 4096 * 8192 * 2 / 8
+    expected = 8 * 2 * collective_time("p2p", shard, Group(4, 4), H100)
+    assert megatron_pipeline_plan(1).time.comm_s["pp"]["total"] == pytest.approx(expected, rel=1e-6)
+    whole = 8 * 2 * collective_time("p2p", 8 * shard, Group(4, 4), H100)
+    assert megatron_pipeline_plan(1, sequence_parallel=False).time.comm_s["pp"]["total"] == pytest.approx(
+        whole, rel=1e-6)
+
+
+def test_megatron_interleaved_schedule_overlaps_its_transfers():
+    # overlap_p2p_comm (on unless --no-overlap-p2p-communication) in the interleaved schedule; 1F1B waits
+    # (what stays exposed is the SMs its two channels per peer take from the compute: NVIDIA/nccl#1424)
+    interleaved, plain = megatron_pipeline_plan(2).time.comm_s["pp"], megatron_pipeline_plan(1).time.comm_s["pp"]
+    assert plain["exposed"] == pytest.approx(plain["total"])
+    assert interleaved["exposed"] == pytest.approx(interleaved["total"] * 2 / 132)
+
+
+@pytest.mark.parametrize("device, sms", [("h100_sxm", 132), ("a100_sxm", 108)])
+def test_a_hidden_collective_takes_its_ctas_from_the_compute_beside_it(device, sms):
+    # NCCL's 24 CTAs (NVIDIA/nccl#1225: 24 on DGX A100; 24 blocks beside an H100 GEMM, NVIDIA developer forum)
+    # each hold an SM no compute kernel shares (NVIDIA/nccl#689): 1 s of all-gather hidden behind 10 s of GEMMs
+    # costs them 24 / SMs of a second
+    hw = HARDWARE[device]
+    assert exposed(1.0, 10.0, hw) == pytest.approx(24 / sms)
+    assert exposed(1.0, 10.0, hw, ctas=0) == 0.0  # host copies run on the copy engines
+
+
+def test_context_parallel_attention_pays_the_per_block_cost_on_each_ring_step():
+    # the ring runs one kernel per step on seq_len / cp queries: at cp 2 the kernel sees 4096-token sequences
+    spec, hw = bench_attention(128), HARDWARE["h100_sxm"]
+    peak = achievable_peak(hw, "h100_sxm", "bf16")
+    ring = attention_time(spec, 8192, 16384, 1, 2, hw, peak, False, cp=2)
+    whole = attention_time(spec, 8192, 16384, 1, 2, hw, peak, False)
+    assert ring / whole == pytest.approx((1 + 540 / 8192) / (1 + 540 / 16384), rel=0.01)
+
+
+def test_a_large_gemm_runs_at_the_mamf_table_figure():
+    # stas00/ml-engineering, MAMF table: H100 SXM 794.5 TFLOP/s, A100 SXM 271.2 (bf16, best shape)
+    for device, mamf in (("h100_sxm", 794.5e12), ("a100_sxm", 271.2e12)):
+        hw = HARDWARE[device]
+        seconds = gemm_time(8192, 8192, 8192, 2, hw, achievable_peak(hw, device, "bf16"))
+        assert 2 * 8192**3 / seconds == pytest.approx(mamf, rel=0.01)
+
+
+def test_one_more_column_of_tiles_costs_a_nearly_empty_wave():
+    # NVIDIA's Matrix Multiplication Background guide, wave quantization: 7 x 18 = 126 tiles of 128 x 256 fit the
+    # 132 SMs of an H100 in one wave; 7 x 19 = 133 need a second (or 266 of 128 x 128 in three); the reduction is
+    # too short to split (k = 1536)
+    assert wave_efficiency(896, 1536, 4608, 132) > 0.95
+    assert wave_efficiency(896, 1536, 4864, 132) == pytest.approx(896 * 4864 / (3 * 132 * 128 * 128))
+    hw = HARDWARE["h100_sxm"]
+    peak = achievable_peak(hw, "h100_sxm", "bf16")
+    rate = [2 * 896 * 1536 * n / (gemm_time(896, 1536, n, 2, hw, peak) - hw.op_latency_s) for n in (4608, 4864)]
+    assert rate[1] < 0.75 * rate[0]
