@@ -50,7 +50,8 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
         *support_found(cfg),
         check_model_init(engine.name, layout.zero_stage, cfg.model.init, spec.total_params,
                          cluster.accelerators_per_node, cluster.host_memory_gib, layout.offload_params),
-        check_fp8(engine.name, cluster.accelerator, tuple(fp8_linear_dims(spec, layout.tp).items()))
+        check_fp8(engine.name, cluster.accelerator, tuple(fp8_linear_dims(spec, layout.tp).items()),
+                  cfg.standin.of is not None)
         if layout.precision == "fp8" else OK,
     ]
     return _merge(found)
@@ -214,11 +215,12 @@ def check_engine(engine: str, unmet_options: Tuple[Tuple[str, Any], ...], zero: 
 
 
 @lru_cache(maxsize=None)
-def check_fp8(engine: str, accelerator: str, dims: Tuple[Tuple[str, int], ...]) -> Found:
-    """layout.precision=fp8 only on an engine and a device with FP8, with GEMM dimensions FP8 takes
-    (harness.plan.regime.fp8_problems; the device's FP8 figure is its datasheet row in harness.plan.peak)."""
+def check_fp8(engine: str, accelerator: str, dims: Tuple[Tuple[str, int], ...], standin: bool = False) -> Found:
+    """layout.precision=fp8 only on an engine and a device with FP8 (or as a GPU recipe's CPU stand-in), with
+    GEMM dimensions FP8 takes (harness.plan.regime.fp8_problems; the device's FP8 figure is its datasheet row
+    in harness.plan.peak)."""
     has_fp8 = peak_flops(accelerator, "fp8").flops is not None
-    return tuple(fp8_problems(engine, accelerator, has_fp8, dict(dims))), ()
+    return tuple(fp8_problems(engine, accelerator, has_fp8, dict(dims), standin)), ()
 
 
 @lru_cache(maxsize=None)
