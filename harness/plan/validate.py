@@ -66,7 +66,8 @@ def support_found(cfg: Any) -> List[Found]:
                      cfg.cluster.accelerator),
         check_offload(engine.name, layout.zero_stage, layout.offload_optimizer, layout.offload_params,
                       bool(layout.nvme_path)),
-        check_compile(engine.name, engine.compile, engine.fsdp_version),
+        check_compile(engine.name, engine.compile, engine.fsdp_version, layout.pp, layout.pp_schedule, layout.tp,
+                      layout.activation_checkpointing),
     ]
 
 
@@ -224,9 +225,11 @@ def check_fp8(engine: str, accelerator: str, dims: Tuple[Tuple[str, int], ...], 
 
 
 @lru_cache(maxsize=None)
-def check_compile(engine: str, compile: bool, fsdp_version: int) -> Found:
-    """engine.compile only where the engine compiles (harness.plan.support.compile_problem)."""
-    problem = compile_problem(engine, compile, fsdp_version)
+def check_compile(engine: str, compile: bool, fsdp_version: int, pp: int = 1, pp_schedule: str = "1F1B", tp: int = 1,
+                  checkpointing: str = "none") -> Found:
+    """engine.compile only where the engine, its pipeline schedule and its checkpointing compile
+    (harness.plan.support.compile_problem)."""
+    problem = compile_problem(engine, compile, fsdp_version, pp, pp_schedule, tp, checkpointing)
     return ((problem,), ()) if problem else OK
 
 
