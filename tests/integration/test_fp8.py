@@ -16,9 +16,13 @@ its comment derives it): 1.1e-3 for the nd run (hidden 128, 128 tokens a step), 
 (hidden 64, 512 tokens); measured at most 3.9e-4 and 1.1e-4. bf16 itself stays within 9e-5 of fp32 on them.
 """
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from harness import REPO_ROOT
 from harness.commands.gpu_check import planned_state_bytes
 from harness.config.compose import compose_run_config
 from harness.engines.float8 import convert_to_float8, float8_linear_count
@@ -136,3 +140,21 @@ def test_fsdp2_fp8_on_cpu_standin_trains_like_bf16(results_root):
     measured = result["measured"]
     for key in ("param_bytes", "grad_bytes", "optimizer_bytes"):
         assert measured[key] == result["predicted"][key] == by_rank[0][key], key
+
+
+def test_accelerates_own_torchao_recipe_accepts_fp8_on_cpu():
+    """What `fp8_config: {backend: AO}` asks of Accelerate: its Accelerator takes mixed_precision=fp8 on a CPU
+    and prepare() converts linears to torchao's Float8Linear (its default filter keeps the first and last
+    linear in high precision). The harness's fsdp ranks convert with the same torchao call before sharding."""
+    code = """
+import harness, torch
+from accelerate import Accelerator
+from accelerate.utils import AORecipeKwargs
+model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
+model = accelerator.prepare(model)
+print(accelerator.device.type, accelerator.state.mixed_precision, [type(m).__name__ for m in model])
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "cpu fp8 ['Linear', 'Float8Linear', 'Float8Linear', 'Linear']"
