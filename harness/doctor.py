@@ -19,7 +19,7 @@ from harness import REPO_ROOT
 PASS, WARN = "PASS", "WARN"
 # Narrowest the wrapped detail of a fact gets, however narrow the terminal.
 MIN_DETAIL_WIDTH = 20
-LIBRARIES = ("torch", "deepspeed", "accelerate", "transformers", "hydra-core", "wandb", "wandb-workspaces",
+LIBRARIES = ("torch", "torchao", "deepspeed", "accelerate", "transformers", "hydra-core", "wandb", "wandb-workspaces",
              "pandas", "rich", "plotly")
 # torch.cuda.get_device_name() strings (as nvidia-smi / rocm-smi print them) -> keys of harness/plan/peak.py.
 # Order matters: the more specific pattern first (H100 NVL before H100, A100 40GB before A100 SXM).

@@ -185,11 +185,12 @@ class References:
     def _compute(self, cfg, n_steps: int) -> List[float]:
         import torch
 
-        from harness.runtime.reference import single_process_losses
+        from harness.runtime.reference import reference_precision, single_process_losses
 
         layout = cfg.layout
         losses, model = single_process_losses(cfg, cfg.model.hf_config, layout.micro_batch, layout.grad_accum,
-                                              n_steps, bf16=layout.precision == "bf16", device=self.device)
+                                              n_steps, bf16=reference_precision(layout.precision) == "bf16",
+                                              device=self.device)
         del model
         if self.device == "cuda":
             torch.cuda.empty_cache()  # the next run's allocator peak is its own
@@ -210,7 +211,7 @@ def loss_check(cfg, model_init: str, losses: List[float], references: References
         return error <= META_INIT_RTOL, {"rule": "initialised model", "rtol": META_INIT_RTOL, "max_rel_error": error,
                                          "losses": losses, "reference": [low, high]}
     want = references.losses(cfg, len(losses))
-    rtol = loss_rtol(cfg.engine.name, cfg.layout.precision)
+    rtol = loss_rtol(cfg)
     error = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
     return error <= rtol, {"rule": "single process", "rtol": rtol, "max_rel_error": error, "losses": losses,
                            "reference": want}

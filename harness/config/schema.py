@@ -39,6 +39,12 @@ class Precision(Choice):
     fp8 = "fp8"
 
 
+# torch._scaled_mm (cuBLASLt FP8) needs every GEMM dimension divisible by 16 (torchao's float8 README: "the
+# dimensions of the linear layers must be divisible by 16"): the planner's FP8 rule (harness.plan.regime) and
+# the width of an FP8 stand-in's tiny model (harness.config.standin) read it.
+FP8_DIM_MULTIPLE = 16
+
+
 class OffloadTarget(Choice):
     none = "none"
     cpu = "cpu"

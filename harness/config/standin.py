@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Dict, List, Mapping, Tuple
 
+from harness.config.schema import FP8_DIM_MULTIPLE
+
 # The local Slurm cluster of slurm/local/up.sh: two virtual nodes, 4 CPUs each (one rank per CPU).
 STANDIN_NODES, CPUS_PER_NODE = 2, 4
 MAX_RANKS = STANDIN_NODES * CPUS_PER_NODE
@@ -131,19 +133,26 @@ def stage_layers(recipe_split: List[int], stages: int) -> List[int]:
     return [1 + count - lightest for count in recipe_split[:stages]]
 
 
-def tiny_model(hf_config: Dict[str, Any], degrees: Dict[str, int], layers: int) -> Dict[str, Any]:
+def standin_head_dim(precision: str) -> int:
+    """HEAD_DIM, or under FP8 the GEMM multiple FP8 needs (FP8_DIM_MULTIPLE): a tiny model keeps one kv head
+    per tp rank, so each rank's k / v projection is one head wide and the head must take FP8's multiple."""
+    return FP8_DIM_MULTIPLE if precision == "fp8" else HEAD_DIM
+
+
+def tiny_model(hf_config: Dict[str, Any], degrees: Dict[str, int], layers: int,
+               head_dim: int = HEAD_DIM) -> Dict[str, Any]:
     """Same family and module classes, tiny widths: the GQA ratio kept, kv heads divisible by tp,
     experts >= ep (and more than are active per token, so routing still chooses)."""
     tiny = dict(hf_config)
     heads, kv_heads = hf_config.get("num_attention_heads", 4), hf_config.get("num_key_value_heads")
     ratio = heads // kv_heads if kv_heads else 1
     kv = max(1, degrees["tp"])
-    tiny.update(num_hidden_layers=layers, num_attention_heads=kv * ratio, hidden_size=kv * ratio * HEAD_DIM,
-                intermediate_size=2 * kv * ratio * HEAD_DIM, vocab_size=VOCAB)
+    tiny.update(num_hidden_layers=layers, num_attention_heads=kv * ratio, hidden_size=kv * ratio * head_dim,
+                intermediate_size=2 * kv * ratio * head_dim, vocab_size=VOCAB)
     if kv_heads:
         tiny["num_key_value_heads"] = kv
     if "head_dim" in hf_config:
-        tiny["head_dim"] = HEAD_DIM
+        tiny["head_dim"] = head_dim
     for key in ("num_local_experts", "num_experts"):  # Mixtral's and Qwen-MoE's names for the expert count
         if hf_config.get(key):
             tiny[key] = max(2 * degrees["ep"], hf_config.get("num_experts_per_tok", 1) + 1)
@@ -169,6 +178,14 @@ def precision_of(precision: str) -> Tuple[str, List[Gap]]:
     if precision == "fp16":
         return "fp32", [Gap("precision=fp16 (CPU kernels have no fp16 training path); runs fp32",
                             ("layout.precision",))]
+    if precision == "fp8":
+        # torchao 0.18's tensorwise recipe calls torch._scaled_mm for the three GEMMs of each converted
+        # linear; on a CPU torch 2.13 runs them through oneDNN's reference matmul (ONEDNN_VERBOSE:
+        # `matmul,ref:any` on f8_e4m3 operands) or its own emulation, equal to an fp32 product of the FP8
+        # values (tests/integration/test_fp8.py measures both).
+        return precision, [Gap("FP8 tensor-core GEMMs: torchao's float8 linears run (casts, dynamic scales, FP8 "
+                               "tensors), and torch's CPU _scaled_mm multiplies the FP8 values at fp32 precision, "
+                               "so FP8's GEMM speed-up is not executed")]
     return precision, []
 
 
@@ -238,7 +255,7 @@ def make_standin(recipe: str, cfg: Any, model_init: str) -> Standin:
         else min(layout.grad_accum, 2),
         "layout.name": standin_layout_name(degrees, layout.name),
     }
-    model = tiny_model(cfg.model.hf_config, degrees, layers_needed(layout, degrees, split))
+    model = tiny_model(cfg.model.hf_config, degrees, layers_needed(layout, degrees, split), standin_head_dim(precision))
     overrides = [
         "cluster=local_slurm", "launcher=slurm_local",
         f"cluster.nodes={nodes}", f"cluster.accelerators_per_node={per_node}",

@@ -19,7 +19,7 @@ from harness.config.errors import explain as explain_error
 from harness.engines.admission import judge, launcher_to_add
 from harness.launch.prepare import launch_problems
 from harness.plan.planner import GIB, Plan
-from harness.plan.recommend import Choice, band_ties, compare, rank
+from harness.plan.recommend import REGIME_FIELDS, Choice, band_ties, compare, rank
 from harness.plan.uncertainty import describe, overlaps
 from harness.plan.units import format_bytes
 from harness.rundir import write_text
@@ -40,17 +40,23 @@ def admit(cfg: Any, plan: Plan) -> Sequence[str]:
     return judge(cfg, plan).errors
 
 
-def ranked(cfg: Any, global_batch: int, top_k: int,
-           constraint: Optional[Dict[str, str]] = None) -> Tuple[List[Choice], int]:
+def ranked(cfg: Any, global_batch: int, top_k: int, constraint: Optional[Dict[str, str]] = None,
+           pinned: Sequence[str] = ()) -> Tuple[List[Choice], int]:
     """The top `top_k` choices among the layouts judge admits (and, given a constraint, whose layout fields
-    have its values: `{"tp": "8"}`), and how many it admits."""
+    have its values: `{"tp": "8"}`), and how many it admits; `pinned` regime fields keep the config's value."""
     if not constraint:
-        return rank(cfg, global_batch, admit, top_k)
+        return rank(cfg, global_batch, admit, top_k, pinned)
 
     def admit_constrained(point: Any, plan: Plan) -> Sequence[str]:
         return unmet(plan.layout, constraint) or admit(point, plan)
 
-    return rank(cfg, global_batch, admit_constrained, top_k)
+    return rank(cfg, global_batch, admit_constrained, top_k, pinned)
+
+
+def pinned_regime(overrides: Sequence[str]) -> Tuple[str, ...]:
+    """The regime fields (harness.plan.recommend.REGIME_FIELDS) the command line sets: the search keeps them."""
+    keys = {item.partition("=")[0].lstrip("+~") for item in overrides}
+    return tuple(field for field in REGIME_FIELDS if field in keys)
 
 
 def unmet(layout: Any, constraint: Dict[str, str]) -> List[str]:
@@ -83,8 +89,9 @@ def label(plan: Plan) -> str:
     l = plan.layout
     sched = f" {l.pp_schedule}x{l.pp_virtual_stages}" if l.pp > 1 else ""
     off = f" offload={l.offload_optimizer}" if l.offload_optimizer != "none" else ""
+    regime = (" fp8" if l.precision == "fp8" else "") + (" compile" if plan.engine.compile else "")
     return (f"tp{l.tp} cp{l.cp} pp{l.pp}{sched} ep{l.ep} dp{l.dp_replicate}x{l.dp_shard} zero{l.zero_stage} "
-            f"mb{l.micro_batch} ga{l.grad_accum} ckpt={l.activation_checkpointing}{off}")
+            f"mb{l.micro_batch} ga{l.grad_accum} ckpt={l.activation_checkpointing}{off}{regime}")
 
 
 def breakdown(plan: Plan) -> str:
@@ -261,7 +268,7 @@ def recommend_main(argv: Sequence[str]) -> int:
     if launcher:
         print(f"cluster.nodes={cfg.cluster.nodes}: ranked for launcher={launcher} (a Slurm job across the nodes)")
     start = time.process_time()
-    top, admitted = ranked(cfg, args.global_batch, args.top, constraint)
+    top, admitted = ranked(cfg, args.global_batch, args.top, constraint, pinned_regime(overrides))
     print(f"{admitted} admitted layouts ranked in {time.process_time() - start:.2f} s CPU")
     if not top:
         print("no layout fits", file=sys.stderr)
@@ -347,7 +354,7 @@ def preset_row(recipe: str) -> str:
     without the recipe's constraint, and the constraint kept (`python tools/gpu_preset_table.py` prints all)."""
     found = standing(recipe)
     cfg = compose_run_config([f"recipes={recipe}"])
-    overall, _ = ranked(cfg, found.plan.global_batch, 1)
+    overall, _ = ranked(cfg, found.plan.global_batch, 1, pinned=REGIME_FIELDS)
     best = max((overall[0].plan, *overall[0].alike), key=lambda plan: plan.tokens_per_s) if overall else None
     kept = " ".join(f"{k}={v}" for k, v in found.constraint.items()) or "-"
     return (f"| `{recipe}` | {cfg.engine.name} | {cfg.cluster.nodes * cfg.cluster.accelerators_per_node} | "
@@ -362,5 +369,7 @@ def standing(recipe: str) -> Standing:
     constraint, reason = recipe_constraint((REPO_ROOT / "recipes" / f"{recipe}.yaml").read_text())
     cfg = compose_run_config([f"recipes={recipe}"])
     plan = judge(cfg).plan
-    top, _ = ranked(cfg, plan.global_batch, 1, constraint)
+    # Among layouts of the recipe's own regime: precision and compile change the numerics and the start-up,
+    # a choice the recipe makes (a GPU recipe in FP8 or compiled says so in its name).
+    top, _ = ranked(cfg, plan.global_batch, 1, constraint, pinned=REGIME_FIELDS)
     return Standing(recipe, plan, top[0] if top else None, constraint, reason)

@@ -9,9 +9,11 @@ from dataclasses import fields as dataclass_fields
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 from harness.plan.parallel_dims import ParallelDims
+from harness.plan.peak import peak_flops
 from harness.plan.planner import Plan, make_plan, spec_for, with_time
-from harness.plan.support import ENGINE_SUPPORT
+from harness.plan.support import ENGINE_SUPPORT, compile_problem
 from harness.plan.uncertainty import overlaps
+from harness.plan.validate import check_fp8
 
 CHECKPOINTING_BY_MEMORY = ("full", "selective", "none")  # least activation memory first
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -84,38 +86,67 @@ def _sharding(base: Dict[str, Any], dp: int, support: Any, pp: int) -> Iterator[
 Admit = Callable[[Any, Plan], Sequence[str]]
 
 
-def candidates(cfg: Any, global_batch: int, admit: Admit) -> Iterator[Plan]:
-    """Plans of every structure x checkpointing x micro-batch whose accumulation makes `global_batch`
-    sequences and that `admit` accepts; a structure stops at the first micro-batch that does not fit (bigger
-    ones need more), and checkpointing modes are tried from least to most activation memory."""
+# The regime fields the search varies unless the command line sets them (harness.launch.recommend).
+REGIME_FIELDS = ("layout.precision", "engine.compile")
+
+
+def regimes(cfg: Any, pinned: Sequence[str] = ()) -> List[Tuple[str, bool]]:
+    """(precision, compile) pairs the search tries: the config's own, and, for each field not `pinned`:
+    - fp8 beside bf16 where the engine and the device have FP8 (harness.plan.validate.check_fp8 without the
+      dimension rule, which the layout's tp decides and validation applies per candidate): FP8 is bf16 with
+      the decoder linears converted, so it is offered from bf16 only (fp32 and fp16 runs chose their numerics);
+    - compile beside eager where the engine compiles (harness.plan.support.compile_problem) on a device with a
+      datasheet: the time model's compile rule (harness.plan.regime) is GPU kernel fusion; on a CPU the
+      compile time (15 s a run here) outweighs the short runs it would shorten, so it stays as configured."""
+    engine, layout, accelerator = cfg.engine, cfg.layout, cfg.cluster.accelerator
+    precisions = [layout.precision]
+    if ("layout.precision" not in pinned and layout.precision == "bf16"
+            and not check_fp8(engine.name, accelerator, ())[0]):
+        precisions.append("fp8")
+    compiles = [bool(engine.compile)]
+    if ("engine.compile" not in pinned and not engine.compile and peak_flops(accelerator, "bf16").flops
+            and not compile_problem(engine.name, True, getattr(engine, "fsdp_version", 2))):
+        compiles.append(True)
+    return [(precision, compiled) for precision in precisions for compiled in compiles]
+
+
+def candidates(cfg: Any, global_batch: int, admit: Admit, pinned: Sequence[str] = ()) -> Iterator[Plan]:
+    """Plans of every structure x regime (regimes) x checkpointing x micro-batch whose accumulation makes
+    `global_batch` sequences and that `admit` accepts; a structure stops at the first micro-batch that does
+    not fit (bigger ones need more), and checkpointing modes are tried from least to most activation memory."""
     spec = spec_for(cfg.model)
     cluster = cfg.cluster
+    tried = regimes(cfg, pinned)
     for fields in structures(spec, cluster.ranks, cluster.accelerators_per_node, cfg.engine.name):
         dp = ParallelDims(dp_replicate=fields["dp_replicate"], dp_shard=fields["dp_shard"]).dp
-        tp = fields["tp"]
-        engine = tensor_parallel_options(cfg.engine, tp)
-        fitted_any = False
-        for checkpointing in CHECKPOINTING_BY_MEMORY:
-            if checkpointing != "full" and not fitted_any:
-                break  # more activation memory than a layout that already does not fit
-            for micro in MICRO_BATCHES:
-                accum, rest = divmod(global_batch, dp * micro)
-                if rest or accum < 1:
-                    continue
-                layout = replace(cfg.layout, micro_batch=micro, grad_accum=accum,
-                                 activation_checkpointing=checkpointing, **fields)
-                point = replace(cfg, layout=layout, engine=engine)
-                plan = make_plan(point, predict_time=False)
-                if plan.valid and not plan.fits:
-                    break
-                if admit(point, plan):
-                    continue
-                # judged again with its predicted time: the time limit needs the step time and start-up
-                timed = with_time(plan, point)
-                if admit(point, timed):
-                    continue
-                fitted_any = True
-                yield timed
+        for precision, compiled in tried:
+            engine = replace(tensor_parallel_options(cfg.engine, fields["tp"]), compile=compiled)
+            structure = replace(cfg, layout=replace(cfg.layout, precision=precision, **fields), engine=engine)
+            yield from _batch_shapes(structure, dp, global_batch, admit)
+
+
+def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit) -> Iterator[Plan]:
+    fitted_any = False
+    for checkpointing in CHECKPOINTING_BY_MEMORY:
+        if checkpointing != "full" and not fitted_any:
+            break  # more activation memory than a layout that already does not fit
+        for micro in MICRO_BATCHES:
+            accum, rest = divmod(global_batch, dp * micro)
+            if rest or accum < 1:
+                continue
+            point = replace(cfg, layout=replace(cfg.layout, micro_batch=micro, grad_accum=accum,
+                                                activation_checkpointing=checkpointing))
+            plan = make_plan(point, predict_time=False)
+            if plan.valid and not plan.fits:
+                break
+            if admit(point, plan):
+                continue
+            # judged again with its predicted time: the time limit needs the step time and start-up
+            timed = with_time(plan, point)
+            if admit(point, timed):
+                continue
+            fitted_any = True
+            yield timed
 
 
 def tensor_parallel_options(engine: Any, tp: int) -> Any:
@@ -127,12 +158,13 @@ def tensor_parallel_options(engine: Any, tp: int) -> Any:
     return replace(engine, **{option: tp > 1 for option in ("sequence_parallel", "loss_parallel") if option in names})
 
 
-def rank(cfg: Any, global_batch: int, admit: Admit, top_k: int = 5) -> Tuple[List["Choice"], int]:
+def rank(cfg: Any, global_batch: int, admit: Admit, top_k: int = 5,
+         pinned: Sequence[str] = ()) -> Tuple[List["Choice"], int]:
     """The `top_k` choices by predicted tokens/s (harness.plan.recommend.choices) among the layouts `admit`
-    accepts, and how many it accepts."""
+    accepts, and how many it accepts (`pinned`: the REGIME_FIELDS the search keeps as configured)."""
     timed: List[Plan] = []
     count = 0
-    for plan in candidates(cfg, global_batch, admit):
+    for plan in candidates(cfg, global_batch, admit, pinned):
         count += 1
         if plan.tokens_per_s:
             timed.append(plan)

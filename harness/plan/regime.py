@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
 
+from harness.config import schema
 from harness.plan.model_spec import ModelSpec
 
 # Kernels of one decoder layer's memory-bound work when its block is compiled (engine.compile). Inductor fuses
@@ -53,9 +54,8 @@ def compiled_layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dt
 # --fp8-format hybrid (E4M3 forward, E5M2 gradients). The high-precision weights stay what bf16 keeps, so the
 # states are bf16's.
 FP8_BASE_PRECISION = "bf16"
-# torch._scaled_mm (cuBLASLt FP8) needs every GEMM dimension divisible by 16 (torchao's float8 README: "the
-# dimensions of the linear layers must be divisible by 16").
-FP8_DIM_MULTIPLE = 16
+# The GEMM dimension multiple FP8 needs (torch._scaled_mm), defined with the precision choice.
+FP8_DIM_MULTIPLE = schema.FP8_DIM_MULTIPLE
 # Why an engine cannot train in FP8 (absent: it can).
 FP8_ENGINE_REASONS = {
     "deepspeed": "DeepSpeed 0.19 has no FP8 training path of its own (its FP8 examples swap the model's layers "
@@ -76,14 +76,21 @@ def compute_precision(precision: str) -> str:
     return FP8_BASE_PRECISION if precision == "fp8" else precision
 
 
-def fp8_problems(engine: str, accelerator: str, fp8_peak: bool, dims: Dict[str, int]) -> List[str]:
+def fp8_problems(engine: str, accelerator: str, fp8_peak: bool, dims: Dict[str, int],
+                 standin: bool = False) -> List[str]:
     """Why layout.precision=fp8 cannot run: an engine without FP8, a device without FP8 tensor cores (no
     FP8 entry in its datasheet row: A100, CPUs), or linear dimensions `dims` (name -> per-rank size) that
-    FP8 GEMMs cannot take."""
+    FP8 GEMMs cannot take.
+
+    A device without FP8 is refused for a run of its own (it would train slower than bf16, not faster), but
+    not for a GPU recipe's CPU stand-in (`standin`): there torchao's float8 training executes as it does on
+    the GPU (the casts, the dynamic scales, the FP8 tensors) and torch._scaled_mm's CPU kernel multiplies the
+    FP8 values at fp32 precision, so the recipe's FP8 path runs end to end with the device's GEMM speed-up
+    the one thing not executed (harness.config.standin names it)."""
     problems = []
     if engine in FP8_ENGINE_REASONS:
         problems.append(f"layout.precision=fp8 with engine={engine}: {FP8_ENGINE_REASONS[engine]}")
-    if not fp8_peak:
+    if not fp8_peak and not standin:
         problems.append(f"layout.precision=fp8 on accelerator={accelerator}: it has no FP8 tensor cores (FP8 "
                         "GEMMs need Hopper / Ada / Blackwell or MI300-class devices)")
     bad = [f"{name}={size}" for name, size in dims.items() if size % FP8_DIM_MULTIPLE]
@@ -100,9 +107,12 @@ def fp8_linear_dims(spec: ModelSpec, tp: int) -> Dict[str, int]:
             "intermediate_size/tp": spec.ffn_size // tp}
 
 
-def fp8_gemm_speedup(bf16_peak: float, fp8_peak: float) -> float:
+def fp8_gemm_speedup(bf16_peak: Optional[float], fp8_peak: Optional[float]) -> float:
     """How much faster a converted GEMM runs: the ratio of the datasheet's dense FP8 and BF16 peaks (2 on
-    H100 / H200 / B200), at the same achievable fraction of peak."""
+    H100 / H200 / B200), at the same achievable fraction of peak. A device without an FP8 peak (a CPU
+    stand-in: torch's CPU _scaled_mm multiplies the FP8 values at fp32 precision) gains nothing: 1."""
+    if not fp8_peak or not bf16_peak:
+        return 1.0
     return fp8_peak / bf16_peak
 
 

@@ -105,8 +105,23 @@ def unmet_parallel_options(engine: Any) -> Tuple[Tuple[str, Any], ...]:
     return tuple((option, getattr(engine, option)) for option, value in needs if getattr(engine, option) != value)
 
 
-def compile_problem(engine: str, compile: bool, fsdp_version: int) -> str:
-    """Why engine.compile=true cannot run on this engine ("" when it can, or when compile is off)."""
+# torch 2.13's runtimes of the schedules that split a backward into its input- and weight-gradient halves refuse
+# stage modules holding a torch.compile'd module (torch/distributed/pipelining/schedules.py,
+# _check_torch_compile_compatibility, called by ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble and
+# ScheduleDualPipeV): a compiled region's backward runs as one autograd node, which they cannot split.
+COMPILE_REFUSING_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+# nd compiles each block after tensor parallelism and activation checkpointing; with tp > 1 and full
+# recomputation the compiled block's checkpoint saves the tp DeviceMesh for backward, and torch 2.13's
+# AOTAutograd raises "expected all tensors_saved_with_vc_check to be Tensors" on its first step (measured on the
+# CPU stand-in of Llama-70B at tp2 x dp2, bf16 and fp8 alike; the same run without checkpointing trains).
+# Selective checkpointing was not measured and stays admitted.
+COMPILE_REFUSING_CHECKPOINTING = {"nd": ("full",)}
+
+
+def compile_problem(engine: str, compile: bool, fsdp_version: int, pp: int = 1, pp_schedule: str = "1F1B",
+                    tp: int = 1, checkpointing: str = "none") -> str:
+    """Why engine.compile=true cannot run on this engine, pipeline schedule and tensor-parallel checkpointing
+    ("" when it can, or when compile is off)."""
     support = ENGINE_SUPPORT.get(engine)
     if not compile or support is None:
         return ""
@@ -115,4 +130,13 @@ def compile_problem(engine: str, compile: bool, fsdp_version: int) -> str:
     if fsdp_version not in support.compile_fsdp_versions:
         return (f"engine.compile=true with engine.fsdp_version={fsdp_version}: blocks are compiled before sharding, "
                 "which FSDP1's flat parameters replace; use engine.fsdp_version=2")
+    if pp > 1 and pp_schedule in COMPILE_REFUSING_SCHEDULES:
+        return (f"engine.compile=true with layout.pp_schedule={pp_schedule}: torch's zero-bubble schedules split "
+                "each backward into input and weight gradients and refuse compiled stage modules; use 1F1B or "
+                "Interleaved1F1B, or engine.compile=false")
+    if tp > 1 and checkpointing in COMPILE_REFUSING_CHECKPOINTING.get(engine, ()):
+        return (f"engine.compile=true with tp={tp} and layout.activation_checkpointing={checkpointing} on "
+                f"engine={engine}: the compiled block's recomputation saves the tensor-parallel DeviceMesh for "
+                "backward, which torch's AOTAutograd refuses; use activation_checkpointing=none or selective, "
+                "tp=1, or engine.compile=false")
     return ""

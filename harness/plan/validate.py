@@ -50,7 +50,8 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
         *support_found(cfg),
         check_model_init(engine.name, layout.zero_stage, cfg.model.init, spec.total_params,
                          cluster.accelerators_per_node, cluster.host_memory_gib, layout.offload_params),
-        check_fp8(engine.name, cluster.accelerator, tuple(fp8_linear_dims(spec, layout.tp).items()))
+        check_fp8(engine.name, cluster.accelerator, tuple(fp8_linear_dims(spec, layout.tp).items()),
+                  cfg.standin.of is not None)
         if layout.precision == "fp8" else OK,
     ]
     return _merge(found)
@@ -65,7 +66,8 @@ def support_found(cfg: Any) -> List[Found]:
                      cfg.cluster.accelerator),
         check_offload(engine.name, layout.zero_stage, layout.offload_optimizer, layout.offload_params,
                       bool(layout.nvme_path)),
-        check_compile(engine.name, engine.compile, engine.fsdp_version),
+        check_compile(engine.name, engine.compile, engine.fsdp_version, layout.pp, layout.pp_schedule, layout.tp,
+                      layout.activation_checkpointing),
     ]
 
 
@@ -214,17 +216,20 @@ def check_engine(engine: str, unmet_options: Tuple[Tuple[str, Any], ...], zero: 
 
 
 @lru_cache(maxsize=None)
-def check_fp8(engine: str, accelerator: str, dims: Tuple[Tuple[str, int], ...]) -> Found:
-    """layout.precision=fp8 only on an engine and a device with FP8, with GEMM dimensions FP8 takes
-    (harness.plan.regime.fp8_problems; the device's FP8 figure is its datasheet row in harness.plan.peak)."""
+def check_fp8(engine: str, accelerator: str, dims: Tuple[Tuple[str, int], ...], standin: bool = False) -> Found:
+    """layout.precision=fp8 only on an engine and a device with FP8 (or as a GPU recipe's CPU stand-in), with
+    GEMM dimensions FP8 takes (harness.plan.regime.fp8_problems; the device's FP8 figure is its datasheet row
+    in harness.plan.peak)."""
     has_fp8 = peak_flops(accelerator, "fp8").flops is not None
-    return tuple(fp8_problems(engine, accelerator, has_fp8, dict(dims))), ()
+    return tuple(fp8_problems(engine, accelerator, has_fp8, dict(dims), standin)), ()
 
 
 @lru_cache(maxsize=None)
-def check_compile(engine: str, compile: bool, fsdp_version: int) -> Found:
-    """engine.compile only where the engine compiles (harness.plan.support.compile_problem)."""
-    problem = compile_problem(engine, compile, fsdp_version)
+def check_compile(engine: str, compile: bool, fsdp_version: int, pp: int = 1, pp_schedule: str = "1F1B", tp: int = 1,
+                  checkpointing: str = "none") -> Found:
+    """engine.compile only where the engine, its pipeline schedule and its checkpointing compile
+    (harness.plan.support.compile_problem)."""
+    problem = compile_problem(engine, compile, fsdp_version, pp, pp_schedule, tp, checkpointing)
     return ((problem,), ()) if problem else OK
 
 

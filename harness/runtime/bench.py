@@ -17,6 +17,7 @@ from harness.config.compose import run_config_from_dict
 from harness.config.naming import run_label
 from harness.config.schema import RunConfig
 from harness.config.standin import standin_banner
+from harness.engines.float8 import float8_linear_count
 from harness.engines.registry import rank_side
 from harness.modeling import device
 from harness.modeling.model import build_model
@@ -145,9 +146,10 @@ def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=
     return timer.times_s, [float(loss) for loss in losses], activation_bytes, state
 
 
-def rank_record(state, kind, times_s, losses, activation_bytes, peak_flops) -> Dict[str, Any]:
+def rank_record(state, kind, times_s, losses, activation_bytes, peak_flops, float8_linears: int) -> Dict[str, Any]:
     return {
         "rank": dist.get_rank(),
+        "float8_linears": float8_linears,  # linears this rank runs in FP8 (layout.precision=fp8)
         "step_times_s": times_s,
         "losses": losses,
         "activation_bytes": activation_bytes,
@@ -246,7 +248,7 @@ def run(run_dir: Path, warning: WarningSignal) -> int:
     times_s, losses, activation_bytes, state = timed_loop(session, source, cfg, kind, report,
                                                           stop=lambda: agreed_to_stop(warning, kind))
     host_end = snapshot(kind.type == "cuda") if rank == 0 else None
-    record = rank_record(state, kind, times_s, losses, activation_bytes, peak)
+    record = rank_record(state, kind, times_s, losses, activation_bytes, peak, float8_linear_count(model))
     records: List[Dict[str, Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(records, record)
     if rank == 0:

@@ -11,6 +11,8 @@ import torch
 
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
 from harness.modeling.model import build_model
+from harness.plan.parallel_dims import ParallelDims
+from harness.plan.regime import compute_precision
 from harness.runtime.data import micro_batches, token_source
 
 # Relative tolerances of a run's per-step losses against this reference (bf16 per engine, fp32 for all).
@@ -26,8 +28,51 @@ FP32_RTOL = 1e-5
 META_INIT_RTOL = 0.02
 
 
-def loss_rtol(engine: str, precision: str) -> float:
-    return BF16_RTOL[engine] if precision == "bf16" else FP32_RTOL
+# FP8 (layout.precision=fp8) against the bf16 reference. The forward operands of a converted GEMM are e4m3:
+# 3 mantissa bits, round to nearest, unit roundoff u = 2^-4. In the binade [2^e, 2^(e+1)) the absolute error
+# is uniform on +-u * 2^e (RMS 2u * 2^e / sqrt 12); over values spread evenly in log scale, the mean of
+# (2^e / x)^2 is 3 / (8 ln 2), so a cast's relative RMS error is u / sqrt(8 ln 2) = 2.7 %. A product of two
+# casts: u / sqrt(4 ln 2) = 3.75 %; summed over K terms of random sign, error and value both grow as sqrt K,
+# so a GEMM's output is off by u / sqrt(4 ln 2) RMS, zero mean (measured 3.7 %: tests/integration/test_fp8.py).
+# The loss is a mean over T tokens of cross-entropy, whose gradient in the logits (softmax - one-hot) has
+# l1 norm <= 2; a logit of an initialised model has RMS s = initializer_range * sqrt(hidden)
+# (initialised_loss_band), so zero-mean errors of that relative size move the loss by about
+# 2 * 3.75 % * s / sqrt(T), relative to the loss ln(vocab). FP8_MARGIN covers the tail of that RMS estimate
+# and the backward's e5m2 gradients over a few steps (measured on the tiny Llamas: at most 1.4x the
+# estimate over 3 to 8 steps).
+FP8_UNIT_ROUNDOFF = 2.0 ** -4
+FP8_MARGIN = 4
+
+
+def fp8_gemm_error() -> float:
+    """Relative RMS error of an e4m3 x e4m3 GEMM's output (the derivation above)."""
+    return FP8_UNIT_ROUNDOFF / math.sqrt(4 * math.log(2))
+
+
+def fp8_loss_rtol(hf_config: Dict[str, Any], tokens: int) -> float:
+    """The relative tolerance of an FP8 run's losses against the bf16 reference, for `tokens` tokens a step."""
+    from harness.config.model_shape import hf_config_object
+
+    config = hf_config_object(hf_config)
+    gemm_error = fp8_gemm_error()
+    logit_rms = config.initializer_range * math.sqrt(config.hidden_size)
+    return FP8_MARGIN * 2 * gemm_error * logit_rms / (math.sqrt(tokens) * math.log(config.vocab_size))
+
+
+def reference_precision(precision: str) -> str:
+    """The precision of the single-process reference: fp8's is bf16 (FP8 converts only the linears, and
+    keeps bf16's states: harness.plan.regime.compute_precision)."""
+    return compute_precision(precision)
+
+
+def loss_rtol(cfg: Any) -> float:
+    """The relative tolerance of a run's per-step losses against single_process_losses at
+    reference_precision."""
+    layout = cfg.layout
+    if layout.precision == "fp8":
+        tokens = layout.micro_batch * ParallelDims.of(layout).dp * layout.grad_accum * layout.seq_len
+        return fp8_loss_rtol(cfg.model.hf_config, tokens)
+    return BF16_RTOL[cfg.engine.name] if layout.precision == "bf16" else FP32_RTOL
 
 
 def initialised_loss_band(hf_config: Dict[str, Any]) -> Tuple[float, float]:

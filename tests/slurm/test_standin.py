@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from harness.commands.gpu_check import planned_state_bytes
-from harness.runtime.reference import BF16_RTOL, FP32_RTOL, META_INIT_RTOL
+from harness.runtime.reference import META_INIT_RTOL, loss_rtol, reference_precision
 
 pytestmark = pytest.mark.slurm
 
@@ -105,7 +105,7 @@ def reference(cfg, n_steps: int):
     layout = cfg.layout
     rows = layout.micro_batch * ParallelDims.of(layout).dp
     return single_process_losses(cfg, cfg.model.hf_config, rows, layout.grad_accum, n_steps,
-                                 bf16=layout.precision == "bf16")[0]
+                                 bf16=reference_precision(layout.precision) == "bf16")[0]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -144,8 +144,7 @@ def test_standin_completes_and_trains_like_one_process(recipe, standins, record_
         return
     want = reference(cfg, len(losses))
     record_property("loss_rel_error", max(abs(a - b) / abs(b) for a, b in zip(losses, want)))
-    rtol = BF16_RTOL[cfg.engine.name] if cfg.layout.precision == "bf16" else FP32_RTOL
-    assert losses == pytest.approx(want, rel=rtol)
+    assert losses == pytest.approx(want, rel=loss_rtol(cfg))
 
 
 def test_harness_run_prints_what_the_standin_does_not_execute(standins):

@@ -136,3 +136,27 @@ def test_the_banner_names_the_recipe_and_every_item():
     text = standin_banner("gpu_x", ["A (why)", "B"])
     assert text.splitlines() == ["[standin] CPU stand-in of gpu_x; not executed on the stand-in:",
                                  "[standin]   - A (why)", "[standin]   - B"]
+
+
+# FP8: a device without FP8 refuses it for a run of its own, and runs it as a GPU recipe's stand-in.
+
+
+def test_an_fp8_recipe_standin_plans_on_cpu_with_fp8_widths_and_names_the_gemms_it_does_not_run():
+    cfg = compose_run_config(["recipes=gpu_llama8b_nd_tp4_cp2", "layout.precision=fp8", "standin=cpu"])
+    hf = cfg.model.hf_config
+    assert cfg.layout.precision == "fp8" and hf["head_dim"] == 16  # one kv head a tp rank: 16 wide
+    assert all(hf[key] % 16 == 0 for key in ("hidden_size", "intermediate_size"))
+    assert any(item.startswith("FP8 tensor-core GEMMs") for item in cfg.standin.not_executed)
+    plan = make_plan(cfg)
+    assert plan.valid, plan.errors
+    # No FP8 peak on a CPU: the converted GEMMs are timed at the bf16 rate, not twice it.
+    assert plan.time is None or plan.mfu_by_peak.get("fp8_peak") is None
+    bf16 = compose_run_config(["recipes=gpu_llama8b_nd_tp4_cp2", "standin=cpu"])
+    assert bf16.model.hf_config["head_dim"] == 8
+
+
+def test_fp8_on_a_cpu_cluster_of_its_own_is_still_refused():
+    cfg = compose_run_config(["engine=nd", "layout.dp_shard=2", "layout.precision=fp8",
+                              "model.hf_config.hidden_size=64", "model.hf_config.intermediate_size=128"])
+    assert any(e.startswith("layout.precision=fp8 on accelerator=cpu: it has no FP8 tensor cores")
+               for e in make_plan(cfg).errors)

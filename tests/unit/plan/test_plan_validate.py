@@ -120,6 +120,27 @@ def test_compile_only_where_the_engine_compiles():
     assert errors_of(engine=dict(name="megatron_lm"), zero_stage=1) == []
 
 
+@pytest.mark.parametrize("schedule,chunks", [("ZBVZeroBubble", 2), ("InterleavedZeroBubble", 2), ("DualPipeV", 2)])
+def test_compile_is_refused_with_torchs_zero_bubble_schedules(schedule, chunks):
+    """torch 2.13's zero-bubble runtimes raise on compiled stage modules (_check_torch_compile_compatibility)."""
+    pipelined = dict(engine=dict(name="nd", compile=True), pp=2, dp_shard=1, zero_stage=0, pp_schedule=schedule,
+                     pp_virtual_stages=chunks, grad_accum=4,
+                     hf_config=dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=4))
+    assert any(e.startswith(f"engine.compile=true with layout.pp_schedule={schedule}: torch's zero-bubble")
+               for e in errors_of(**pipelined))
+    assert errors_of(**{**pipelined, "pp_schedule": "Interleaved1F1B"}) == []
+    assert errors_of(**{**pipelined, "engine": dict(name="nd")}) == []
+
+
+def test_nd_compile_with_tensor_parallelism_and_full_recomputation_is_refused():
+    tp2 = dict(engine=dict(name="nd", compile=True), tp=2, dp_shard=1, zero_stage=0, activation_checkpointing="full",
+               cluster=dict(accelerators_per_node=2))
+    assert any(e.startswith("engine.compile=true with tp=2 and layout.activation_checkpointing=full on engine=nd")
+               for e in errors_of(**tp2))
+    assert errors_of(**{**tp2, "activation_checkpointing": "none"}) == []
+    assert errors_of(**{**tp2, "tp": 1, "dp_shard": 2}) == []
+
+
 @pytest.mark.parametrize("axis", ["tp", "cp"])
 def test_fsdp_runs_tensor_and_context_parallelism_on_gpu_only(axis):
     layout = dict(engine=dict(name="fsdp"), zero_stage=3, seq_len=64, **{axis: 2})

@@ -73,3 +73,32 @@ def test_expert_parallel_degrees_are_searched_for_moe_models_on_engines_that_hav
                        cluster=dict(name="h100", nodes=1, accelerators_per_node=8, accelerator="h100_sxm",
                                     memory_per_accelerator_gib=80.0), seq_len=4096)
     assert {plan.layout.ep for plan in candidates(dense, global_batch=64, admit=admit)} == {1}
+
+
+# The regime: FP8 and compile are searched where the engine and the device have them, unless the command pins them.
+
+
+def test_regimes_offer_fp8_and_compile_where_engine_and_device_have_them():
+    from harness.launch.recommend import pinned_regime
+    from harness.plan.recommend import regimes
+
+    nd = llama8b_on_8_h100()
+    assert regimes(nd) == [("bf16", False), ("bf16", True), ("fp8", False), ("fp8", True)]
+    assert regimes(nd, pinned_regime(["layout.precision=bf16"])) == [("bf16", False), ("bf16", True)]
+    assert regimes(nd, pinned_regime(["engine.compile=false", "model=x"])) == [("bf16", False), ("fp8", False)]
+    deepspeed = run_config(model="llama3_1_8b", cluster=H100_1X8, seq_len=8192)
+    assert regimes(deepspeed) == [("bf16", False), ("bf16", True)]  # DeepSpeed compiles, has no FP8
+    a100 = run_config(model="llama3_1_8b", engine=dict(name="nd"), cluster=dict(H100_1X8, accelerator="a100_sxm"))
+    assert regimes(a100) == [("bf16", False), ("bf16", True)]
+    assert regimes(run_config(engine=dict(name="nd"))) == [("bf16", False)]  # CPU: neither
+    assert regimes(run_config(engine=dict(name="nd"), cluster=H100_1X8, precision="fp32")) == [("fp32", False),
+                                                                                              ("fp32", True)]
+
+
+def test_the_search_ranks_fp8_compiled_layouts_first_on_h100_and_keeps_a_pinned_regime():
+    top, _ = ranked(llama8b_on_8_h100(), global_batch=64, top_k=1)
+    best = top[0].plan
+    assert (best.layout.precision, best.engine.compile) == ("fp8", True)
+    eager, _ = ranked(llama8b_on_8_h100(), global_batch=64, top_k=3, pinned=("layout.precision", "engine.compile"))
+    assert {(c.plan.layout.precision, c.plan.engine.compile) for c in eager} == {("bf16", False)}
+    assert best.tokens_per_s > eager[0].plan.tokens_per_s

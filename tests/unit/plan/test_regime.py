@@ -41,7 +41,7 @@ from harness.plan.peak import peak_flops  # noqa: E402
 from harness.plan.validate import validate  # noqa: E402
 
 A100_8X8 = dict(H100_8X8, name="a100_8x8", accelerator="a100_sxm")
-FP8_70B = dict(model="llama3_1_70b", cluster=H100_8X8, dp_shard=8, tp=8, zero_stage=3, seq_len=8192, micro_batch=1,
+FP8_70B = dict(model="llama3_1_70b", cluster=H100_8X8, dp_shard=64, tp=1, zero_stage=3, seq_len=8192, micro_batch=1,
                activation_checkpointing="full")
 
 
