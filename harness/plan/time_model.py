@@ -144,6 +144,14 @@ def ranks_per_core(layout: Any, hw: HardwareProfile) -> float:
     return max(1.0, min(world, hw.gpus_per_node) / hw.cores_per_node)
 
 
+def under_core_wait(step_time_s: float, wait_share: float) -> float:
+    """The step time a prediction for ranks with cores of their own becomes when each rank waits for a core
+    `wait_share` of the time (other processes on its cores; runtime.host_state.core_wait_s measures it). A step is
+    the rank's own time on a core and in communication (what the model predicts) plus its waits for a core:
+    measured = predicted + share x measured, so measured = predicted / (1 - share)."""
+    return step_time_s / max(1e-9, 1.0 - wait_share)
+
+
 def time_sliced(step: StepTime, factor: float) -> StepTime:
     if factor == 1.0:
         return step
