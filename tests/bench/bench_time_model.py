@@ -191,7 +191,11 @@ def main() -> int:
     from harness.plan.hardware import cpu_profile_name, profile_path
 
     measure_missing_host_profile()
-    print(f"hardware profile: {profile_path(cpu_profile_name())}")
+    path = profile_path(cpu_profile_name())
+    raw = json.loads(path.read_text()).get("raw") or {}
+    wait = raw.get("core_wait_share")
+    print(f"hardware profile: {path}, measured under load {(raw.get('load_average') or ['?'])[0]}, its ranks "
+          f"waiting for a core {f'{wait:.0%}' if wait is not None else '(not recorded)'} of the time")
     for label, overrides in recipes() + SPREAD:
         run(label, overrides, args.out)
     sweep(args.out)
