@@ -30,20 +30,23 @@ WINDOW_S = 0.2  # each timing spans several scheduler slices, as a training step
 
 
 def best_time(fn: Callable[[], object], repeats: int = 5, inner: int = 0) -> float:
-    """Median of `repeats` timings of `inner` calls, per call, each timing at least WINDOW_S long: on a
-    shared machine a short op often runs inside one time slice at full speed, while a step of many ops
-    gets only its share of a core; timing over a window measures that share (a hardware fact of the
-    machine as the runs see it), the median the typical case rather than the luckiest."""
+    """Median of `repeats` timings of `inner` calls, per call, each timing at least WINDOW_S long (a step of many
+    ops spans several scheduler slices; the median is the typical case rather than the luckiest), less the time
+    this thread waited for a core meanwhile (host_state.core_wait_s, where readable). The profile then holds the
+    rates of ranks with cores of their own, the same whatever else the host ran while it was measured; a run's
+    own wait for a core is measured with the run (host.core_wait_shares; time_model.under_core_wait)."""
     start = time.perf_counter()
     fn()
     once = max(time.perf_counter() - start, 1e-7)
     inner = inner or max(1, int(WINDOW_S / once))
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        wait, start = core_wait_s(), time.perf_counter()
         for _ in range(inner):
             fn()
-        times.append((time.perf_counter() - start) / inner)
+        wall, waited = time.perf_counter() - start, core_wait_s()
+        own = wall - (waited - wait) if wait is not None and waited is not None else wall
+        times.append(max(own, 1e-9 * wall) / inner)
     return statistics.median(times)
 
 
