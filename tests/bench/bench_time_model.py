@@ -6,6 +6,7 @@ wait (time_model.under_core_wait), which separates the model's error from the ho
 
     python tests/bench/bench_time_model.py               # calibrate if needed, run everything, compare
     python tests/bench/bench_time_model.py --reuse DIR   # compare the runs already under DIR
+    python tests/bench/bench_time_model.py --reuse DIR --profile P.json   # ... predicted under profile P
 """
 
 from __future__ import annotations
@@ -78,9 +79,12 @@ def sweep(out: Path) -> None:
                                                                   "load_after": os.getloadavg()}))
 
 
+PROFILE: Optional[Path] = None  # --profile: judge every run under this profile instead of its own
+
+
 def predict(run_dir: Path) -> Optional[float]:
     """The step time the current model and profile predict for a run's resolved config (so runs measured
-    before a recalibration are judged by the profile in use now)."""
+    before a recalibration are judged by the profile in use now, or by --profile)."""
     sys.path.insert(0, str(ROOT))
     from harness.config.compose import run_config_from_dict
     from harness.plan.planner import make_plan
@@ -89,7 +93,10 @@ def predict(run_dir: Path) -> Optional[float]:
     config = run_dir / CONFIG_FILE
     if not config.exists():
         return None
-    return make_plan(run_config_from_dict(json.loads(config.read_text()))).step_time_s
+    resolved = json.loads(config.read_text())
+    if PROFILE is not None:
+        resolved["cluster"]["profile"] = str(PROFILE)
+    return make_plan(run_config_from_dict(resolved)).step_time_s
 
 
 def interval_error(predicted: float, low: float, high: float) -> float:
@@ -182,7 +189,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reuse", type=Path, help="compare the runs already under this directory")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "time_model_check" / time.strftime("%Y%m%d-%H%M%S"))
+    parser.add_argument("--profile", type=Path, help="predict under this profile file (default: each run's own)")
     args = parser.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     if args.reuse:
         print_table(compare(args.reuse))
         return 0
