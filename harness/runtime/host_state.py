@@ -142,7 +142,8 @@ SLOWDOWN_REASONS = 0x8 | 0x20 | 0x40 | 0x80
 # Load beyond the run's own ranks above this share of the CPUs disturbs a run: its ranks wait for cores.
 FOREIGN_LOAD_SHARE = 0.5
 # A rank that waited for a core over this share of its timed steps ran over 1 / (1 - 0.1) = 1.11 times as long
-# as on cores of its own (harness.plan.time_model.under_core_wait): beyond the model's stated accuracy.
+# as on cores of its own (harness.plan.time_model.under_core_wait): a stretch near the time-model check's 15%
+# median target, which that check could no longer tell from the model's own error.
 CORE_WAIT_SHARE = 0.1
 
 
