@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from harness.plan.time_model import lockstep_wait_share
+
 # A process outside the run using more than this share of one core during the sample is "busy".
 BUSY_CORE_SHARE = 0.5
 SAMPLE_S = 0.5
@@ -141,9 +143,10 @@ def snapshot(gpu: bool) -> Dict[str, Any]:
 SLOWDOWN_REASONS = 0x8 | 0x20 | 0x40 | 0x80
 # Load beyond the run's own ranks above this share of the CPUs disturbs a run: its ranks wait for cores.
 FOREIGN_LOAD_SHARE = 0.5
-# A rank that waited for a core over this share of its timed steps ran over 1 / (1 - 0.1) = 1.11 times as long
-# as on cores of its own (harness.plan.time_model.under_core_wait): a stretch near the time-model check's 15%
-# median target, which that check could no longer tell from the model's own error.
+# Ranks that waited for a core (one or another of them: time_model.lockstep_wait_share) over this share of their
+# timed steps ran over 1 / (1 - 0.1) = 1.11 times as long as on cores of their own (time_model.under_core_wait): a
+# stretch near the time-model check's 15% median target, which that check could no longer tell from the model's
+# own error.
 CORE_WAIT_SHARE = 0.1
 
 
@@ -154,14 +157,14 @@ def disturbances(snapshots: List[Dict[str, Any]], local_ranks: int,
 
     A run is disturbed when, at start or end, a process outside it was busy (over BUSY_CORE_SHARE of a core),
     the 1-minute load beyond its own ranks exceeded FOREIGN_LOAD_SHARE of the CPUs, a GPU slowed itself down
-    (SLOWDOWN_REASONS) or another process ran on a GPU; or when a rank waited for a core over CORE_WAIT_SHARE of
-    its timed steps.
+    (SLOWDOWN_REASONS) or another process ran on a GPU; or when its ranks waited for a core (one or another of
+    them) over CORE_WAIT_SHARE of the timed steps.
     """
     found: List[str] = []
-    waits = [(share, rank) for rank, share in enumerate(wait_shares) if share is not None]
-    if waits and max(waits)[0] > CORE_WAIT_SHARE:
-        share, rank = max(waits)
-        found.append(f"rank {rank} waited for a core {share:.0%} of its timed steps")
+    waits = [share for share in wait_shares if share is not None]
+    if waits and lockstep_wait_share(waits) > CORE_WAIT_SHARE:
+        each = ", ".join(f"rank {rank} {share:.0%}" for rank, share in enumerate(wait_shares) if share is not None)
+        found.append(f"ranks waited for a core {lockstep_wait_share(waits):.0%} of the timed steps ({each})")
     for when, snap in zip(("start", "end"), snapshots):
         busy = ", ".join(f"{p['name']} ({p['pid']}) {p['cores']:.1f} cores" for p in snap.get("busy_processes", []))
         if busy:
@@ -186,5 +189,5 @@ def host_record(start: Dict[str, Any], end: Dict[str, Any], local_ranks: int,
     return {"start": start, "end": end, "core_wait_shares": list(wait_shares), "disturbed": bool(reasons),
             "disturbances": reasons,
             "rule": f"busy process > {BUSY_CORE_SHARE} core, load beyond the ranks > {FOREIGN_LOAD_SHARE} x CPUs, "
-                    f"GPU slowdown or shared GPU, at start or end; a rank waiting for a core > {CORE_WAIT_SHARE:.0%} "
-                    "of its timed steps"}
+                    f"GPU slowdown or shared GPU, at start or end; ranks waiting for a core > {CORE_WAIT_SHARE:.0%} "
+                    "of the timed steps"}

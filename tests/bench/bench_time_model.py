@@ -109,11 +109,18 @@ def interval_error(predicted: float, low: float, high: float) -> float:
     return 0.0
 
 
-def under_core_wait(predicted: float, wait: float) -> float:
+def under_core_wait(predicted: float, shares: List[float]) -> float:
     sys.path.insert(0, str(ROOT))
     from harness.plan.time_model import under_core_wait as rule
 
-    return rule(predicted, wait)
+    return rule(predicted, shares)
+
+
+def lockstep(shares: List[float]) -> float:
+    sys.path.insert(0, str(ROOT))
+    from harness.plan.time_model import lockstep_wait_share
+
+    return lockstep_wait_share(shares)
 
 
 def compare(out: Path) -> List[Dict[str, object]]:
@@ -131,13 +138,13 @@ def compare(out: Path) -> List[Dict[str, object]]:
         low, high = (measured.get("intervals") or {}).get("step_time_s", [measured["step_time_s"]] * 2)
         host = measured.get("host") or {}
         shares = [share for share in host.get("core_wait_shares") or [] if share is not None]
-        wait = max(shares) if shares else None
+        wait = lockstep(shares) if shares else None
         rows.append({"run": load.get("label", metrics.parent.name), "measured_s": measured["step_time_s"],
                      "low_s": low, "high_s": high, "predicted_s": predicted,
                      "error": predicted / measured["step_time_s"] - 1,
                      "interval_error": interval_error(predicted, low, high), "wait": wait,
-                     "wait_error": (under_core_wait(predicted, wait) / measured["step_time_s"] - 1
-                                    if wait is not None else None),
+                     "wait_error": (under_core_wait(predicted, shares) / measured["step_time_s"] - 1
+                                    if shares else None),
                      "load": (load.get("load_before") or (host.get("start") or {}).get("load_avg") or [None])[0],
                      "disturbed": host.get("disturbed"), "why": "; ".join(host.get("disturbances") or [])})
     return rows

@@ -54,10 +54,13 @@ def test_without_nvml_the_gpu_state_is_recorded_as_unavailable():
     assert state["available"] is False and ("nvidia-ml-py" in state["reason"] or "NVML" in state["reason"])
 
 
-def test_a_rank_that_waited_for_a_core_disturbs_the_run_and_says_which():
+def test_ranks_that_waited_for_a_core_disturb_the_run_and_say_how_long_each():
     reasons = host_state.disturbances([snap(), snap()], local_ranks=2, wait_shares=[0.04, 0.31])
-    assert reasons == ["rank 1 waited for a core 31% of its timed steps"]
+    assert reasons == ["ranks waited for a core 34% of the timed steps (rank 0 4%, rank 1 31%)"]
     assert host_state.disturbances([snap(), snap()], local_ranks=2, wait_shares=[0.05, None]) == []
+    # each under the threshold, together over it: the ranks move in lock-step, so either one's wait stalls both
+    assert host_state.disturbances([snap(), snap()], local_ranks=2, wait_shares=[0.06, 0.06]) == [
+        "ranks waited for a core 12% of the timed steps (rank 0 6%, rank 1 6%)"]
     record = host_state.host_record(snap(), snap(), 2, [0.04, 0.31])
     assert record["core_wait_shares"] == [0.04, 0.31] and record["disturbed"] and "waiting for a core" in record["rule"]
 
@@ -105,4 +108,4 @@ def test_a_contender_on_the_same_core_shows_as_core_wait_and_the_rule_recovers_t
     assert shared_share > 0.3
     own_alone, own_shared = alone * (1 - alone_share), shared * (1 - shared_share)
     assert own_shared == pytest.approx(own_alone, rel=0.3)
-    assert under_core_wait(own_shared, shared_share) == pytest.approx(shared)
+    assert under_core_wait(own_shared, [shared_share]) == pytest.approx(shared)
