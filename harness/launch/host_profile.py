@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from harness.plan.hardware import cpu_profile_name, load_profile, profile_path
+from harness.runtime.host_state import CORE_WAIT_SHARE
 
 # A profile is measured on CALIBRATION_RANKS processes (harness.runtime.calibrate's default); load beyond them
 # above this share of the CPUs means its micro-benchmarks shared their cores (runtime.host_state's rule).
@@ -38,13 +39,19 @@ def stale_reason(path: Path, load_now: float, cpus: int) -> Optional[str]:
     cores = data.get("cores_per_node") or 0
     if cores and cores != cpus:
         return f"it was measured on {cores} cores and this host has {cpus}"
-    then = ((data.get("raw") or {}).get("load_average") or [0.0])[0]
-    if loaded(then, cpus) and not loaded(load_now, cpus):
-        return f"it was measured under load {then:.1f} on {cpus} CPUs and the load is {load_now:.1f} now"
-    if loaded(then, cpus):
-        print(f"[harness] warning: this host's profile was measured under load {then:.1f} on {cpus} CPUs; "
-              "predicted step times may be too slow (`harness calibrate` on a quiet host redoes it)",
-              file=sys.stderr, flush=True)
+    raw = data.get("raw") or {}
+    then = (raw.get("load_average") or [0.0])[0]
+    wait = raw.get("core_wait_share")
+    # Measured under load: its ranks waited for a core over the runtime's threshold (a direct measure, where the
+    # profile has it), or the load average says their cores were shared.
+    under = (f"while its ranks waited for a core {wait:.0%} of the time (load {then:.1f} on {cpus} CPUs)"
+             if wait is not None and wait > CORE_WAIT_SHARE else
+             f"under load {then:.1f} on {cpus} CPUs" if loaded(then, cpus) else None)
+    if under and not loaded(load_now, cpus):
+        return f"it was measured {under} and the load is {load_now:.1f} now"
+    if under:
+        print(f"[harness] warning: this host's profile was measured {under}; predicted step times may be too slow "
+              "(`harness calibrate` on a quiet host redoes it)", file=sys.stderr, flush=True)
     return None
 
 

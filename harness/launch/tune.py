@@ -120,6 +120,24 @@ class Tuned:
                 if self.predicted[k].time is not None]
 
 
+def engine_spaces(overrides: Sequence[str]) -> List[List[str]]:
+    """The overrides of each engine's search. `engine=deepspeed,fsdp,nd` is Hydra's sweep syntax (as `harness
+    sweep` reads it): one override list per engine, in the order given, each with `engine=` naming one engine; any
+    other command line is one search as it is. An empty or repeated engine name is refused in one line."""
+    at = [i for i, item in enumerate(overrides) if item.startswith("engine=")]
+    if not at or "," not in overrides[at[-1]]:
+        return [list(overrides)]
+    value = overrides[at[-1]].partition("=")[2]
+    names = [name.strip() for name in value.split(",")]
+    if "" in names:
+        raise ValueError(f"engine={value} has an empty engine name (expected e.g. engine=deepspeed,fsdp,nd)")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"engine={value} names {', '.join(twice)} more than once")
+    rest = [item for i, item in enumerate(overrides) if i not in at]
+    return [[*rest, f"engine={name}"] for name in names]
+
+
 def new_profile_path(base_name: str, name: str) -> Path:
     """A profile name not taken yet: BASE-NAME, else BASE-NAME-2, -3, ... (a profile is never overwritten)."""
     stem = f"{base_name}-{name}"
@@ -200,11 +218,13 @@ def report(tuned: Tuned) -> List[str]:
 def parse_args(argv: Sequence[str]):
     parser = OneLineParser(
         prog="harness tune", epilog="Other arguments are Hydra overrides, e.g. model=tiny_llama engine=deepspeed "
-        "cluster=local_slurm cluster.nodes=2.",
+        "cluster=local_slurm cluster.nodes=2; engine=deepspeed,fsdp,nd searches several engines at once.",
         description="Recommend the top K layouts, run them, refit the cluster profile's per-engine efficiency "
                     "factors from the measured step times, write the refitted profile under a new name, re-rank "
                     "under it, run its new top, and report the recommended and the measured best.")
-    parser.add_argument("--top", type=whole_number, default=3, metavar="K", help="how many layouts to run (default 3)")
+    parser.add_argument("--top", type=whole_number, default=3, metavar="K",
+                        help="how many layouts to run (default 3); over several engines (engine=deepspeed,fsdp,nd) "
+                             "each engine's best K // engines come first, at least one each")
     parser.add_argument("--global-batch", type=whole_number, required=True, metavar="SEQS",
                         help="sequences per optimizer step, the same for every layout")
     parser.add_argument("--name", type=slug, default="tuned", metavar="NAME",
@@ -215,14 +235,17 @@ def parse_args(argv: Sequence[str]):
 
 
 def tune_main(argv: Sequence[str]) -> int:
-    """`harness tune --global-batch SEQS [--top K] [--name NAME] overrides`."""
+    """`harness tune --global-batch SEQS [--top K] [--name NAME] overrides` (engine=A,B,... for several engines)."""
     args, overrides = parse_args(argv)
     try:
-        overrides, launcher = recommend_overrides(overrides)
-        cfg = compose_run_config(overrides)
+        spaces, launcher = [], None
+        for one in engine_spaces(overrides):
+            one, launcher = recommend_overrides(one)
+            spaces.append(Space(tuple(one), compose_run_config(one)))
     except Exception as error:  # every composition and value error becomes one line
         print(f"harness tune: {explain_error(error)}", file=sys.stderr)
         return 2
+    cfg = spaces[0].cfg
     if hardware_profile(cfg.cluster) is None:
         print(f"harness tune: cluster.accelerator={cfg.cluster.accelerator} has no hardware profile to refit "
               "(name one with cluster.profile)", file=sys.stderr)
@@ -231,7 +254,7 @@ def tune_main(argv: Sequence[str]) -> int:
         print(f"cluster.nodes={cfg.cluster.nodes}: running with launcher={launcher}")
     start = time.monotonic()
     name = f"tune_{args.name}_{time.strftime('%Y%m%d_%H%M%S')}"
-    tuned = tune([Space(tuple(overrides), cfg)], args.global_batch, args.top, name,
+    tuned = tune(spaces, args.global_batch, args.top, name,
                  sweep_measure(Path(cfg.results_dir)), args.name)
     print("\n".join(report(tuned)))
     print(f"tune took {time.monotonic() - start:.0f} s")

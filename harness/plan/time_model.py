@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from harness.plan.pipeline import SINGLE_STAGE_SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES, rank_stages
 from harness.plan.comm import Group, axis_group, collective_time
@@ -154,6 +154,24 @@ def ranks_per_core(layout: Any, hw: HardwareProfile) -> float:
         return 1.0
     world = layout.dp_replicate * layout.dp_shard * layout.tp * layout.pp * layout.cp
     return max(1.0, min(world, hw.gpus_per_node) / hw.cores_per_node)
+
+
+def lockstep_wait_share(wait_shares: Sequence[float]) -> float:
+    """The share of the time at least one of several ranks waits for a core, each rank waiting its own share
+    (runtime.host_state.core_wait_s measures it). Ranks meet in collectives many times a step, so the step moves
+    on only while every rank has a core: with independent waits that is prod(1 - share) of the time."""
+    running = 1.0
+    for share in wait_shares:
+        running *= 1.0 - share
+    return 1.0 - running
+
+
+def under_core_wait(step_time_s: float, wait_shares: Sequence[float]) -> float:
+    """The step time a prediction for ranks with cores of their own becomes when the ranks wait for a core
+    (other processes on their cores) their `wait_shares` of the time. The step is the time every rank runs (what
+    the model predicts) plus the time one of them waits: measured = predicted + q x measured with q the
+    lockstep_wait_share, so measured = predicted / (1 - q)."""
+    return step_time_s / max(1e-9, 1.0 - lockstep_wait_share(wait_shares))
 
 
 def time_sliced(step: StepTime, factor: float) -> StepTime:

@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -43,7 +44,7 @@ from harness.rundir import (
 from harness.rundir.stats import figure_intervals, step_stats, steady
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.fatal_report import FatalReport
-from harness.runtime.host_state import host_record, snapshot
+from harness.runtime.host_state import core_wait_s, core_wait_share, host_record, snapshot
 from harness.runtime.lifecycle import WarningSignal, die_with_parent
 from harness.runtime.meter import (
     SavedActivationMeter,
@@ -142,7 +143,11 @@ def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=
             + activation_bytes
     device.reset_peak_memory(kind)
     timer = StepTimer(kind)
+    wait, start = core_wait_s(), time.perf_counter()
     timed_steps(session, batches, range(warmup, warmup + bench.steps), timer, losses, report, stop)
+    waited = core_wait_s()
+    state["core_wait_share"] = core_wait_share(None if wait is None or waited is None else waited - wait,
+                                               time.perf_counter() - start)
     return timer.times_s, [float(loss) for loss in losses], activation_bytes, state
 
 
@@ -254,7 +259,7 @@ def run(run_dir: Path, warning: WarningSignal) -> int:
     if rank == 0:
         measured = reduce_ranks(records, cfg, plan)
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-        measured.host = host_record(host_start, host_end, local_ranks)
+        measured.host = host_record(host_start, host_end, local_ranks, [r.get("core_wait_share") for r in records])
         write_result(run_dir, cfg, plan, measured, tracker, cut_short(len(times_s), cfg))
     dist.barrier()
     dist.destroy_process_group()

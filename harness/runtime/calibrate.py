@@ -18,6 +18,7 @@ import torch.distributed as dist
 from harness.plan.comm import bus_factor
 from harness.plan.hardware import (PROFILE_VERSION, HardwareProfile, cpu_profile_name, load_profile, profile_path,
                                    save_profile)
+from harness.runtime.host_state import core_wait_s, core_wait_share
 
 # Up to 512: the size the runtime's own peak measurement uses (bf16 GEMMs on CPUs without AMX run at well
 # under 1 GFLOP/s, so larger shapes cost minutes).
@@ -29,20 +30,23 @@ WINDOW_S = 0.2  # each timing spans several scheduler slices, as a training step
 
 
 def best_time(fn: Callable[[], object], repeats: int = 5, inner: int = 0) -> float:
-    """Median of `repeats` timings of `inner` calls, per call, each timing at least WINDOW_S long: on a
-    shared machine a short op often runs inside one time slice at full speed, while a step of many ops
-    gets only its share of a core; timing over a window measures that share (a hardware fact of the
-    machine as the runs see it), the median the typical case rather than the luckiest."""
+    """Median of `repeats` timings of `inner` calls, per call, each timing at least WINDOW_S long (a step of many
+    ops spans several scheduler slices; the median is the typical case rather than the luckiest), less the time
+    this thread waited for a core meanwhile (host_state.core_wait_s, where readable). The profile then holds the
+    rates of ranks with cores of their own, the same whatever else the host ran while it was measured; a run's
+    own wait for a core is measured with the run (host.core_wait_shares; time_model.under_core_wait)."""
     start = time.perf_counter()
     fn()
     once = max(time.perf_counter() - start, 1e-7)
     inner = inner or max(1, int(WINDOW_S / once))
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        wait, start = core_wait_s(), time.perf_counter()
         for _ in range(inner):
             fn()
-        times.append((time.perf_counter() - start) / inner)
+        wall, waited = time.perf_counter() - start, core_wait_s()
+        own = wall - (waited - wait) if wait is not None and waited is not None else wall
+        times.append(max(own, 1e-9 * wall) / inner)
     return statistics.median(times)
 
 
@@ -244,7 +248,9 @@ def profile_from(records: List[Dict[str, object]], world: int, name: str, disk: 
         measured_peak_flops=peak, version=PROFILE_VERSION,
         source=f"measured:{name}:{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
     raw = {"matmul_by_shape": {k: statistics.median(r["matmul"][k] for r in records) for k in records[0]["matmul"]},
-           "collectives": samples, "ranks": world, "load_average": os.getloadavg()}
+           "collectives": samples, "ranks": world, "load_average": os.getloadavg(),
+           "core_wait_share": max((r["core_wait_share"] for r in records if r.get("core_wait_share") is not None),
+                                  default=None)}
     return profile, raw
 
 
@@ -253,7 +259,11 @@ def _measure_in_group(rank: int, world: int, init_method: str, precision: str) -
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several ranks per node
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    wait, start = core_wait_s(), time.perf_counter()
     record = measure_rank(dtype)
+    waited = core_wait_s()  # how much the host's other processes slowed this rank's micro-benchmarks
+    record["core_wait_share"] = core_wait_share(None if wait is None or waited is None else waited - wait,
+                                                time.perf_counter() - start)
     records: List[Dict[str, object]] = [None] * world  # type: ignore[list-item]
     dist.all_gather_object(records, record)
     dist.barrier()  # no rank tears its gloo pairs down while a peer still reads the gather

@@ -30,9 +30,28 @@ def run_sweeps(root: Path, times: int, overrides: Sequence[str]) -> List[Path]:
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     for i in range(times):
         args = [*HARNESS, "sweep", "sweep=cpu_grid", f"results_dir={root / str(i)}", "tracking=disabled", *overrides]
-        print(f"[bench] sweep {i + 1}/{times}: {' '.join(args[2:])}", flush=True)
+        print(f"[bench] sweep {i + 1}/{times}: {' '.join(args[2:])} (load {os.getloadavg()[0]:.1f})", flush=True)
         subprocess.run(args, cwd=ROOT, env=env, check=False, stdout=subprocess.DEVNULL)
+        print(f"[bench] sweep {i + 1}/{times} done (load {os.getloadavg()[0]:.1f})", flush=True)
     return sweep_dirs(root)
+
+
+def host_lines(sweeps: Sequence[Path]) -> List[str]:
+    """Per sweep: each run's 1-minute load at its start and its ranks' largest wait for a core over the timed
+    steps (metrics.json `measured.host`), so that a verdict that moved can be set beside what the host did."""
+    import json
+
+    lines = []
+    for i, sweep in enumerate(sweeps, 1):
+        parts = []
+        for metrics in sorted(sweep.glob("*/metrics.json")):
+            host = json.loads(metrics.read_text())["measured"].get("host") or {}
+            load = ((host.get("start") or {}).get("load_avg") or ["?"])[0]
+            shares = [s for s in host.get("core_wait_shares") or [] if s is not None]
+            wait = f" wait {max(shares):.0%}" if shares else ""
+            parts.append(f"{metrics.parent.name} load {load}{wait}{' DISTURBED' if host.get('disturbed') else ''}")
+        lines.append(f"[bench] sweep {i} host: " + "; ".join(parts))
+    return lines
 
 
 def sweep_dirs(root: Path) -> List[Path]:
@@ -78,6 +97,7 @@ def main(argv: Sequence[str]) -> int:
     else:
         root = Path(tempfile.mkdtemp(prefix="bench-verdicts-"))
         sweeps = run_sweeps(root, args.times, args.overrides or DEFAULT_OVERRIDES)
+    print("\n".join(host_lines(sweeps)), flush=True)
     pairs = judged_pairs(sweeps)
     for (a, b), calls in pairs.items():
         print(f"[bench] {a} vs {b}: " + " | ".join(c if c in ("=", "?") else f"{c} faster" for c in calls))

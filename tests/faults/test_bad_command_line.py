@@ -79,6 +79,8 @@ for value in BAD_COUNTS:
     add("option", f"calibrate-slurm--tasks-per-node={value}", ["calibrate", "--slurm", "--tasks-per-node", value])
 add("option", "recommend-without--global-batch", ["recommend"])
 add("option", "tune-without--global-batch", ["tune"])
+for value in ("nd,nd", "nd,", ",fsdp", "nd,megatron2"):  # tune's several-engine list
+    add("option", f"tune-engine={value}", [*OVERRIDE_COMMANDS["tune"], f"engine={value}"])
 for value in ("fp7", "", "BF16"):
     add("option", f"calibrate--precision={value}", ["calibrate", "--precision", value])
     add("option", f"calibrate-slurm--precision={value}", ["calibrate", "--slurm", "--precision", value])

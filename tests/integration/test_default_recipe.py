@@ -44,6 +44,8 @@ def test_default_recipe_writes_sane_metrics(default_run):
     assert measured["mfu"] is not None and 0 < measured["mfu"] < 1
     assert result["flop_convention"] and result["flops_per_token"] > 0
     assert measured["peak_flops_source"].startswith("measured:")
+    shares = measured["host"]["core_wait_shares"]  # each rank's wait for a core over its timed steps
+    assert len(shares) == 2 and all(0 <= share <= 1 for share in shares)
     assert (run_dir / "ds_config.json").exists() and (run_dir / "config.json").exists()
     assert (run_dir.parent / "summary.csv").exists()
     assert (run_dir.parent / "report.html").exists() and (run_dir.parent / "wandb_report.json").exists()

@@ -30,3 +30,18 @@ def test_under_load_still_it_is_kept_with_a_warning(tmp_path, capsys):
 def test_a_profile_of_another_core_count_is_measured_again(tmp_path):
     assert stale_reason(profile(tmp_path, load=0.5, cores=8), load_now=0.5, cpus=2) == (
         "it was measured on 8 cores and this host has 2")
+
+
+def test_a_profile_whose_ranks_waited_for_a_core_is_measured_again_though_the_load_average_looked_quiet(tmp_path):
+    """The load average lags by a minute; the calibration's own wait for a core (the scheduler's run delay) does
+    not."""
+    path = profile(tmp_path, load=1.5)
+    data = json.loads(path.read_text())
+    data["raw"]["core_wait_share"] = 0.4
+    path.write_text(json.dumps(data))
+    assert stale_reason(path, load_now=1.0, cpus=2) == (
+        "it was measured while its ranks waited for a core 40% of the time (load 1.5 on 2 CPUs) and the load is "
+        "1.0 now")
+    data["raw"]["core_wait_share"] = 0.02
+    path.write_text(json.dumps(data))
+    assert stale_reason(path, load_now=1.0, cpus=2) is None

@@ -81,3 +81,40 @@ def test_over_several_engines_each_engine_is_measured():
     chosen = tune_module.top_k(spaces, 64, 2)
     assert sorted(plan.engine.name for _, plan in chosen) == ["deepspeed", "fsdp"]
     assert len(tune_module.top_k(spaces[:1], 64, 2)) == 2
+
+
+def test_the_command_line_tunes_several_engines_each_best_measured_and_refitted(tmp_path, monkeypatch, capsys):
+    """`engine=deepspeed,fsdp` on `harness tune`'s command line searches both engines, each one's best in the
+    round, and refits each engine's own factors."""
+    monkeypatch.setattr(hardware, "PROFILE_DIR", tmp_path)
+    rounds = []
+    monkeypatch.setattr(tune_module, "sweep_measure", lambda results_dir: stand_in_rounds(rounds))
+    others = [o for o in OVERRIDES if not o.startswith("engine=")]
+    code = tune_module.tune_main(["--global-batch", "64", "--top", "2", *others, "engine=deepspeed,fsdp",
+                                  f"results_dir={tmp_path}"])
+    out = capsys.readouterr().out
+    assert code == 0
+    first = rounds[0]
+    assert sorted(plan.engine.name for _, plan in first) == ["deepspeed", "fsdp"]
+    for space, plan in first:  # each layout was ranked in its own engine's space
+        assert f"engine={plan.engine.name}" in space.overrides and space.cfg.engine.name == plan.engine.name
+        best = tune_module.ranked(space.cfg, 64, 1)[0][0].plan
+        assert key(best) == key(plan)
+    assert "engine factors deepspeed: compute 1.000 ->" in out and "engine factors fsdp: compute 1.000 ->" in out
+
+
+def stand_in_rounds(rounds):
+    measure = stand_in([])
+
+    def record(round_, name):
+        rounds.append(list(round_))
+        return measure(round_, name)
+    return record
+
+
+@pytest.mark.parametrize("value, said", [("deepspeed,deepspeed", "names deepspeed more than once"),
+                                         ("fsdp,", "has an empty engine name")])
+def test_a_bad_engine_list_is_refused_in_one_line(value, said, capsys):
+    code = tune_module.tune_main(["--global-batch", "8", "model=tiny_llama", f"engine={value}"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and said in err and f"engine={value}" in err

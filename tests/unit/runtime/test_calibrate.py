@@ -53,3 +53,56 @@ def test_a_profile_from_an_older_calibration_is_measured_again(tmp_path):
     current = replace(old, version=PROFILE_VERSION, collective_links={"all_reduce": (1e-4, 1e9)})
     loaded = load_profile(save_profile(current, tmp_path / "new.json"))
     assert loaded.version == PROFILE_VERSION and tuple(loaded.collective_links["all_reduce"]) == (1e-4, 1e9)
+
+
+def test_the_profile_records_how_long_the_calibrating_ranks_waited_for_a_core():
+    from harness.runtime.calibrate import profile_from
+
+    def record(wait):
+        sizes = [(1 << 10, 1e-4), (1 << 20, 1e-2)]
+        return {"matmul": {"512x512x512": 1e11}, "linear_flops": 5e9, "streaming_bandwidth": 1e9,
+                "memory_bandwidth": 2e9, "op_latency_s": 1e-5, "adam_params_per_s": 1e7,
+                "attention": {"flops": 1e9, "backward_ratio": 2.0, "head_latency_s": 1e-5,
+                              "backward_head_latency_s": 1e-5},
+                "collectives": {k: sizes for k in ("all_reduce", "all_gather", "reduce_scatter", "p2p")},
+                "core_wait_share": wait}
+
+    _, raw = profile_from([record(0.05), record(0.4)], 2, "x", 1e9)
+    assert raw["core_wait_share"] == 0.4  # the most-delayed rank
+    _, raw = profile_from([record(None), record(None)], 2, "x", 1e9)
+    assert raw["core_wait_share"] is None
+
+
+def test_a_micro_benchmark_times_its_own_work_whatever_else_shares_the_core():
+    """Pinned to one core with a spinner, a fixed piece of work takes about twice the wall time (more under the
+    host's other load), yet best_time, less the waits for the core, gives what it gives without the spinner."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from harness.runtime.calibrate import best_time
+
+    def work():
+        total = 0
+        for i in range(200_000):
+            total += i * i
+
+    cpu, before = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        alone = best_time(work, repeats=3, inner=10)
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        try:
+            os.sched_setaffinity(spinner.pid, {cpu})
+            time.sleep(0.2)
+            start = time.perf_counter()
+            shared = best_time(work, repeats=3, inner=10)
+            wall = (time.perf_counter() - start) / 31  # best_time's calls: one to size it, then 3 x 10
+        finally:
+            spinner.kill()
+            spinner.wait()
+    finally:
+        os.sched_setaffinity(0, before)
+    assert wall > 1.5 * shared  # the core was shared ...
+    assert shared == pytest.approx(alone, rel=0.3)  # ... and the figure is the work's own

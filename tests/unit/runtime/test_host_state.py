@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+
+import pytest
 
 from harness.runtime import host_state
 
@@ -49,3 +52,60 @@ def test_a_snapshot_sees_a_busy_process_outside_the_run(monkeypatch):
 def test_without_nvml_the_gpu_state_is_recorded_as_unavailable():
     state = host_state.gpu_state()
     assert state["available"] is False and ("nvidia-ml-py" in state["reason"] or "NVML" in state["reason"])
+
+
+def test_ranks_that_waited_for_a_core_disturb_the_run_and_say_how_long_each():
+    reasons = host_state.disturbances([snap(), snap()], local_ranks=2, wait_shares=[0.04, 0.31])
+    assert reasons == ["ranks waited for a core 34% of the timed steps (rank 0 4%, rank 1 31%)"]
+    assert host_state.disturbances([snap(), snap()], local_ranks=2, wait_shares=[0.05, None]) == []
+    # each under the threshold, together over it: the ranks move in lock-step, so either one's wait stalls both
+    assert host_state.disturbances([snap(), snap()], local_ranks=2, wait_shares=[0.06, 0.06]) == [
+        "ranks waited for a core 12% of the timed steps (rank 0 6%, rank 1 6%)"]
+    record = host_state.host_record(snap(), snap(), 2, [0.04, 0.31])
+    assert record["core_wait_shares"] == [0.04, 0.31] and record["disturbed"] and "waiting for a core" in record["rule"]
+
+
+def spin(seconds_of_work: int) -> float:
+    """Wall seconds a fixed amount of pure-Python work takes on this thread."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(seconds_of_work):
+        total += i * i
+    return time.perf_counter() - start
+
+
+def own_time(work: int):
+    """(wall seconds, wait share) of the work, the wait read as the runtime reads it."""
+    wait = host_state.core_wait_s()
+    wall = spin(work)
+    return wall, host_state.core_wait_share(host_state.core_wait_s() - wait, wall)
+
+
+def test_a_contender_on_the_same_core_shows_as_core_wait_and_the_rule_recovers_the_own_time():
+    """Pinned with a spinner to one core, this thread waits for it about half the time, and the wall time less
+    the waits (time_model.under_core_wait's rule) is the work's own time, as without the contender; on a shared
+    host other load adds waits to both measurements, which the rule removes alike."""
+    from harness.plan.time_model import under_core_wait
+
+    if host_state.core_wait_s() is None:
+        raise AssertionError(f"{host_state.SCHEDSTAT} is unreadable on this Linux host")
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    work = 3_000_000
+    os.sched_setaffinity(0, {cpu})
+    try:
+        alone, alone_share = own_time(work)
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        try:
+            os.sched_setaffinity(spinner.pid, {cpu})
+            time.sleep(0.2)
+            shared, shared_share = own_time(work)
+        finally:
+            spinner.kill()
+            spinner.wait()
+    finally:
+        os.sched_setaffinity(0, before)
+    assert shared_share > 0.3
+    own_alone, own_shared = alone * (1 - alone_share), shared * (1 - shared_share)
+    assert own_shared == pytest.approx(own_alone, rel=0.3)
+    assert under_core_wait(own_shared, [shared_share]) == pytest.approx(shared)
