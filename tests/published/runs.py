@@ -95,8 +95,8 @@ def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float =
               # MPT's MLP is nn.GELU(approximate="none"), one kernel: not GPT-2's python tanh-GELU ("gelu_new"),
               # whose intermediate tensors transformers would save (llm-foundry, mpt/modeling_mpt ffn.py)
               activation_function="gelu",
-              # MPT ran FlashAttention-2; torch SDPA runs the same kernels on H100 (and, unlike
-              # "flash_attention_2", builds without the flash-attn package on this machine)
+              # a fused kernel whose rate the cluster's attention_kernel sets (the table's kernel: _FOUNDRY_FA1);
+              # "sdpa" builds without the flash-attn package on this machine
               attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     gpus = int(row["gpus"])
     return RunConfig(
