@@ -118,6 +118,18 @@ class FsdpShardingStrategy(Choice):
     HYBRID_SHARD = "HYBRID_SHARD"
 
 
+class AttentionKernel(Choice):
+    """Fused attention kernel generations the time model has measured rates for (harness.plan.hardware,
+    ATTENTION_KERNEL_RATES): FlashAttention-2, the kernel of torch SDPA and flash-attn 2 (the default), and
+    FlashAttention v1 (flash-attn 1.x and its Triton port), which older software stacks ran."""
+
+    flash_attention_2 = "flash_attention_2"
+    flash_attention_1 = "flash_attention_1"
+
+
+DEFAULT_ATTENTION_KERNEL = AttentionKernel.flash_attention_2
+
+
 def allowed(enum: Type[Enum]) -> Tuple[Any, ...]:
     """The allowed values of a closed set, in declaration order (for messages and tables)."""
     return tuple(member.value for member in enum)
@@ -297,6 +309,8 @@ class ClusterConfig:
     # A calibrated hardware profile (JSON written by `harness calibrate`) the time model uses instead of
     # the datasheet table; `host`: this host's cached profile; None: the table.
     profile: Optional[str] = None
+    # The fused attention kernel generation the time model times attention at.
+    attention_kernel: AttentionKernel = DEFAULT_ATTENTION_KERNEL
 
     @property
     def ranks(self) -> int:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from harness.config.schema import DEFAULT_ATTENTION_KERNEL
 from harness.plan.peak import peak_flops
 
 GB = 1e9
@@ -84,6 +85,16 @@ class HardwareProfile:
 #         utilization on H100"). T0 ~ 500 is a fixed cost per query block (the diagonal block of the causal mask,
 #         the softmax rescale and output write) that long sequences amortise. attn_implementation flash_attention_2
 #         and torch SDPA both run FA2 kernels. H200 computes as H100.
+#   FlashAttention v1 (cluster.attention_kernel=flash_attention_1): the same two charts' FlashAttention bars
+#         (orange), causal, T = 512 / 1k / 2k / 4k / 8k / 16k. A100 head dim 128: 55 / 62 / 69 / 76 / 80 / 83
+#         TFLOP/s, head dim 64: 58 / 70 / 77 / 87 / 92 / 97; H100 head dim 128: 98 / 109 / 108 / 126 / 135 / 137,
+#         head dim 64: 104 / 123 / 136 / 138 / 149 / 156. Fit with one T0 per chip (the mean of the two head
+#         dims' own fits), R_d by least relative error: A100 R = 82.7 (26.5% of 312), head dim 64 1.136 of it,
+#         T0 = 311 (within 7% at every bar); H100 R = 134.1 (13.56% of 989), head dim 64 1.132, T0 = 228
+#         (within 4.2% at head dim 64; 12% at the head dim 128 2k bar, which lies below its 1k neighbour's
+#         trend). FA1 runs head dim 64 faster than 128, and never reached Hopper's tensor-core rate. The A100
+#         chart's FlashAttention Triton bars (red; the Triton kernel MPT's attn_impl=triton ports) are 1-6%
+#         below this fit at causal head dim 128 (50 / 61 / 68 / 74 / 78 / 80): the fit stands for both.
 #   GEMM waves: an output of ceil(m/Tm) x ceil(n/Tn) tiles (x the split-K factor) runs in waves of one thread
 #         block per SM, each wave costing as much full or not, a partial tile as much as a whole one (NVIDIA,
 #         "Matrix Multiplication Background User's Guide", "Tile quantization" and "Wave quantization";
@@ -123,6 +134,16 @@ class HardwareProfile:
 #   NVMe: ZeRO-Infinity (Rajbhandari et al. 2021, sec. 7): ~25 GB/s read per DGX-2 node over 8 ranks (3.1 GB/s each).
 _A100 = dict(sm_count=108, attention_small_head_ratio=0.91, attention_half_rate_tokens=495)
 _H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_tokens=540)
+# An attention kernel generation's rates per accelerator, replacing the profile's own (FlashAttention-2's, the
+# default kernel, which needs no entry); an accelerator missing from a kernel's row has no measured rate for it.
+_A100_FA1 = dict(attention_efficiency_sdpa=0.265, attention_efficiency_flash=0.265, attention_small_head_ratio=1.136,
+                 attention_half_rate_tokens=311)
+_H100_FA1 = dict(attention_efficiency_sdpa=0.1356, attention_efficiency_flash=0.1356,
+                 attention_small_head_ratio=1.132, attention_half_rate_tokens=228)
+ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, float]]] = {
+    "flash_attention_1": {"a100_sxm": _A100_FA1, "a100_sxm_40gb": _A100_FA1, "h100_sxm": _H100_FA1,
+                          "h200": _H100_FA1},
+}
 GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 SPLIT_K = (1, 2, 4, 8)
 SPLIT_K_MIN_DEPTH = 1024
@@ -209,11 +230,25 @@ def hardware_profile(cluster: Any) -> Optional[HardwareProfile]:
     if base is None:
         return None
     changes: Dict[str, Any] = {"gpus_per_node": cluster.accelerators_per_node}
+    kernel = getattr(cluster, "attention_kernel", DEFAULT_ATTENTION_KERNEL)
+    if kernel != DEFAULT_ATTENTION_KERNEL:
+        rates = attention_kernel_rates(kernel, cluster.accelerator)
+        if rates is None:
+            return None
+        changes.update(rates)
     if getattr(cluster, "intra_node_gbps", 0):
         changes["intra_node_bandwidth"] = cluster.intra_node_gbps * GB / 8
     if getattr(cluster, "inter_node_gbps", 0):
         changes["inter_node_bandwidth"] = cluster.inter_node_gbps * GB / 8
     return replace(base, **changes)
+
+
+def attention_kernel_rates(kernel: str, accelerator: str) -> Optional[Dict[str, float]]:
+    """The attention constants `kernel` runs at on `accelerator` (ATTENTION_KERNEL_RATES); {} for the default
+    kernel, whose rates every profile holds; None: not measured there."""
+    if kernel == DEFAULT_ATTENTION_KERNEL:
+        return {}
+    return ATTENTION_KERNEL_RATES.get(kernel, {}).get(accelerator)
 
 
 def cpu_profile_name() -> str:

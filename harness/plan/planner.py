@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from harness.plan.flops import FlopConvention, flops_per_token, recompute_flops_per_token
-from harness.plan.hardware import achievable_peak, hardware_profile
+from harness.plan.hardware import (ATTENTION_KERNEL_RATES, DEFAULT_ATTENTION_KERNEL, achievable_peak,
+                                   attention_kernel_rates, hardware_profile)
 from harness.plan.memory import Allowance, MemoryBreakdown, memory_per_rank
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import ParallelDims
@@ -345,8 +346,9 @@ def _fp8_speedup(accelerator: str, precision: str) -> float:
 def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optional[StepTime], str, Optional[float]]:
     """(predicted step time, the profile it came from, the profile's measured peak) for a valid layout."""
     cluster = cfg.cluster
+    kernel = getattr(cluster, "attention_kernel", DEFAULT_ATTENTION_KERNEL)
     key = (cluster.accelerator, getattr(cluster, "profile", None), cluster.accelerators_per_node,
-           cluster.intra_node_gbps, cluster.inter_node_gbps, cfg.layout.precision)
+           cluster.intra_node_gbps, cluster.inter_node_gbps, cfg.layout.precision, kernel)
     hit = _PROFILES.get(key)
     if hit is None:
         hw = hardware_profile(cluster)
@@ -355,6 +357,11 @@ def _predict_time(spec: ModelSpec, cfg: Any, warnings: List[str]) -> Tuple[Optio
         if hw is not None:  # a missing profile is looked for again (a calibration may write it)
             _PROFILES[key] = hit
     hw, rate = hit
+    if hw is None and attention_kernel_rates(kernel, cluster.accelerator) is None:
+        warnings.append(f"cluster.attention_kernel={kernel!r} has no measured rate on "
+                        f"accelerator={cluster.accelerator!r}: step time not predicted (measured on "
+                        f"{', '.join(sorted(ATTENTION_KERNEL_RATES.get(kernel, {}))) or 'none'})")
+        return None, "none", None
     if hw is None or not rate:
         hint = ("run `harness calibrate` and set cluster.profile=host" if cluster.accelerator == "cpu"
                 else "run `harness calibrate` and set cluster.profile")

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from harness.config.schema import (BenchConfig, ClusterConfig, LauncherConfig, LayoutConfig, ModelConfig,
-                                   RunConfig, engine_config)
+from harness.config.schema import (DEFAULT_ATTENTION_KERNEL, AttentionKernel, BenchConfig, ClusterConfig,
+                                   LauncherConfig, LayoutConfig, ModelConfig, RunConfig, engine_config)
 from harness.plan.planner import Plan, make_plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -55,11 +55,13 @@ def _launcher(gpus: int) -> LauncherConfig:
     return LauncherConfig(backend="slurm", exclusive=True, time_limit="02:00:00") if gpus > 8 else LauncherConfig()
 
 
-def _cluster(gpus: int, accelerator: str, inter_node_gbps: float = 0.0) -> ClusterConfig:
+def _cluster(gpus: int, accelerator: str, inter_node_gbps: float = 0.0,
+             attention_kernel: AttentionKernel = DEFAULT_ATTENTION_KERNEL) -> ClusterConfig:
     """Whole nodes of 8 GPUs (fewer GPUs: one node holding them all). inter_node_gbps 0 keeps the hardware
     profile's fabric (harness.plan.hardware: 8 x 400 Gbps on H100 nodes, 8 x 200 Gbps on A100 nodes)."""
     return ClusterConfig(name=accelerator, nodes=max(1, gpus // 8), accelerators_per_node=min(8, gpus),
-                         accelerator=accelerator, host_memory_gib=2048, inter_node_gbps=inter_node_gbps)
+                         accelerator=accelerator, host_memory_gib=2048, inter_node_gbps=inter_node_gbps,
+                         attention_kernel=attention_kernel)
 
 
 # ------------------------------------------------------------------------------------------ llm-foundry (fsdp)
@@ -67,9 +69,24 @@ def _cluster(gpus: int, accelerator: str, inter_node_gbps: float = 0.0) -> Clust
 # with the tied embedding) = the harness's flop_attention=full with the lm_head.
 _FOUNDRY_CONVENTION = dict(flop_attention="full", flop_include_lm_head=True)
 _FOUNDRY_ZERO = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
+# The attention kernel each table ran (mosaicml/llm-foundry, scripts/train/benchmarking/; each CSV's header).
+# The H100, A100 80GB and A100 40GB tables were measured with submit_benchmarks.py, whose --attn_impl defaults to
+# "triton" at the commits that wrote them (300cc5c58, 2023-05: the A100 tables; b2a43a147, 2023-10: all three),
+# sweep.sh passing none: MPT's Triton port of FlashAttention v1, beside flash-attn 1.0.3 / 1.0.9 (setup.py's gpu
+# extra then); the README keeps "TODO: Update tables with torch 2.0". The large-scale H100 table (5e85bd62d,
+# 2024-01) was measured by sweep.py with flash-attn 2.4.2 installed (pip_install ".[gpu-flash2]"): attn_impl
+# flash (FlashAttention-2) for 1b, 3b, 7b and 70b, attn_impl triton for 13b and 30b.
+_FOUNDRY_FA1 = AttentionKernel.flash_attention_1
+_FOUNDRY_LARGE_TRITON = ("13b", "30b")
 
 
-def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float = 0.0) -> RunConfig:
+def _foundry_large_kernel(row: Row) -> AttentionKernel:
+    """The large-scale table's kernel by model (sweep.py's --attn_impl per model yaml)."""
+    return _FOUNDRY_FA1 if row["model"] in _FOUNDRY_LARGE_TRITON else DEFAULT_ATTENTION_KERNEL
+
+
+def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float = 0.0,
+               attention_kernel: AttentionKernel = DEFAULT_ATTENTION_KERNEL) -> RunConfig:
     """MPT as GPT-2-shaped transformers config: learned positions, GELU MLP x4, tied embeddings, no dropout;
     Composer FSDP as the harness's Accelerate FSDP with the table's sharding (FULL_SHARD when the table has no
     sharding column)."""
@@ -78,8 +95,8 @@ def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float =
               # MPT's MLP is nn.GELU(approximate="none"), one kernel: not GPT-2's python tanh-GELU ("gelu_new"),
               # whose intermediate tensors transformers would save (llm-foundry, mpt/modeling_mpt ffn.py)
               activation_function="gelu",
-              # MPT ran FlashAttention-2; torch SDPA runs the same kernels on H100 (and, unlike
-              # "flash_attention_2", builds without the flash-attn package on this machine)
+              # a fused kernel whose rate the cluster's attention_kernel sets (the table's kernel: _FOUNDRY_FA1);
+              # "sdpa" builds without the flash-attn package on this machine
               attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     gpus = int(row["gpus"])
     return RunConfig(
@@ -88,11 +105,12 @@ def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float =
                             micro_batch=int(row["micro_batch"]), grad_accum=int(row["grad_accum"]),
                             seq_len=int(row["seq_len"]), activation_checkpointing=row["checkpointing"],
                             precision="bf16"),
-        cluster=_cluster(gpus, accelerator, inter_node_gbps), launcher=_launcher(gpus),
+        cluster=_cluster(gpus, accelerator, inter_node_gbps, attention_kernel), launcher=_launcher(gpus),
         bench=BenchConfig(**_FOUNDRY_CONVENTION))
 
 
-def _foundry(accelerator: str, peak: float, inter_node_gbps: float = 0.0) -> Callable[[Row], Tuple]:
+def _foundry(accelerator: str, peak: float, inter_node_gbps: float = 0.0,
+             kernel: Callable[[Row], AttentionKernel] = lambda row: _FOUNDRY_FA1) -> Callable[[Row], Tuple]:
     def mapping(row: Row) -> Tuple:
         label = (f"mpt-{row['model']} T={row['seq_len']} gpus={row['gpus']} mb={row['micro_batch']} "
                  f"ckpt={row['checkpointing']}{' ' + row['sharding'] if row.get('sharding') else ''}")
@@ -100,7 +118,7 @@ def _foundry(accelerator: str, peak: float, inter_node_gbps: float = 0.0) -> Cal
         # MPT's N counts the learned position table (seq_len x d_model: the NumParams column grows with the
         # sequence), whose 6·N FLOPs no matmul performs; the harness counts none
         flops = float(row["mfu"]) * peak / measured - 6 * int(row["seq_len"]) * int(row["d_model"])
-        return label, mpt_config(row, accelerator, inter_node_gbps), measured, flops, None
+        return label, mpt_config(row, accelerator, inter_node_gbps, kernel(row)), measured, flops, None
     return mapping
 
 
@@ -264,7 +282,8 @@ class Table:
 
 TABLES: Dict[str, Table] = {
     "llm_foundry_h100": Table(DATA / "llm_foundry_h100_bf16.csv", "fsdp", _foundry("h100_sxm", 989.5e12)),
-    "llm_foundry_h100_large": Table(DATA / "llm_foundry_h100_large_bf16.csv", "fsdp", _foundry("h100_sxm", 989.5e12)),
+    "llm_foundry_h100_large": Table(DATA / "llm_foundry_h100_large_bf16.csv", "fsdp",
+                                    _foundry("h100_sxm", 989.5e12, kernel=_foundry_large_kernel)),
     # the tables' fabric: 1600 Gbps per node of 8 = 200 Gbps per GPU
     "llm_foundry_a100_80gb": Table(DATA / "llm_foundry_a100_80gb_bf16.csv", "fsdp", _foundry("a100_sxm", 312e12, 200)),
     "llm_foundry_a100_40gb": Table(DATA / "llm_foundry_a100_40gb_bf16.csv", "fsdp",
