@@ -85,7 +85,7 @@ def test_the_summary_holds_the_checks_and_the_comparison(rehearsal):
     assert stages["deepspeed_zero3_offload"]["checks"]["state_bytes"]["0"]["measured"]["host_bytes"] > 0
     for name, stage in stages.items():
         if stage["kind"] != "calibrate":
-            assert set(stage["predicted"]) == set(gpu_check.PREDICTED_KEYS), name
+            assert set(stage["predicted"]) == {*gpu_check.PREDICTED_KEYS, "tokens_per_s_band"}, name
             assert stage["measured"]["tokens_per_s"] > 0 and stage["predicted"]["step_time_s"] > 0, name
             assert stage["measured"]["peak_allocated_bytes"] is None  # no CUDA allocator on CPU
             ratio = stage["measured_over_predicted"]

@@ -62,7 +62,8 @@ def test_nd_is_never_offered_context_with_pipeline_parallelism():
     layouts = [plan.layout for choice in top for plan in (choice.plan, *choice.alike)]
     assert layouts and not [layout for layout in layouts if layout.cp > 1 and layout.pp > 1]
     assert any(layout.cp > 1 for layout in layouts) or any(layout.pp > 1 for layout in layouts)
-    refused = replace(cfg, layout=replace(top[0].plan.layout, cp=2, pp=16, dp_shard=2, dp_replicate=1, tp=1))
+    refused = replace(cfg, layout=replace(top[0].plan.layout, cp=2, pp=16, dp_shard=2, dp_replicate=1, tp=1,
+                                          micro_batch=1, grad_accum=256))
     assert any("runs context parallelism without pipeline parallelism" in e for e in judge(refused).errors)
 
 

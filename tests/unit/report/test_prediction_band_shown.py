@@ -32,14 +32,14 @@ def test_the_plan_table_shows_the_predicted_tokens_per_s_with_its_band_and_says_
 
 def test_an_uncalibrated_band_is_said_to_be(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")
-    # no public table runs compiled FSDP: its regime has no rows of its own
-    points = plan_view.plan_points(["recipes=gpu_llama8b_fsdp_8gpu", "engine.compile=true"])
+    # no public table runs FSDP compiled in FP8: its regime has no rows of its own
+    points = plan_view.plan_points(["recipes=gpu_llama8b_fsdp_8gpu", "engine.compile=true", "layout.precision=fp8"])
     plan_view.print_plan_table(points)
     plan_view.print_messages(points, why=False)
     out = capsys.readouterr().out
     assert f"{points[0].plan.tokens_per_s:,.0f} (±" in out and "%*)" in out
     assert "note: * band ±" in out
-    assert "(gpu/data-parallel+compile) is uncalibrated: no calibration run of this engine and regime" in out
+    assert "(gpu/data-parallel+compile+fp8) is uncalibrated: no calibration run of this engine and regime" in out
 
 
 def _with_prediction(run_dir, factor, width=0.09):
