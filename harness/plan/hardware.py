@@ -173,7 +173,7 @@ HARDWARE: Dict[str, HardwareProfile] = {
 }
 
 # Bumped when calibration measures something new: an older cached file is measured again, not used.
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5  # 5: timings less the calibrating thread's wait for a core
 
 # Where a profile measured on this host is cached (written by `harness calibrate`, read by the planner).
 PROFILE_DIR = Path.home() / ".cache" / "harness" / "profiles"
