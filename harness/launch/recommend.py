@@ -17,6 +17,7 @@ from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_
 from harness.config.compose import compose_config, compose_run_config, run_config_to_dict, user_config_dir
 from harness.config.errors import explain as explain_error
 from harness.engines.admission import judge, launcher_to_add
+from harness.launch.host_profile import measure_host_profile
 from harness.launch.prepare import launch_problems
 from harness.plan.planner import GIB, Plan
 from harness.plan.recommend import REGIME_FIELDS, Choice, band_ties, compare, rank
@@ -43,7 +44,10 @@ def admit(cfg: Any, plan: Plan) -> Sequence[str]:
 def ranked(cfg: Any, global_batch: int, top_k: int, constraint: Optional[Dict[str, str]] = None,
            pinned: Sequence[str] = ()) -> Tuple[List[Choice], int]:
     """The top `top_k` choices among the layouts judge admits (and, given a constraint, whose layout fields
-    have its values: `{"tp": "8"}`), and how many it admits; `pinned` regime fields keep the config's value."""
+    have its values: `{"tp": "8"}`), and how many it admits; `pinned` regime fields keep the config's value.
+    A cluster timed by this host's profile (cluster.profile=host) has it measured first when it is missing or
+    stale, as a run does: without it no layout has a predicted time to rank by."""
+    measure_host_profile(cfg)
     if not constraint:
         return rank(cfg, global_batch, admit, top_k, pinned)
 

@@ -73,3 +73,17 @@ def test_a_multi_node_cluster_on_the_local_launcher_is_refused_naming_the_launch
     assert errors == ("launcher.backend=local starts one node, but cluster.nodes=8 (use launcher=slurm_gpu)",)
     assert judge(compose_run_config(["model=llama3_1_8b", "cluster=h100_8x8", "layout.dp_shard=64",
                                      "layout.seq_len=4096", "launcher=slurm_gpu"])).admitted
+
+
+def test_a_host_timed_cluster_without_a_profile_is_measured_before_ranking(tmp_path, monkeypatch):
+    # a fresh machine has no cached host profile: without one no layout has a time to rank by, and
+    # recommend said "no layout fits" of layouts that all fit
+    from harness.plan import hardware
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the calibrating process writes under its home's cache
+    monkeypatch.setattr(hardware, "PROFILE_DIR", tmp_path / ".cache" / "harness" / "profiles")
+    cfg = compose_run_config(["model=tiny_llama", "engine=deepspeed", "cluster=local_slurm", "launcher=slurm_local",
+                              "layout.seq_len=64", "tracking=disabled"])
+    top, admitted = ranked(cfg, 4, 1)
+    assert admitted and top and top[0].plan.tokens_per_s
+    assert hardware.profile_path(hardware.cpu_profile_name()).exists()
