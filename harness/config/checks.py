@@ -12,7 +12,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from harness.config.data_file import data_file_problem
 from harness.config.errors import ConfigRejected, nearest
-from harness.config.schema import FSDP_VERSIONS, ZERO_STAGES, FsdpOptions, RunConfig
+from harness.config.schema import FSDP_VERSIONS, ZERO_STAGES, BackwardPrefetch, FsdpOptions, RunConfig
 
 Problem = Tuple[str, object, str]
 
@@ -138,6 +138,10 @@ def _closed_int_problems(run: RunConfig) -> Iterator[Problem]:
     if isinstance(run.engine, FsdpOptions) and run.engine.fsdp_version not in FSDP_VERSIONS:
         yield ("engine.fsdp_version", run.engine.fsdp_version,
                f"must be one of {', '.join(map(str, FSDP_VERSIONS))} (2: fully_shard, 1: FullyShardedDataParallel)")
+    if (isinstance(run.engine, FsdpOptions) and run.engine.fsdp_version == 2
+            and run.engine.backward_prefetch != BackwardPrefetch.BACKWARD_PRE):
+        yield ("engine.backward_prefetch", run.engine.backward_prefetch.value,
+               "is an FSDP1 option (engine.fsdp_version=1): FSDP2 gathers the next unit before each backward itself")
 
 
 def _model_problems(run: RunConfig) -> Iterator[Problem]:

@@ -166,7 +166,7 @@ def fsdp_config(cfg: RunConfig, layer_class: str) -> Dict[str, Any]:
             fsdp_sync_module_states=False,
             fsdp_use_orig_params=False,
             fsdp_forward_prefetch=False,
-            fsdp_backward_prefetch="BACKWARD_PRE",
+            fsdp_backward_prefetch=cfg.engine.backward_prefetch.value,
         )
     unknown = set(config) - FSDP_KEYS
     assert not unknown, f"renderer wrote unknown fsdp_config keys {sorted(unknown)}"

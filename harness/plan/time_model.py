@@ -296,13 +296,15 @@ def tp_comm(spec, layout, engine, hw, group, activation, tokens, layers, first, 
 class DataParallelComm(NamedTuple):
     """Data-parallel traffic of one rank: per micro-batch (hidden behind that micro-batch's compute), per step
     during the first forward (parameters gathered once for the whole step), per step during the last backward
-    (gradient buckets), and per step on the critical path (after the last backward or the optimizer)."""
+    (gradient buckets), per step on the critical path (after the last backward or the optimizer), and per
+    micro-batch on the critical path (issued when the compute that needs it is already waiting)."""
 
     per_microbatch: float
     with_last_backward: float
     after_step: float
     how: str
     with_first_forward: float = 0.0
+    exposed_per_microbatch: float = 0.0
 
 
 # DeepSpeed's ZeRO bucket defaults (deepspeed/runtime/zero/config.py, 0.19.8: reduce_bucket_size and
@@ -358,7 +360,7 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
         return DataParallelComm(0.0, 0.0, 0.0, "no data parallelism")
     if zero >= param_shard_stage and shard.size > 1:
         if name != "deepspeed":
-            return fsdp_comm(layout, hw, groups, counts, weights, grads)
+            return fsdp_comm(layout, hw, groups, counts, weights, grads, engine.backward_prefetch)
         fetches = counts.modules * (2 if counts.params > DEEPSPEED_MAX_LIVE_PARAMETERS else 1)
         gather = _calls("all_gather", weights * fetches / counts.modules, fetches, shard, hw)
         reduce = _calls("reduce_scatter", grads, buckets, shard, hw)
@@ -413,7 +415,7 @@ def megatron_dp_comm(layout: Any, hw: HardwareProfile, groups: Groups, everyone:
 
 
 def fsdp_comm(layout: Any, hw: HardwareProfile, groups: Groups, counts: CallCounts, weights: float,
-              grads: float) -> DataParallelComm:
+              grads: float, prefetch: str = "BACKWARD_PRE") -> DataParallelComm:
     """FSDP2 (fsdp, nd) with sharded parameters: one all-gather per unit for forward, one more per decoder layer
     for backward where parameters are resharded after forward (harness.plan.resharding; the root stays
     gathered), one reduce-scatter per unit, and with HSDP one all-reduce of each shard over the replicas.
@@ -431,8 +433,31 @@ def fsdp_comm(layout: Any, hw: HardwareProfile, groups: Groups, counts: CallCoun
     if layout.pp > 1:
         return DataParallelComm(0.0, 0.0, reduce, "parameters gathered once, behind the step's first forward; "
                                 "gradients reduced after the last backward, exposed", with_first_forward=gather)
+    if prefetch != "BACKWARD_PRE" and reshard_after_forward(layout):
+        return fsdp1_late_backward_gathers(hw, shard, counts, weights, gather + reduce, reduce, prefetch)
     return DataParallelComm(gather + reduce, 0.0, 0.0, "gathers prefetched behind the previous unit's compute; "
                             "reduce-scatters behind the next unit's backward")
+
+
+def fsdp1_late_backward_gathers(hw: HardwareProfile, shard: Group, counts: CallCounts, weights: float, issued: float,
+                                reduce: float, prefetch: str) -> DataParallelComm:
+    """FSDP1 with a later backward prefetch than BACKWARD_PRE (torch.distributed.fsdp.BackwardPrefetch). Every
+    collective of one process group runs on its one NCCL stream in issue order (the enum's docstring), and a unit's
+    backward needs its gathered parameters:
+    - BACKWARD_POST issues the next unit's all-gather after the current unit's gradient computation, ahead of its
+      reduce-scatter (_post_backward_reshard prefetches, then _post_backward_hook reduces): the reduce-scatter hides
+      behind the next unit's backward, which waits for the whole all-gather ("overlaps the current reduce-scatter
+      and the next gradient computation");
+    - NO_PREFETCH issues it when the next unit's backward starts, behind the current reduce-scatter: that unit
+      waits for both.
+    The backward's all-gathers (one per decoder layer) then sit on the critical path, with the reduce-scatters too
+    without prefetch; the forward's stay hidden (the CPU issues each ahead of the GPU)."""
+    backward = _calls("all_gather", weights * counts.layers / counts.units, counts.layers, shard, hw)
+    waited = backward + (reduce if prefetch == "NO_PREFETCH" else 0.0)
+    how = ("backward all-gathers issued after each unit's gradients, waited for" if prefetch == "BACKWARD_POST"
+           else "backward all-gathers issued when each unit's backward starts, behind the reduce-scatter, waited for")
+    return DataParallelComm(issued - waited, 0.0, 0.0, f"forward gathers behind the previous unit's compute; {how}",
+                            exposed_per_microbatch=waited)
 
 
 def optimizer_time(layout: Any, engine: Any, hw: HardwareProfile, opt_params: float, tensors: int,
@@ -511,7 +536,8 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
         exposed_mb["pp"] = exposed(layer_comm["pp"], compute_mb, hw, ctas=NCCL_P2P_CTAS)
     exposed_mb["cp"] = exposed(layer_comm["cp"], fwd.attention + bwd.attention, hw,
                                tail=layer_comm["cp"] / max(1, layout.cp - 1) / unit)
-    exposed_mb["dp"] = exposed(dp.per_microbatch, compute_mb, hw, tail=dp.per_microbatch / unit)
+    exposed_mb["dp"] = (exposed(dp.per_microbatch, compute_mb, hw, tail=dp.per_microbatch / unit)
+                        + dp.exposed_per_microbatch)
     exposed_mb["offload"] = exposed(offload_mb, max(0.0, compute_mb - dp.per_microbatch), hw, tail=offload_mb / unit,
                                     ctas=0)
     per_mb = sum(exposed_mb.values())
@@ -524,7 +550,7 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
     opt = optimizer_time(layout, engine, hw, opt_params, tensors, conv.working, conv.offload_grad)
     opt["optimizer"] += clip_time(hw, groups, tensors, step_scalars(engine, layout.zero_stage, layout.tp)) \
         if clip else 0.0
-    totals = dict(layer_comm, dp=dp.per_microbatch, offload=offload_mb)
+    totals = dict(layer_comm, dp=dp.per_microbatch + dp.exposed_per_microbatch, offload=offload_mb)
     comm = {axis: {"total": m * totals[axis], "exposed": m * exposed_mb[axis]} for axis in exposed_mb}
     comm["dp"] = {"total": comm["dp"]["total"] + dp.with_first_forward + dp.with_last_backward + dp.after_step,
                   "exposed": comm["dp"]["exposed"] + step_comm}

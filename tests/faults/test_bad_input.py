@@ -39,6 +39,10 @@ CASES = [
     ("fsdp version 3", ["plan", "engine=fsdp", "engine.fsdp_version=3"], "engine.fsdp_version"),
     ("fsdp option on deepspeed", ["plan", "engine=deepspeed", "engine.fsdp_version=1"], "engine.fsdp_version"),
     ("nd option on fsdp", ["plan", "engine=fsdp", "engine.sequence_parallel=true"], "engine.sequence_parallel"),
+    ("fsdp1 prefetch on fsdp2", ["plan", "engine=fsdp", "engine.backward_prefetch=BACKWARD_POST"],
+     "engine.backward_prefetch"),
+    ("backward prefetch value", ["plan", "engine=fsdp", "engine.fsdp_version=1", "engine.backward_prefetch=LATER"],
+     "engine.backward_prefetch"),
     ("negative time limit", ["run", "launcher.timeout_s=-1"], "launcher.timeout_s"),
     ("zero time limit", ["run", "launcher.timeout_s=0"], "launcher.timeout_s"),
     ("negative host memory", ["plan", "cluster.host_memory_gib=-1"], "cluster.host_memory_gib"),
@@ -160,7 +164,7 @@ def test_the_table_holds_at_least_sixty_cases():
 @pytest.mark.parametrize("args, first_line", [
     (["plan", "engine=fsdp", "engine.compiled_ops=true"],
      "harness plan: engine.compiled_ops is an option of engine=deepspeed, not a field of engine (FsdpOptions: name, "
-     "launcher, compile, fsdp_version)"),
+     "launcher, compile, fsdp_version, backward_prefetch)"),
     (["plan", "layout.precision=fp7"], "harness plan: layout.precision='fp7' must be one of bf16, fp16, fp32, fp8 "
                                        "(did you mean 'fp8'?)"),
     (["run", "engine.name=megatron2"], "harness run: engine.name='megatron2' must be one of deepspeed, fsdp, nd, "

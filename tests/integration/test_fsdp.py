@@ -63,8 +63,10 @@ CASES = {
     "fsdp2_full_shard": (["layout.zero_stage=3", "layout.precision=fp32"], 2, 2),
     "fsdp2_shard_grad_op_accum": (["layout.zero_stage=2", "layout.precision=fp32", "layout.grad_accum=2"], 2, 2),
     "fsdp2_no_shard_accum": (["layout.zero_stage=0", "layout.precision=fp32", "layout.grad_accum=2"], 2, 1),
-    "fsdp1_full_shard_accum": (
-        ["engine.fsdp_version=1", "layout.zero_stage=3", "layout.precision=fp32", "layout.grad_accum=2"], 2, 2),
+    # FSDP1's later backward prefetch: the next unit gathered after each unit's gradients (the time model exposes it)
+    "fsdp1_full_shard_accum_prefetch_post": (
+        ["engine.fsdp_version=1", "engine.backward_prefetch=BACKWARD_POST", "layout.zero_stage=3",
+         "layout.precision=fp32", "layout.grad_accum=2"], 2, 2),
     "fsdp1_no_shard_accum": (
         ["engine.fsdp_version=1", "layout.zero_stage=0", "layout.precision=fp32", "layout.grad_accum=2"], 2, 1),
     "fsdp2_checkpointing": (

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from harness.config.schema import (DEFAULT_ATTENTION_KERNEL, AttentionKernel, BenchConfig, ClusterConfig,
+from harness.config.schema import (DEFAULT_ATTENTION_KERNEL, AttentionKernel, BackwardPrefetch, BenchConfig, ClusterConfig,
                                    LauncherConfig, LayoutConfig, ModelConfig, RunConfig, engine_config)
 from harness.plan.planner import Plan, make_plan
 
@@ -85,11 +85,22 @@ def _foundry_large_kernel(row: Row) -> AttentionKernel:
     return _FOUNDRY_FA1 if row["model"] in _FOUNDRY_LARGE_TRITON else DEFAULT_ATTENTION_KERNEL
 
 
+# Composer's FSDP as the llm-foundry runs had it: FSDP1 (FullyShardedDataParallel). Its backward prefetch: Composer's
+# default BACKWARD_POST (composer/trainer/dist_strategy.py, fsdp_config 'backward_prefetch' defaulting to
+# 'BACKWARD_POST' from v0.12 to v0.21) where nothing set it: the H100 and A100 tables (sweep.sh and the pretrain
+# yamls set no prefetch at b2a43a147 and 300cc5c58); the large-scale table's sweep.py (5e85bd62d) passes
+# --fsdp_config_backward_prefetch BACKWARD_PRE. Mixed precision: DEFAULT and PURE both gather bf16 parameters in
+# every Composer those commits pin (composer v0.14's "update fsdp mixed precision"), the harness's bf16.
+_COMPOSER_DEFAULT_PREFETCH = BackwardPrefetch.BACKWARD_POST
+_FOUNDRY_LARGE_PREFETCH = BackwardPrefetch.BACKWARD_PRE
+
+
 def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float = 0.0,
-               attention_kernel: AttentionKernel = DEFAULT_ATTENTION_KERNEL) -> RunConfig:
+               attention_kernel: AttentionKernel = DEFAULT_ATTENTION_KERNEL,
+               prefetch: BackwardPrefetch = _COMPOSER_DEFAULT_PREFETCH) -> RunConfig:
     """MPT as GPT-2-shaped transformers config: learned positions, GELU MLP x4, tied embeddings, no dropout;
-    Composer FSDP as the harness's Accelerate FSDP with the table's sharding (FULL_SHARD when the table has no
-    sharding column)."""
+    Composer FSDP as the harness's Accelerate FSDP1 with the table's sharding (FULL_SHARD when the table has no
+    sharding column) and the run's backward prefetch."""
     hf = dict(model_type="gpt2", n_embd=int(row["d_model"]), n_head=int(row["n_heads"]), n_layer=int(row["n_layers"]),
               n_positions=int(row["seq_len"]), vocab_size=50368, tie_word_embeddings=True,
               # MPT's MLP is nn.GELU(approximate="none"), one kernel: not GPT-2's python tanh-GELU ("gelu_new"),
@@ -100,7 +111,8 @@ def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float =
               attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     gpus = int(row["gpus"])
     return RunConfig(
-        model=ModelConfig(name=f"mpt-{row['model']}", hf_config=hf), engine=engine_config("fsdp"),
+        model=ModelConfig(name=f"mpt-{row['model']}", hf_config=hf),
+        engine=engine_config("fsdp", fsdp_version=1, backward_prefetch=prefetch),
         layout=LayoutConfig(dp_shard=gpus, zero_stage=_FOUNDRY_ZERO[row.get("sharding") or "FULL_SHARD"],
                             micro_batch=int(row["micro_batch"]), grad_accum=int(row["grad_accum"]),
                             seq_len=int(row["seq_len"]), activation_checkpointing=row["checkpointing"],
@@ -110,7 +122,8 @@ def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float =
 
 
 def _foundry(accelerator: str, peak: float, inter_node_gbps: float = 0.0,
-             kernel: Callable[[Row], AttentionKernel] = lambda row: _FOUNDRY_FA1) -> Callable[[Row], Tuple]:
+             kernel: Callable[[Row], AttentionKernel] = lambda row: _FOUNDRY_FA1,
+             prefetch: BackwardPrefetch = _COMPOSER_DEFAULT_PREFETCH) -> Callable[[Row], Tuple]:
     def mapping(row: Row) -> Tuple:
         label = (f"mpt-{row['model']} T={row['seq_len']} gpus={row['gpus']} mb={row['micro_batch']} "
                  f"ckpt={row['checkpointing']}{' ' + row['sharding'] if row.get('sharding') else ''}")
@@ -118,7 +131,7 @@ def _foundry(accelerator: str, peak: float, inter_node_gbps: float = 0.0,
         # MPT's N counts the learned position table (seq_len x d_model: the NumParams column grows with the
         # sequence), whose 6·N FLOPs no matmul performs; the harness counts none
         flops = float(row["mfu"]) * peak / measured - 6 * int(row["seq_len"]) * int(row["d_model"])
-        return label, mpt_config(row, accelerator, inter_node_gbps, kernel(row)), measured, flops, None
+        return label, mpt_config(row, accelerator, inter_node_gbps, kernel(row), prefetch), measured, flops, None
     return mapping
 
 
@@ -283,7 +296,8 @@ class Table:
 TABLES: Dict[str, Table] = {
     "llm_foundry_h100": Table(DATA / "llm_foundry_h100_bf16.csv", "fsdp", _foundry("h100_sxm", 989.5e12)),
     "llm_foundry_h100_large": Table(DATA / "llm_foundry_h100_large_bf16.csv", "fsdp",
-                                    _foundry("h100_sxm", 989.5e12, kernel=_foundry_large_kernel)),
+                                    _foundry("h100_sxm", 989.5e12, kernel=_foundry_large_kernel,
+                                             prefetch=_FOUNDRY_LARGE_PREFETCH)),
     # the tables' fabric: 1600 Gbps per node of 8 = 200 Gbps per GPU
     "llm_foundry_a100_80gb": Table(DATA / "llm_foundry_a100_80gb_bf16.csv", "fsdp", _foundry("a100_sxm", 312e12, 200)),
     "llm_foundry_a100_40gb": Table(DATA / "llm_foundry_a100_40gb_bf16.csv", "fsdp",

@@ -102,9 +102,10 @@ def test_run_label_names_the_layout_values():
 @pytest.mark.parametrize("overrides, line", [
     (["engine=fsdp", "engine.sequence_parallel=true"],
      "engine.sequence_parallel is an option of engine=nd / engine=megatron_lm, not a field of engine (FsdpOptions: "
-     "name, launcher, compile, fsdp_version)"),
-    (["engine=fsdp", "engine.compiled_ops=true"], "engine.compiled_ops is an option of engine=deepspeed, not a field "
-                                                  "of engine (FsdpOptions: name, launcher, compile, fsdp_version)"),
+     "name, launcher, compile, fsdp_version, backward_prefetch)"),
+    (["engine=fsdp", "engine.compiled_ops=true"],
+     "engine.compiled_ops is an option of engine=deepspeed, not a field of engine (FsdpOptions: name, launcher, "
+     "compile, fsdp_version, backward_prefetch)"),
     (["engine=fsdp", "engine.compild=true"], "engine.compild is not a field of engine (did you mean 'compile'?)"),
     (["layout.precision=fp7"], "layout.precision='fp7' must be one of bf16, fp16, fp32, fp8 (did you mean 'fp8'?)"),
     (["tracking.mode=foo"], "tracking.mode='foo' must be one of offline, online"),

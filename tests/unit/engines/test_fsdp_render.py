@@ -12,6 +12,7 @@ from accelerate.commands.config.config_args import ClusterConfig, load_config_fr
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils import DistributedType
 from accelerate.utils.launch import prepare_multi_gpu_env
+from torch.distributed.fsdp import BackwardPrefetch as TorchBackwardPrefetch
 from torch.distributed.fsdp import (
     CPUOffload,
     CPUOffloadPolicy,
@@ -21,6 +22,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from harness.config.compose import compose_run_config
+from harness.config.schema import BackwardPrefetch
 from harness.engines import fsdp, fsdp_session
 from harness.engines.lm_loss import shifted_labels
 from harness.engines.rendered import RANK_PROGRAM
@@ -144,6 +146,18 @@ def test_launcher_environment_parses_to_the_intended_plugin(point, tmp_path, fix
         assert plugin.use_orig_params is False  # flat parameters: the state bytes convention
         assert isinstance(plugin.cpu_offload, CPUOffload) and plugin.cpu_offload.offload_params is point["offload"]
         assert (settings.replicate, settings.shard) == (1, 4)
+
+
+@pytest.mark.parametrize("prefetch", list(BackwardPrefetch))
+def test_fsdp1_backward_prefetch_reaches_the_plugin(prefetch, tmp_path, fixed_layer_class, as_launched):
+    point = dict(GRID[0], version=1, zero=3)
+    cfg = run_config(point)
+    cfg = replace(cfg, engine=replace(cfg.engine, backward_prefetch=prefetch))
+    as_launched(launcher_environment(fsdp.render(cfg, tmp_path)))
+    plugin = fsdp_session.launched_settings(world_size=4).plugin
+    # NO_PREFETCH: Accelerate's plugin holds None, what FullyShardedDataParallel takes for no prefetch
+    expected = None if prefetch == BackwardPrefetch.NO_PREFETCH else TorchBackwardPrefetch[prefetch.value]
+    assert plugin.backward_prefetch == expected
 
 
 @pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp32", None)])

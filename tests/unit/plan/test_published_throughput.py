@@ -18,14 +18,14 @@ from tests.published.runs import TABLES, PublishedRun, predicted_tokens_per_s_pe
 
 # table -> (median |error|, max |error|) bounds: the current state plus headroom, not a target met.
 BOUNDS = {
-    "llm_foundry_h100": (0.12, 0.32),
-    "llm_foundry_h100_large": (0.20, 0.33),
-    "llm_foundry_a100_80gb": (0.07, 0.37),
-    "llm_foundry_a100_40gb": (0.06, 0.50),
+    "llm_foundry_h100": (0.09, 0.27),
+    "llm_foundry_h100_large": (0.20, 0.32),
+    "llm_foundry_a100_80gb": (0.05, 0.33),
+    "llm_foundry_a100_40gb": (0.04, 0.42),
     "dgxc_h100": (0.07, 0.15),
     "dgxc_h100_nemo2": (0.07, 0.15),
-    "fms_fsdp": (0.50, 0.50),
-    "automodel_h100": (0.70, 0.70),
+    "fms_fsdp": (0.04, 0.05),
+    "automodel_h100": (0.20, 0.20),
 }
 
 

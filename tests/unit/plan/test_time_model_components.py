@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from functools import lru_cache
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from harness.engines.megatron_lm import megatron_flags
 from harness.plan.comm import Group, bus_factor, collective_time
 from harness.plan.compute_time import attention_time, gemm_time, wave_efficiency
-from harness.config.schema import AttentionKernel, ClusterConfig
+from harness.config.schema import AttentionKernel, BackwardPrefetch, ClusterConfig
 from harness.plan.hardware import HARDWARE, achievable_peak, hardware_profile
 from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.planner import make_plan
@@ -257,3 +259,49 @@ def test_one_more_column_of_tiles_costs_a_nearly_empty_wave():
     peak = achievable_peak(hw, "h100_sxm", "bf16")
     rate = [2 * 896 * 1536 * n / (gemm_time(896, 1536, n, 2, hw, peak) - hw.op_latency_s) for n in (4608, 4864)]
     assert rate[1] < 0.75 * rate[0]
+
+
+H100_1X8 = dict(name="h100_1x8", nodes=1, accelerators_per_node=8, accelerator="h100_sxm",
+                memory_per_accelerator_gib=None, host_memory_gib=1024.0)
+
+
+def fsdp1_plan(prefetch: str, zero_stage: int = 3, cluster=None):
+    cfg = run_config("llama3_2_1b", hf_config=LLAMA_1B,
+                     engine=dict(name="fsdp", fsdp_version=1, backward_prefetch=BackwardPrefetch(prefetch)),
+                     cluster=cluster or H100_1X8, dp_shard=8, zero_stage=zero_stage, micro_batch=2, grad_accum=2,
+                     seq_len=2048)
+    plan = make_plan(cfg)
+    assert plan.valid, plan.errors
+    return plan
+
+
+def backward_gathers_s(plan) -> float:
+    """The all-gathers FULL_SHARD issues again for the backward, one per decoder layer, over the step."""
+    spec, layers = model_spec_from_hf("llama", LLAMA_1B), LLAMA_1B["num_hidden_layers"]
+    hw = hardware_profile(ClusterConfig(**H100_1X8))
+    layer_bytes = 2 * sum(math.prod(t.shape) for t in spec.layer_tensors)
+    return plan.layout.grad_accum * layers * collective_time("all_gather", layer_bytes, Group(8, 1), hw)
+
+
+def test_fsdp1_backward_post_waits_for_each_backward_all_gather():
+    # torch's BackwardPrefetch: BACKWARD_POST issues the next unit's all-gather after the current unit's gradient
+    # computation, ahead of its reduce-scatter on the one NCCL stream, so the next unit's backward waits for the
+    # whole gather; BACKWARD_PRE issues it before, behind the current unit's compute
+    pre, post = fsdp1_plan("BACKWARD_PRE").time, fsdp1_plan("BACKWARD_POST").time
+    assert post.comm_s["dp"]["total"] == pytest.approx(pre.comm_s["dp"]["total"])  # the same traffic
+    waited = post.comm_s["dp"]["exposed"] - pre.comm_s["dp"]["exposed"]
+    assert waited == pytest.approx(backward_gathers_s(fsdp1_plan("BACKWARD_POST")), rel=0.25)
+    assert post.step_time_s - pre.step_time_s == pytest.approx(waited, rel=0.01)
+
+
+def test_fsdp1_without_prefetch_also_waits_for_the_reduce_scatter_ahead_of_the_gather():
+    post, none = fsdp1_plan("BACKWARD_POST").time, fsdp1_plan("NO_PREFETCH").time
+    assert none.comm_s["dp"]["exposed"] > post.comm_s["dp"]["exposed"]
+    assert none.step_time_s > post.step_time_s
+
+
+@pytest.mark.parametrize("prefetch", ["BACKWARD_POST", "NO_PREFETCH"])
+def test_backward_prefetch_changes_nothing_without_backward_gathers(prefetch):
+    # SHARD_GRAD_OP keeps the parameters gathered from forward to backward
+    assert fsdp1_plan(prefetch, zero_stage=2).time.step_time_s == pytest.approx(
+        fsdp1_plan("BACKWARD_PRE", zero_stage=2).time.step_time_s)
