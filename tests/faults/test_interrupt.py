@@ -14,6 +14,10 @@ from tests.faults.procs import fake_job, wait_for_ranks, wait_until_gone
 
 
 def test_sigint_of_a_local_sweep_cancels_the_running_point(tmp_path, monkeypatch, capsys):
+    # Ctrl-C as a terminal's foreground command gets it: Python raises KeyboardInterrupt only where SIGINT was not
+    # ignored at start, and a suite started in the background of a non-interactive shell (`make test &`,
+    # nohup) inherits it ignored. The fault suite's conftest restores the handler afterwards.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cfg = compose_run_config(["tracking=disabled", "sweep_name=faults"])
     sweep_dir = tmp_path / "faults" / "20260101-000000"
     points = []
