@@ -416,9 +416,11 @@ def megatron_dp_comm(layout: Any, hw: HardwareProfile, groups: Groups, everyone:
 
 def fsdp_comm(layout: Any, hw: HardwareProfile, groups: Groups, counts: CallCounts, weights: float,
               grads: float, prefetch: str = "BACKWARD_PRE") -> DataParallelComm:
-    """FSDP2 (fsdp, nd) with sharded parameters: one all-gather per unit for forward, one more per decoder layer
+    """FSDP (fsdp, nd) with sharded parameters: one all-gather per unit for forward, one more per decoder layer
     for backward where parameters are resharded after forward (harness.plan.resharding; the root stays
-    gathered), one reduce-scatter per unit, and with HSDP one all-reduce of each shard over the replicas.
+    gathered), one reduce-scatter per unit, and with HSDP one all-reduce of each shard over the replicas. FSDP2
+    and FSDP1's BACKWARD_PRE gather each unit before the backward that needs it; FSDP1's later prefetches:
+    fsdp1_late_backward_gathers.
 
     Without pipelining all of it happens in every micro-batch. Under pipelining torch's stages skip the
     gradient reduction and the reshard in every backward but the last (PipelineStage.backward_maybe_with_nosync)
