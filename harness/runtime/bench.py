@@ -6,7 +6,6 @@ import json
 import os
 import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -44,7 +43,7 @@ from harness.rundir import (
 from harness.rundir.stats import figure_intervals, step_stats, steady
 from harness.runtime.data import micro_batches, token_source
 from harness.runtime.fatal_report import FatalReport
-from harness.runtime.host_state import core_wait_s, core_wait_share, host_record, snapshot
+from harness.runtime.host_state import CoreWaitClock, host_record, snapshot
 from harness.runtime.lifecycle import WarningSignal, die_with_parent
 from harness.runtime.meter import (
     SavedActivationMeter,
@@ -143,11 +142,9 @@ def timed_loop(session, source, cfg: RunConfig, kind: device.DeviceKind, report=
             + activation_bytes
     device.reset_peak_memory(kind)
     timer = StepTimer(kind)
-    wait, start = core_wait_s(), time.perf_counter()
+    clock = CoreWaitClock()
     timed_steps(session, batches, range(warmup, warmup + bench.steps), timer, losses, report, stop)
-    waited = core_wait_s()
-    state["core_wait_share"] = core_wait_share(None if wait is None or waited is None else waited - wait,
-                                               time.perf_counter() - start)
+    state["core_wait_share"] = clock.share()
     return timer.times_s, [float(loss) for loss in losses], activation_bytes, state
 
 

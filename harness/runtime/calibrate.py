@@ -18,7 +18,7 @@ import torch.distributed as dist
 from harness.plan.comm import bus_factor
 from harness.plan.hardware import (PROFILE_VERSION, HardwareProfile, cpu_profile_name, load_profile, profile_path,
                                    save_profile)
-from harness.runtime.host_state import core_wait_s, core_wait_share
+from harness.runtime.host_state import CoreWaitClock
 
 # Up to 512: the size the runtime's own peak measurement uses (bf16 GEMMs on CPUs without AMX run at well
 # under 1 GFLOP/s, so larger shapes cost minutes).
@@ -41,11 +41,11 @@ def best_time(fn: Callable[[], object], repeats: int = 5, inner: int = 0) -> flo
     inner = inner or max(1, int(WINDOW_S / once))
     times = []
     for _ in range(repeats):
-        wait, start = core_wait_s(), time.perf_counter()
+        clock = CoreWaitClock()
         for _ in range(inner):
             fn()
-        wall, waited = time.perf_counter() - start, core_wait_s()
-        own = wall - (waited - wait) if wait is not None and waited is not None else wall
+        wall, waited = clock.read()
+        own = wall - waited if waited is not None else wall
         times.append(max(own, 1e-9 * wall) / inner)
     return statistics.median(times)
 
@@ -259,11 +259,9 @@ def _measure_in_group(rank: int, world: int, init_method: str, precision: str) -
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several ranks per node
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    wait, start = core_wait_s(), time.perf_counter()
+    clock = CoreWaitClock()
     record = measure_rank(dtype)
-    waited = core_wait_s()  # how much the host's other processes slowed this rank's micro-benchmarks
-    record["core_wait_share"] = core_wait_share(None if wait is None or waited is None else waited - wait,
-                                                time.perf_counter() - start)
+    record["core_wait_share"] = clock.share()  # how much the host's other processes slowed its micro-benchmarks
     records: List[Dict[str, object]] = [None] * world  # type: ignore[list-item]
     dist.all_gather_object(records, record)
     dist.barrier()  # no rank tears its gloo pairs down while a peer still reads the gather

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness.plan.time_model import lockstep_wait_share
 
@@ -66,6 +66,23 @@ def core_wait_s() -> Optional[float]:
         return int(SCHEDSTAT.read_text().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return None
+
+
+class CoreWaitClock:
+    """Wall time and this thread's wait for a core (core_wait_s) since the clock was made."""
+
+    def __init__(self) -> None:
+        self._wait, self._start = core_wait_s(), time.perf_counter()
+
+    def read(self) -> Tuple[float, Optional[float]]:
+        """(wall seconds, seconds waited for a core or None where unreadable) so far."""
+        wall, wait = time.perf_counter() - self._start, core_wait_s()
+        return wall, (None if self._wait is None or wait is None else wait - self._wait)
+
+    def share(self) -> Optional[float]:
+        """The share of the wall time so far spent waiting for a core (core_wait_share)."""
+        wall, waited = self.read()
+        return core_wait_share(waited, wall)
 
 
 def core_wait_share(wait_s: Optional[float], wall_s: float) -> Optional[float]:
