@@ -7,6 +7,9 @@ import pytest
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# Printed tables fit COLUMNS when it is set (harness.terminal.terminal_width): the caller's own width would
+# re-wrap the lines the tests read. Tests of the fitting set it themselves.
+os.environ.pop("COLUMNS", None)
 
 
 @pytest.fixture
