@@ -25,18 +25,18 @@ from harness.rundir import write_json
 
 SCHEMA = "gpu-check/1"
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
-# The whole check stays under 8 minutes of the ten a GPU machine is lent for one command: 7 minutes of
+# The whole check stays under 8.5 minutes of the ten a GPU machine is lent for one command: 7.5 minutes of
 # stages, the rest for the wheels' install, the last reference and the summary. A stage that would start
 # after the budget is skipped (named in the summary), and each run's own time limit is what the budget has
-# left. Predicted on an H100 (`--dry-run`, plus ~30 s start-up a run): about 5 minutes in all.
-BUDGET_S = 420
+# left. On an H200 the stages took 353 s with one reference per run length; the second reference adds ~50 s.
+BUDGET_S = 450
 LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "hydra-core", "omegaconf", "pydantic")
 
 
 @dataclass(frozen=True)
 class Stage:
     """One step of the check: `engine` (trained, checked against one process and the plan), `shape`
-    (measured beside the prediction) or `calibrate`."""
+    (measured beside the prediction), `components` (harness.commands.gpu_components) or `calibrate`."""
 
     name: str
     kind: str
@@ -78,10 +78,13 @@ def cpu_mode() -> Mode:
 
 
 # Every run: one local process, no tracking, bf16, at least two warm-up steps (more until step time is steady;
-# the last is where state bytes and saved activations are read) and three timed ones.
+# the last is where state bytes and saved activations are read) and three timed ones. Learning rate 1e-4, not
+# the default 1e-3: at 1e-3 Adam moves every weight of the 1B model by 5 % of its initial scale a step and its
+# loss rises (12.13 -> 12.27 in six steps on an H200), a regime where two single-process references, same seed
+# and data, parted by 6e-3 at step 6 (the GPU's kernels do not sum in a fixed order): no engine can be held to them.
 RUN = ("launcher=local", "tracking=disabled", "sweep_name=gpu_check", "layout.dp_shard=1", "layout.dp_replicate=1",
        "layout.micro_batch=1", "layout.grad_accum=2", "layout.precision=bf16", "bench.warmup_steps=2",
-       "bench.steps=3")
+       "bench.steps=3", "bench.lr=1e-4")
 # The engines' CUDA branches at world size 1. DeepSpeed keeps its states on the host and steps them with
 # torch's AdamW (engine.compiled_ops=false: no compiler needed on the machine); FSDP2 goes through
 # `accelerate launch` (fully_shard over one rank); nd builds on the meta device and materialises it.
@@ -101,7 +104,7 @@ SHAPE_ENGINE = ("engine=nd", "layout.zero_stage=3", "model.init=full", "layout.g
 def stages(mode: Mode) -> List[Stage]:
     shapes = [Stage(f"shape_{name}", "shape", (*SHAPE_ENGINE, f"layout.name={name}", *extra))
               for name, extra in mode.shapes]
-    return [*ENGINES, *shapes, Stage("calibrate", "calibrate")]
+    return [*ENGINES, Stage("components", "components"), *shapes, Stage("calibrate", "calibrate")]
 
 
 def stage_overrides(mode: Mode, stage: Stage, results: Path, timeout_s: int) -> List[str]:
@@ -169,18 +172,40 @@ def state_bytes_check(cfg, metrics: Dict[str, Any]) -> Tuple[bool, Dict[str, Any
     return ok, rows
 
 
+# A run's loss may stray from the reference by the engine's tolerance plus this many times the reference's
+# own spread: the run is one more draw of the same non-repeating sums, and the spread seen between two
+# references is one sample of how far such draws part.
+REPEAT_MARGIN = 2.0
+
+
 class References:
-    """Single-process reference losses, computed once per (layout, steps) on the runs' own device."""
+    """Single-process reference losses, computed once per (layout, steps) on the runs' own device. On a GPU
+    twice: its kernels (split-K GEMMs, attention's backward) do not add in a fixed order, so the reference does
+    not repeat itself exactly, and how far the two part bounds what a run can be held to (CPU kernels repeat)."""
 
     def __init__(self, device: str):
         self.device, self.cache = device, {}
 
     def losses(self, cfg, n_steps: int) -> List[float]:
+        return self._pair(cfg, n_steps)[0]
+
+    def spread(self, cfg, n_steps: int) -> List[float]:
+        """Per step, the largest relative distance between the two references up to that step (0 on CPU)."""
+        first, second = self._pair(cfg, n_steps)
+        parted = [abs(a - b) / abs(a) for a, b in zip(first, second)]
+        return [max(parted[:i + 1]) for i in range(len(parted))]
+
+    def _pair(self, cfg, n_steps: int) -> Tuple[List[float], List[float]]:
+        """Both references over the most steps a run can take (its warm-up grows until step time is steady), so
+        runs of other lengths share them: step i's loss does not depend on how many steps follow."""
         layout = cfg.layout
-        key = (layout.micro_batch, layout.grad_accum, layout.seq_len, layout.precision, n_steps)
-        if key not in self.cache:
-            self.cache[key] = self._compute(cfg, n_steps)
-        return self.cache[key]
+        key = (layout.micro_batch, layout.grad_accum, layout.seq_len, layout.precision)
+        if key not in self.cache or len(self.cache[key][0]) < n_steps:
+            most = max(n_steps, cfg.bench.warmup_max_steps + cfg.bench.steps)
+            first = self._compute(cfg, most)
+            self.cache[key] = (first, self._compute(cfg, most) if self.device == "cuda" else first)
+        first, second = self.cache[key]
+        return first[:n_steps], second[:n_steps]
 
     def _compute(self, cfg, n_steps: int) -> List[float]:
         import torch
@@ -210,11 +235,12 @@ def loss_check(cfg, model_init: str, losses: List[float], references: References
         error = max(max(low - x, 0.0) / low + max(x - high, 0.0) / high for x in losses)
         return error <= META_INIT_RTOL, {"rule": "initialised model", "rtol": META_INIT_RTOL, "max_rel_error": error,
                                          "losses": losses, "reference": [low, high]}
-    want = references.losses(cfg, len(losses))
+    want, spread = references.losses(cfg, len(losses)), references.spread(cfg, len(losses))
     rtol = loss_rtol(cfg)
-    error = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
-    return error <= rtol, {"rule": "single process", "rtol": rtol, "max_rel_error": error, "losses": losses,
-                           "reference": want}
+    errors = [abs(a - b) / abs(b) for a, b in zip(losses, want)]
+    ok = all(error <= rtol + REPEAT_MARGIN * parted for error, parted in zip(errors, spread))
+    return ok, {"rule": "single process", "rtol": rtol, "max_rel_error": max(errors), "losses": losses,
+                "reference": want, "reference_spread": spread, "repeat_margin": REPEAT_MARGIN}
 
 
 PREDICTED_KEYS = ("step_time_s", "tokens_per_s", "mfu", "total_bytes", "state_activation_bytes")
@@ -272,23 +298,41 @@ def run_stage(stage: Stage, overrides: Sequence[str], run_dir: Path, references:
     return outcome
 
 
+def run_tool(outcome: Outcome, what: str, command: Sequence[str], out: Path, timeout_s: int) -> Optional[Dict]:
+    """Run a stage's own process; the JSON file it writes, or None with the outcome failed and why."""
+    try:
+        proc = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        outcome.fail(f"{what} ran past {timeout_s} s")
+        return None
+    if proc.returncode != 0 or not out.exists():
+        outcome.fail(f"{what} exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        return None
+    return json.loads(out.read_text())
+
+
 def run_calibrate(out: Path, timeout_s: int) -> Outcome:
     """`harness calibrate` on this machine (one rank), as a user runs it; its profile kept beside the runs."""
     outcome = Outcome("calibrate", "calibrate", run_dir=str(out.parent))
     command = [sys.executable, "-m", "harness.cli", "calibrate", "--ranks", "1", "--name", "gpu_check",
                "--out", str(out)]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        outcome.fail(f"harness calibrate ran past {timeout_s} s")
-        return outcome
-    if proc.returncode != 0 or not out.exists():
-        outcome.fail(f"harness calibrate exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
-        return outcome
-    profile = json.loads(out.read_text())
-    outcome.measured = {key: profile.get(key) for key in ("measured_peak_flops", "matmul_efficiency",
-                                                          "memory_bandwidth", "op_latency_s", "cpu_adam_params_per_s",
-                                                          "version")}
+    profile = run_tool(outcome, "harness calibrate", command, out, timeout_s)
+    if profile is not None:
+        outcome.measured = {key: profile.get(key) for key in ("measured_peak_flops", "matmul_efficiency",
+                                                              "memory_bandwidth", "op_latency_s",
+                                                              "cpu_adam_params_per_s", "version")}
+    return outcome
+
+
+def run_components(mode: Mode, out: Path, timeout_s: int) -> Outcome:
+    """The time model's parts measured one at a time (harness.commands.gpu_components) in a process of its own;
+    the per-part errors in the summary, every timing in its JSON file."""
+    outcome = Outcome("components", "components", run_dir=str(out.parent))
+    command = [sys.executable, "-m", "harness.commands.gpu_components", "--out", str(out),
+               *(["--cpu"] if mode.device == "cpu" else [])]
+    found = run_tool(outcome, "gpu_components", command, out, timeout_s)
+    if found is not None:
+        outcome.measured = found["summary"]
     return outcome
 
 
@@ -347,6 +391,8 @@ def check_stages(mode: Mode, runs: Path, budget_s: float, say: Callable[[str], N
         began = time.monotonic()
         outcome = guarded(stage, lambda: (run_calibrate(runs / "calibrate" / "profile.json", int(left))
                                           if stage.kind == "calibrate" else
+                                          run_components(mode, runs / "components" / "components.json", int(left))
+                                          if stage.kind == "components" else
                                           run_stage(stage, stage_overrides(mode, stage, runs, int(left)),
                                                     runs / stage.name, references, say)))
         outcome.wall_s = round(time.monotonic() - began, 1)
@@ -370,7 +416,9 @@ def conclusion(outcome: Outcome) -> str:
         return f": {outcome.reason}"
     loss = outcome.checks.get("loss")
     if loss:
-        return (f" (losses within {loss['rtol']:g} of {loss['rule']}: {loss['max_rel_error']:.2e}; "
+        spread = max(loss.get("reference_spread") or [0.0])
+        repeat = f" + {loss['repeat_margin']:g} x the reference's own spread {spread:.1e}" if spread else ""
+        return (f" (losses within {loss['rtol']:g}{repeat} of {loss['rule']}: {loss['max_rel_error']:.2e}; "
                 "state bytes as planned)")
     return ""
 
@@ -395,7 +443,7 @@ def comparison_lines(outcomes: Sequence[Outcome]) -> List[str]:
     header = f"{'run':<28}" + "".join(f"{name + ' pred/meas':>26}" for name, *_ in columns) + f"{'tokens/s band':>20}"
     lines = [header]
     for outcome in outcomes:
-        if outcome.measured and outcome.kind != "calibrate":
+        if outcome.measured and outcome.predicted:  # calibrate and components measure, predicting nothing
             cells = [f"{fmt(outcome.predicted.get(p), unit)} / {fmt(outcome.measured.get(m), unit)}"
                      for _, p, m, unit in columns]
             lines.append(f"{outcome.name:<28}" + "".join(f"{cell:>26}" for cell in cells)
@@ -504,7 +552,7 @@ def dry_run(mode: Mode, out_dir: Path) -> int:
 
     problems, runs = [], runs_folder(out_dir)
     for stage in stages(mode):
-        if stage.kind == "calibrate":
+        if stage.kind in ("calibrate", "components"):
             continue
         try:
             prepared = prepare_stage(stage_overrides(mode, stage, runs, 60), runs / stage.name)

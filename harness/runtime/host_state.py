@@ -136,7 +136,21 @@ def _one_gpu(nvml, index: int) -> Dict[str, Any]:
             "temperature_c": nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
             "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
             "throttle_reasons": int(reasons) & ~int(idle),
-            "other_processes": [pid for pid in processes if _session(pid) != os.getsid(0)]}
+            "other_processes": [pid for pid in processes if _session(pid) != os.getsid(0) and pid not in ancestors()]}
+
+
+def ancestors() -> set:
+    """The pids this process descends from: whatever started the run (a launcher, `make gpu-check`, whose
+    reference losses leave it a CUDA context) waits on it, so holding the GPU it does not compete for it."""
+    found, pid = set(), os.getppid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(text[text.rindex(")") + 2:].split()[1])  # after the name: state, then ppid
+    return found
 
 
 def _session(pid: int) -> Optional[int]:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_the_summary_holds_the_checks_and_the_comparison(rehearsal):
             "host_bytes", 0) > 0
     assert stages["deepspeed_zero3_offload"]["checks"]["state_bytes"]["0"]["measured"]["host_bytes"] > 0
     for name, stage in stages.items():
-        if stage["kind"] != "calibrate":
+        if stage["kind"] in ("engine", "shape"):
             assert set(stage["predicted"]) == {*gpu_check.PREDICTED_KEYS, "tokens_per_s_band"}, name
             assert stage["measured"]["tokens_per_s"] > 0 and stage["predicted"]["step_time_s"] > 0, name
             assert stage["measured"]["peak_allocated_bytes"] is None  # no CUDA allocator on CPU
@@ -93,5 +94,22 @@ def test_the_summary_holds_the_checks_and_the_comparison(rehearsal):
             assert ratio["peak_allocated_bytes"] is None
     assert stages["calibrate"]["measured"]["measured_peak_flops"] > 0
     table = summary["comparison"]
-    assert table[0].startswith("run") and len(table) == 1 + len(stages) - 1
+    assert table[0].startswith("run") and len(table) == 1 + len(stages) - 2  # not calibrate, not components
     assert table == rehearsal[0].stdout.split("predicted / measured")[1].splitlines()[1:len(table) + 1]
+
+
+def test_the_components_are_timed_beside_their_predictions(rehearsal):
+    """GEMMs in their three directions, attention and a decoder layer forward and backward, each with a time
+    and, where the host's calibrated profile is cached (the calibrate stage of an earlier check or a planner run),
+    a prediction; the summary names every part."""
+    components = next(s for s in rehearsal[1]["stages"] if s["name"] == "components")
+    assert components["status"] == "passed"
+    parts = {f"{c}/{d}" for c, ds in (("gemm", ("forward", "input_grad", "weight_grad")),
+                                      ("attention", ("forward", "backward")), ("layer", ("forward", "backward")))
+             for d in ds}
+    assert set(components["measured"]) == parts
+    rows = json.loads((Path(components["run_dir"]) / "components.json").read_text())["rows"]
+    assert {f"{r['component']}/{r['direction']}" for r in rows} == parts
+    assert all(r["measured_s"] > 0 for r in rows)
+    # 6 distinct GEMMs of the tiny Llama at tp 1 and 2, three directions; 2 sequence lengths; one layer
+    assert [sum(r["component"] == c for r in rows) for c in ("gemm", "attention", "layer")] == [18, 4, 2]

@@ -43,7 +43,8 @@ def test_the_make_target_skips_through_its_script(tmp_path):
 def test_every_gpu_stage_composes_plans_to_fit_an_h100_and_renders(tmp_path):
     proc = check(["--dry-run", "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = [s.name for s in gpu_check.stages(gpu_check.gpu_mode("h100_sxm", 128)) if s.kind != "calibrate"]
+    runs = [s.name for s in gpu_check.stages(gpu_check.gpu_mode("h100_sxm", 128))
+            if s.kind in ("engine", "shape")]
     lines = proc.stdout.splitlines()
     assert len(runs) == 6 and [line.split(":")[0] for line in lines] == [f"[gpu-check dry-run] {n}" for n in runs]
     assert all("GiB per rank of 80" in line for line in lines)
@@ -94,3 +95,34 @@ def test_the_comparison_gives_the_predicted_band_and_where_the_measurement_fell(
     header, line = gpu_check.comparison_lines([outcome])
     assert header.endswith("tokens/s band") and line.endswith("±9% below")
     assert "1,000 / 800" in line
+
+
+class TwoReferences:
+    """Stands in for gpu_check.References on a GPU: two reference runs that part from step 3 on."""
+
+    def __init__(self, first, second):
+        self.pair = (first, second)
+
+    def losses(self, cfg, n_steps):
+        return self.pair[0][:n_steps]
+
+    def spread(self, cfg, n_steps):
+        return gpu_check.References.spread(self, cfg, n_steps)
+
+    def _pair(self, cfg, n_steps):
+        return self.pair[0][:n_steps], self.pair[1][:n_steps]
+
+
+def test_a_run_is_held_to_its_tolerance_plus_twice_the_references_own_spread():
+    """FSDP's tolerance is 1e-4; where two references part by 1e-3 at step 3, a run may stray by 2.1e-3 from
+    step 3 on, and by 1e-4 before."""
+    cfg = compose_run_config(["model=tiny_llama", "engine=fsdp", "layout.precision=bf16"])
+    reference = [10.0, 10.0, 10.0, 10.0]
+    refs = TwoReferences(reference, [10.0, 10.0, 10.01, 10.0])
+    assert refs.spread(cfg, 4) == pytest.approx([0.0, 0.0, 1e-3, 1e-3])
+    ok, record = gpu_check.loss_check(cfg, "full", [10.0, 10.0, 10.02, 9.98], refs)
+    assert ok and record["reference_spread"] == pytest.approx([0, 0, 1e-3, 1e-3]) and record["repeat_margin"] == 2
+    assert not gpu_check.loss_check(cfg, "full", [10.0, 10.0, 10.03, 10.0], refs)[0]  # 3e-3 > 1e-4 + 2e-3
+    assert not gpu_check.loss_check(cfg, "full", [10.0, 10.002, 10.0, 10.0], refs)[0]  # before they part: 1e-4
+    same = TwoReferences(reference, reference)  # CPU: one reference, which repeats
+    assert not gpu_check.loss_check(cfg, "full", [10.0, 10.0, 10.02, 9.98], same)[0]

@@ -109,3 +109,14 @@ def test_a_contender_on_the_same_core_shows_as_core_wait_and_the_rule_recovers_t
     own_alone, own_shared = alone * (1 - alone_share), shared * (1 - shared_share)
     assert own_shared == pytest.approx(own_alone, rel=0.3)
     assert under_core_wait(own_shared, [shared_share]) == pytest.approx(shared)
+
+
+def test_the_processes_a_run_descends_from_are_not_counted_as_sharing_its_gpu():
+    """`make gpu-check` keeps a CUDA context after its reference losses and waits on each run it starts in a new
+    session: NVML lists it on the GPU, and it must not mark every run disturbed."""
+    probe = ("import os; from harness.runtime import host_state; "
+             f"print({os.getpid()} in host_state.ancestors(), os.getpid() in host_state.ancestors())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         start_new_session=True).stdout.split()
+    assert out == ["True", "False"]
+    assert os.getpid() not in host_state.ancestors() and os.getppid() in host_state.ancestors()
