@@ -31,13 +31,22 @@ class OpTime(NamedTuple):
 
 
 def gemm_time(m: float, k: float, n: float, dtype_bytes: int, hw: HardwareProfile, peak: float) -> float:
-    """One (m x k) @ (k x n) product: roofline at the achievable matmul rate (less its wave quantization) and
-    the achievable memory bandwidth (Williams et al. 2009), plus the per-op latency; efficiency falls for thin
-    shapes because their bytes per FLOP grow, and for tiny ones because the latency dominates."""
+    """One (m x k) @ (k x n) product: roofline at the achievable matmul rate (less its wave quantization and
+    its shape's fall) and the achievable memory bandwidth (Williams et al. 2009), plus the per-op latency;
+    efficiency falls for thin shapes because their bytes per FLOP grow, and for tiny ones because the latency
+    dominates."""
     flops = 2.0 * m * k * n
     moved = dtype_bytes * (m * k + k * n + m * n)
-    compute = flops / (peak * wave_efficiency(m, k, n, hw.sm_count))
+    compute = flops / (peak * wave_efficiency(m, k, n, hw.sm_count) * shape_efficiency(m, k, n, hw))
     return hw.op_latency_s + max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+
+
+def shape_efficiency(m: float, k: float, n: float, hw: HardwareProfile) -> float:
+    """What a GEMM keeps of the full-wave rate at its smallest dimension d: d / (d + D), D the profile's
+    gemm_half_rate_dim (hardware.py cites the measurement). A thin operand gives each tile fewer products per
+    byte it loads and a short K loop per tile its fixed prologue and epilogue: half the rate at d = D."""
+    smallest = min(m, k, n)
+    return smallest / (smallest + hw.gemm_half_rate_dim) if hw.gemm_half_rate_dim and smallest > 0 else 1.0
 
 
 @lru_cache(maxsize=1 << 14)

@@ -64,6 +64,9 @@ class HardwareProfile:
     # four ranks runs faster than its ring (NVLS_ALL_REDUCE_GAIN).
     nvlink_sharp: bool = False
     sm_count: int = 0  # streaming multiprocessors (GPUs): what an overlapped collective's CTAs take a share of
+    # A GEMM's rate beyond its waves falls with its smallest dimension d as d / (d + gemm_half_rate_dim)
+    # (compute_time.gemm_time); 0: no such fall (not measured on this accelerator)
+    gemm_half_rate_dim: float = 0.0
     measured_peak_flops: Optional[float] = None  # CPU: the measured matmul peak stands in for a datasheet
     source: str = "datasheet"
     version: int = 0  # PROFILE_VERSION of the calibration that wrote it; datasheet rows carry none
@@ -103,6 +106,13 @@ class HardwareProfile:
 #         bf16 GEMMs; SPLIT_K: the reduction split among 2-8 blocks when the tiles are too few, keeping at least
 #         SPLIT_K_MIN_DEPTH of it per block. SMs: A100 108, H100 / H200 132 (NVIDIA's architecture
 #         whitepapers; the same README). The MAMF efficiency above is a full-wave GEMM's.
+#   GEMM shape: one H200 (tests/data/gpu_components_h200.json: `make gpu-check`'s components stage, 2026-11-27,
+#         torch 2.11.0+cu130), 102 bf16 products at Llama-3.1-8B / 70B layer shapes (4k / 8k tokens, tp 1 and 8; the
+#         forward, input- and weight-gradient orientations): 167-814 TFLOP/s. The wave model alone predicted them a
+#         median 25% fast (11% where every dimension is >= 4096, 47% where one is <= 1024: grouped k/v projections
+#         and tp 8 shards). A rate falling with the smallest dimension d as d / (d + D) fits them with D = 320, the
+#         least squares of log(measured / predicted) (mean square 0.0144, from 0.0885 without it). Hopper's SMs and
+#         tiles are the H100's too: the same D there; A100 and MI300X are not measured (no fall).
 #   HBM: A100 80GB datasheet 2,039 GB/s; H100 SXM datasheet 3.35 TB/s; H200 datasheet 4.8 TB/s; MI300X data
 #         sheet 5.3 TB/s. Achievable streaming fraction ~90% (NVIDIA's BabelStream-class copy results; the
 #         ml-engineering "memory bandwidth" section quotes 85-92%).
@@ -133,7 +143,7 @@ class HardwareProfile:
 #         on a 2x20-core host, 4.5e9 params/s per host, shared by 8 ranks -> 5.6e8 per rank.
 #   NVMe: ZeRO-Infinity (Rajbhandari et al. 2021, sec. 7): ~25 GB/s read per DGX-2 node over 8 ranks (3.1 GB/s each).
 _A100 = dict(sm_count=108, attention_small_head_ratio=0.91, attention_half_rate_tokens=495)
-_H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_tokens=540)
+_H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_tokens=540, gemm_half_rate_dim=320)
 # An attention kernel generation's rates per accelerator, replacing the profile's own (FlashAttention-2's, the
 # default kernel, which needs no entry); an accelerator missing from a kernel's row has no measured rate for it.
 _A100_FA1 = dict(attention_efficiency_sdpa=0.265, attention_efficiency_flash=0.265, attention_small_head_ratio=1.136,

@@ -63,29 +63,29 @@ def test_flash_attention_forward_and_backward_within_20_percent_from_4k_tokens()
     assert 0 < median <= 0.15 and worst <= 0.20
 
 
-def test_large_gemms_run_at_most_22_percent_slower_than_the_mamf_rate_and_never_faster():
-    """Every dimension at least 4096: full waves, where the profile's MAMF efficiency (GH200's 83.6% of peak)
-    holds. Measured 675-814 TFLOP/s: sustained products run below the maximum a sweep finds."""
-    median, worst = report("GEMM, every dimension >= 4096", errors(
-        lambda r: r["component"] == "gemm" and min(r["dims"].values()) >= 4096))
-    assert 0 < median <= 0.15 and worst <= 0.25
+def test_gemms_at_layer_shapes_within_7_percent_median_and_40_percent_worst():
+    """All 102 products (4k / 8k tokens, tp 1 and 8, three orientations): the wave model with the shape fall
+    hardware.py fits to them (D = 320). Before it the wave model alone was a median 25% fast, 136% at worst."""
+    median, worst = report("GEMM, every timing", errors(lambda r: r["component"] == "gemm"))
+    assert abs(median) <= 0.07 and worst <= 0.40
 
 
-def test_thin_gemms_are_where_the_wave_model_is_most_optimistic():
-    """A dimension of 1024 or less (grouped-query k/v projections, tp 8 shards): the wave model's full-tile
-    blocks predict 25-136% less time than measured. Held so the gap is seen to close, not to grow."""
-    thin = errors(lambda r: r["component"] == "gemm" and min(r["dims"].values()) <= 1024)
-    wide = errors(lambda r: r["component"] == "gemm" and min(r["dims"].values()) >= 4096)
-    median, worst = report("GEMM, a dimension <= 1024", thin)
-    assert median > statistics.median(wide) and median <= 0.75 and worst <= 1.4
+@pytest.mark.parametrize("thin", [True, False], ids=["a dimension <= 1024", "every dimension >= 4096"])
+def test_thin_and_wide_gemms_alike_within_10_percent_median(thin):
+    """The fall by the smallest dimension serves both ends: grouped k/v projections and tp 8 shards, and the
+    full-wave products where the MAMF rate holds (before it: +47% and +11%)."""
+    values = errors(lambda r: r["component"] == "gemm" and (min(r["dims"].values()) <= 1024 if thin
+                                                             else min(r["dims"].values()) >= 4096))
+    median, _ = report(f"GEMM, {'a dimension <= 1024' if thin else 'every dimension >= 4096'}", values)
+    assert abs(median) <= 0.10
 
 
-def test_a_transformers_decoder_layer_forward_within_12_percent_and_with_backward_within_25():
+def test_a_transformers_decoder_layer_forward_within_6_percent_and_with_backward_within_15():
     """Llama-3.1-8B at 2k, 4k, 8k tokens and Llama-3.1-70B at 4k, bf16 weights, SDPA: GEMMs, attention and the
-    elementwise chain together."""
+    elementwise chain together (before the GEMM shape fall: 9.6% and 23.6% at worst)."""
     forward = report("layer forward", errors(lambda r: r["component"] == "layer" and r["direction"] == "forward"))
     both = report("layer forward+backward", combined_errors(lambda r: r["component"] == "layer"))
-    assert forward[1] <= 0.12 and both[1] <= 0.25
+    assert forward[1] <= 0.06 and both[1] <= 0.15
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])

@@ -18,14 +18,16 @@ from tests.published.runs import TABLES, PublishedRun, predicted_tokens_per_s_pe
 
 # table -> (median |error|, max |error|) bounds: the current state plus headroom, not a target met.
 BOUNDS = {
-    "llm_foundry_h100": (0.09, 0.27),
-    "llm_foundry_h100_large": (0.20, 0.32),
+    # GEMMs fall with their smallest dimension (hardware.py, measured on an H200): the short-sequence rows moved
+    # from +8..+17% to -5..+12%, leaving the long-sequence Triton-attention rows (-24% at 64k) to set the median
+    "llm_foundry_h100": (0.10, 0.25),
+    "llm_foundry_h100_large": (0.14, 0.26),
     "llm_foundry_a100_80gb": (0.05, 0.33),
     "llm_foundry_a100_40gb": (0.04, 0.42),
-    "dgxc_h100": (0.07, 0.15),
-    "dgxc_h100_nemo2": (0.07, 0.15),
+    "dgxc_h100": (0.05, 0.08),
+    "dgxc_h100_nemo2": (0.05, 0.08),
     "fms_fsdp": (0.04, 0.05),
-    "automodel_h100": (0.20, 0.20),
+    "automodel_h100": (0.12, 0.12),
 }
 
 

@@ -241,12 +241,15 @@ def test_context_parallel_attention_pays_the_per_block_cost_on_each_ring_step():
     assert ring / whole == pytest.approx((1 + 540 / 8192) / (1 + 540 / 16384), rel=0.01)
 
 
-def test_a_large_gemm_runs_at_the_mamf_table_figure():
-    # stas00/ml-engineering, MAMF table: H100 SXM 794.5 TFLOP/s, A100 SXM 271.2 (bf16, best shape)
+def test_a_large_gemm_approaches_the_mamf_table_figure():
+    # stas00/ml-engineering, MAMF table: H100 SXM 794.5 TFLOP/s, A100 SXM 271.2 (bf16, best shape). On Hopper a
+    # GEMM keeps d / (d + 320) of it at smallest dimension d (measured on an H200: 8192^3 ran at 695-747 TFLOP/s)
     for device, mamf in (("h100_sxm", 794.5e12), ("a100_sxm", 271.2e12)):
         hw = HARDWARE[device]
-        seconds = gemm_time(8192, 8192, 8192, 2, hw, achievable_peak(hw, device, "bf16"))
-        assert 2 * 8192**3 / seconds == pytest.approx(mamf, rel=0.01)
+        for d in (8192, 65536):
+            seconds = gemm_time(d, d, d, 2, hw, achievable_peak(hw, device, "bf16"))
+            assert 2 * d**3 / seconds == pytest.approx(mamf * d / (d + hw.gemm_half_rate_dim), rel=0.01)
+    assert HARDWARE["a100_sxm"].gemm_half_rate_dim == 0 and HARDWARE["h100_sxm"].gemm_half_rate_dim == 320
 
 
 def test_one_more_column_of_tiles_costs_a_nearly_empty_wave():
