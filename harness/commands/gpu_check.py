@@ -1,7 +1,8 @@
 """`make gpu-check`: one GPU, a few minutes. Each engine's CUDA branch at world size 1 on a ~1B Llama (DeepSpeed
 ZeRO-3 with CPU offload, FSDP2 through Accelerate, nd built on the meta device) for a few steps, its losses
-checked against one process and its state bytes against the plan; then a few shapes measured (tokens/s, MFU,
-peak memory) beside the time model's prediction, and `harness calibrate`. One progress line per stage, one JSON
+checked against one process and its state bytes against the plan; the time model's parts timed one at a time
+(harness.commands.gpu_components); then a few shapes measured (tokens/s, MFU, peak memory) beside the time
+model's prediction, and `harness calibrate`. One progress line per stage, one JSON
 summary. Every stage is a `harness run` point (compose, prepare, launch, metrics.json), nothing measured or
 planned twice. `--cpu` runs the same stages on a tiny model on CPU (the suite's check of this plumbing);
 without a GPU it skips, in one line."""

@@ -56,7 +56,8 @@ class Row(NamedTuple):
 
     @property
     def error(self) -> Optional[float]:
-        """predicted / measured - 1 (the sign of the published tables' errors: + is optimistic about time)."""
+        """measured time / predicted time - 1: the published tables' predicted / measured tokens/s - 1, so +
+        means the model is optimistic."""
         return None if self.predicted_s is None else self.measured_s / self.predicted_s - 1
 
 
