@@ -29,7 +29,7 @@ PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 # The whole check stays under 8.5 minutes of the ten a GPU machine is lent for one command: 7.5 minutes of
 # stages, the rest for the wheels' install, the last reference and the summary. A stage that would start
 # after the budget is skipped (named in the summary), and each run's own time limit is what the budget has
-# left. On an H200 the stages took 353 s with one reference per run length; the second reference adds ~50 s.
+# left. On an H200 the stages took 351 s with one reference per run length; the second reference adds ~50 s.
 BUDGET_S = 450
 LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "hydra-core", "omegaconf", "pydantic")
 
