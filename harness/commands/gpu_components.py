@@ -51,7 +51,7 @@ class Row(NamedTuple):
     direction: str  # forward, backward (input / weight gradient for GEMMs)
     measured_s: float
     predicted_s: Optional[float]
-    tflops: Optional[float]  # measured, counting what the time model counts
+    tflops: float  # measured, counting what the time model counts
     dims: Dict[str, Any]  # what predict() reads: a GEMM's m, k, n; attention's head dim, sequence, batch ...
 
     @property
@@ -93,6 +93,13 @@ def timer(device: str) -> Callable[[Callable[[], Any], int, int], float]:
         return statistics.median(times)
 
     return cuda if device == "cuda" else cpu
+
+
+def forward_and_backward_s(clock, forward: Callable[[], Any], both: Callable[[], Any], shapes: Shapes):
+    """(forward, backward) seconds: the backward alone cannot be launched, so it is forward + backward less
+    the forward."""
+    fwd = clock(forward, shapes.warmup, shapes.iters)
+    return fwd, max(clock(both, shapes.warmup, shapes.iters) - fwd, 1e-9)
 
 
 # --- the predictions (one function per part; the suite holds them to recorded GPU timings) ----------------
@@ -213,8 +220,7 @@ def attention_rows(shapes: Shapes, device: str, hw, peak: Optional[float], clock
                     with context():
                         sdpa(q, k, v, is_causal=True).backward(grad)
 
-                fwd = clock(forward, shapes.warmup, shapes.iters)
-                bwd = max(clock(both, shapes.warmup, shapes.iters) - fwd, 1e-9)
+                fwd, bwd = forward_and_backward_s(clock, forward, both, shapes)
                 shape = f"{label} d{d} T{seq} b{batch}"
                 dims = {"backend": label, "head_dim": d, "seq": seq, "batch": batch, "hidden": shapes.attention_hidden}
                 for direction, seconds, work in (("forward", fwd, flops), ("backward", bwd, 2.5 * flops)):
@@ -258,8 +264,7 @@ def layer_rows(shapes: Shapes, device: str, hw, peak: Optional[float], clock) ->
         def both():
             layer(x, position_embeddings=embeddings, position_ids=positions).backward(grad)
 
-        fwd = clock(forward, shapes.warmup, shapes.iters)
-        bwd = max(clock(both, shapes.warmup, shapes.iters) - fwd, 1e-9)
+        fwd, bwd = forward_and_backward_s(clock, forward, both, shapes)
         flops = 2.0 * seq * spec.layer_params
         dims = {"model": name, "seq": seq}
         for direction, seconds, work in (("forward", fwd, flops), ("backward", bwd, 2 * flops)):
@@ -310,9 +315,8 @@ def table_lines(rows: Iterable[Row]) -> List[str]:
     for r in rows:
         predicted = f"{1e3 * r.predicted_s:.3f}" if r.predicted_s is not None else "-"
         error = f"{100 * r.error:+.1f}%" if r.error is not None else "-"
-        tflops = f"{r.tflops:.1f}" if r.tflops is not None else "-"
         lines.append(f"{r.component:<10}{r.shape:<36}{r.direction:<12}{1e3 * r.measured_s:>12.3f}{predicted:>13}"
-                     f"{error:>8}{tflops:>9}")
+                     f"{error:>8}{r.tflops:>9.1f}")
     return lines
 
 
