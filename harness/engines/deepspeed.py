@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Tuple
 from harness.config.schema import RunConfig
 from harness.engines.optimizer import adamw_settings
 from harness.engines.rendered import RenderedRun, render_launch
+from harness.plan.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, deepspeed_overlap_comm
 from harness.plan.model_spec import param_tensors
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import stage_layer_counts, stage_layer_indices
@@ -58,8 +59,12 @@ def zero_section(cfg: RunConfig) -> Dict[str, Any]:
     """The `zero_optimization` section: stage, offload targets and the NVMe swap settings."""
     layout = cfg.layout
     zero: Dict[str, Any] = {"stage": layout.zero_stage}
+    if layout.zero_stage >= 1:
+        # the bucket the plan counts (harness.plan.memory.deepspeed_bucket_bytes), written out
+        zero["reduce_bucket_size"] = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     if layout.zero_stage >= 2:
-        zero.update(contiguous_gradients=True, overlap_comm=cfg.cluster.accelerator != "cpu")
+        zero.update(contiguous_gradients=True,
+                    overlap_comm=deepspeed_overlap_comm(layout.zero_stage, cfg.cluster.accelerator))
     on_gpu = cfg.cluster.accelerator != "cpu"
     for key, target in (("offload_optimizer", layout.offload_optimizer), ("offload_param", layout.offload_params)):
         if target != "none":

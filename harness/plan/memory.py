@@ -7,11 +7,43 @@ from typing import Any, Dict
 
 from harness.plan.activations import layout_token_activations, rank_activation_bytes
 from harness.plan.compute_time import layer_gemms
-from harness.plan.conventions import state_convention
+from harness.plan.conventions import COMPUTE_BYTES, state_convention
 from harness.plan.regime import fp8_scaling_state_bytes
 from harness.plan.model_spec import ModelSpec
 from harness.plan.records import build
 from harness.plan.states import rank_states
+
+
+# DeepSpeed's gradient reduction bucket, zero_optimization.reduce_bucket_size in elements: its default
+# (deepspeed/runtime/zero/config.py, 0.19.8), written into every rendered config (harness.engines.deepspeed).
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+
+
+def deepspeed_overlap_comm(zero_stage: int, accelerator: str) -> bool:
+    """Whether a rendered ZeRO config overlaps the gradient reduction with backward: from stage 2 on an
+    accelerator (DeepSpeed's own default is stage 3 only; on CPU ranks nothing runs beside the backward)."""
+    return zero_stage >= 2 and accelerator != "cpu"
+
+
+def deepspeed_bucket_bytes(layout: Any, accelerator: str, rank_numel: int) -> int:
+    """Device bytes of DeepSpeed's gradient reduction buckets (contiguous_gradients, on in every rendered config
+    and by default), sized reduce_bucket_size whatever the model, in the 16-bit (or fp32) gradient dtype:
+    - ZeRO-3 allocates one per communication dtype when it builds the optimizer and keeps it for the run
+      (stage3.py _setup_for_real_optimizer: torch.empty(self.reduce_bucket_size, ...));
+    - ZeRO-1 / 2 allocate one, two under overlap_comm (double buffering), at the first gradient of every
+      backward and free them when its reduction ends (stage_1_and_2.py setup_buckets / _release_ipg_buffers):
+      they coincide with the backward's activations.
+    On an H200, ZeRO-3 with CPU offload of a 1.24e9-parameter model peaked 1,648 MiB above a plan without them
+    (make gpu-check, 2026-11-27); the bf16 bucket is 954 MiB of it. A CPU rank's allocator maps a buffer that
+    large lazily: only the pages gradients are written to, at most the rank's own, are resident."""
+    stage = layout.zero_stage
+    if stage == 0:
+        return 0
+    buffers = 2 if stage in (1, 2) and deepspeed_overlap_comm(stage, accelerator) else 1
+    elements = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    if accelerator == "cpu":
+        elements = min(elements, rank_numel)
+    return buffers * elements * COMPUTE_BYTES[layout.precision]
 
 
 @dataclass(frozen=True)
@@ -38,6 +70,7 @@ class MemoryBreakdown:
     accumulated_grad_bytes: int  # unsharded gradients held across a pipeline step's micro-batches (nd, FSDP2)
     activation_bytes: int  # saved for backward by the micro-batches in flight
     recompute_bytes: int  # one layer's activations rebuilt during backward (full checkpointing)
+    bucket_bytes: int  # the engine's gradient reduction buckets (DeepSpeed ZeRO: deepspeed_bucket_bytes)
     allowance_bytes: int
     total_bytes: int  # device total
     host_bytes: int  # states offloaded to host memory by this rank
@@ -74,19 +107,22 @@ def memory_per_rank(spec: ModelSpec, layout: Any, engine: Any, accelerator: str,
         saved = spec.saved_layer_runs if spec.layer_runs else st.layers
         activations, recompute = rank_activation_bytes(tok, layout, st.rank, saved, st.first, st.last)
         scaling = fp8_scaling_bytes(spec, layout, engine.name, st.layers)
+        buckets = deepspeed_bucket_bytes(layout, accelerator, st.numel) if engine.name == "deepspeed" else 0
         predicted = (st.param + st.grad + st.master + st.moments + st.optimizer_grad + st.gathered
-                     + st.accumulated_grad + activations + recompute + scaling)
+                     + st.accumulated_grad + activations + recompute + scaling + buckets)
         preallocated = (st.param + st.grad + st.master + st.moments + st.optimizer_grad + scaling
                         if conv is not None and conv.preallocated else 0)
+        # ZeRO-3's bucket is allocated once and kept: like preallocated states, it leaves no gaps
+        preallocated += buckets if layout.zero_stage == 3 else 0
         extra = allowance_bytes(allowance, predicted, preallocated)
         if best is None or predicted + extra > best[0] + best[1]:
-            best = (predicted, extra, activations, recompute, st, scaling)
-    predicted, extra, activations, recompute, st, scaling = best
+            best = (predicted, extra, activations, recompute, st, scaling, buckets)
+    predicted, extra, activations, recompute, st, scaling, buckets = best
     return build(
         MemoryBreakdown, pp_rank=st.rank, param_bytes=st.param, grad_bytes=st.grad, master_bytes=st.master,
         moment_bytes=st.moments, optimizer_grad_bytes=st.optimizer_grad, gathered_bytes=st.gathered,
         accumulated_grad_bytes=st.accumulated_grad, activation_bytes=activations, recompute_bytes=recompute,
-        allowance_bytes=extra,
+        bucket_bytes=buckets, allowance_bytes=extra,
         total_bytes=predicted + extra, host_bytes=st.host, nvme_bytes=st.nvme, scaling_state_bytes=scaling,
     )
 

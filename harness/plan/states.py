@@ -210,6 +210,7 @@ class RankStates(NamedTuple):
     accumulated_grad: int
     host: int
     nvme: int
+    numel: int = 0  # the rank's parameter elements (after TP / PP / EP division), whose gradients backward writes
 
 
 _RANK_STATES: Dict[tuple, Tuple[ModelSpec, Tuple[RankStates, ...]]] = {}
@@ -291,4 +292,5 @@ def place_states(conv: StateConvention, params: RankParams, layout: Any, rank: i
             host += kept
         param = 0
     return RankStates(rank, params.layers, params.first, params.last, param, grad, master, moments, optimizer_grad,
-                      gathered_bytes(conv, params, layout), accumulated_grad_bytes(conv, params, layout), host, nvme)
+                      gathered_bytes(conv, params, layout), accumulated_grad_bytes(conv, params, layout), host, nvme,
+                      params.dense_total + params.expert_total)

@@ -8,7 +8,8 @@ from harness.config.schema import LayoutConfig, engine_config
 from harness.plan.activations import (inflight_microbatches, layer_activations, rank_activation_bytes,
                                       split_backward_moments, token_activations)
 from harness.plan.conventions import STATE_CONVENTIONS, StateConvention, partition_numel, state_convention
-from harness.plan.memory import memory_per_rank
+from harness.plan.memory import (DEEPSPEED_REDUCE_BUCKET_ELEMENTS, Allowance, allowance_bytes, deepspeed_bucket_bytes,
+                                  memory_per_rank)
 from harness.plan.pipeline import rank_layers, rank_stages, stage_layer_counts
 from harness.plan.states import RankParams, place_states, rank_params, state_bytes
 from harness.plan.model_spec import model_spec_from_hf
@@ -363,8 +364,8 @@ def test_memory_breakdown_adds_up():
                                                memory_per_accelerator_gib=None))).memory
     parts = (memory.param_bytes + memory.grad_bytes + memory.master_bytes + memory.moment_bytes
              + memory.optimizer_grad_bytes + memory.gathered_bytes + memory.accumulated_grad_bytes
-             + memory.activation_bytes + memory.recompute_bytes)
-    assert memory.total_bytes == parts + memory.allowance_bytes
+             + memory.activation_bytes + memory.recompute_bytes + memory.bucket_bytes)
+    assert memory.total_bytes == parts + memory.allowance_bytes and memory.bucket_bytes == 0  # FSDP: no bucket
     assert memory.allowance_bytes == int(0.10 * parts) + 2**30  # GPU default: 10% + 1 GiB
     assert memory.recompute_bytes > 0 and memory.gathered_bytes > 0
 
@@ -408,3 +409,36 @@ def test_pp2_fsdp2_first_rank_holds_the_measured_unsharded_stage(precision, gath
                      cluster=dict(accelerators_per_node=4))
     memory = make_plan(cfg).memory
     assert (memory.pp_rank, memory.gathered_bytes, memory.accumulated_grad_bytes) == (0, gathered, 213_504)
+
+
+def _deepspeed_llama(zero: int, precision: str = "bf16", accelerator: str = "h100_sxm"):
+    cluster = dict(accelerator=accelerator, accelerators_per_node=8, memory_per_accelerator_gib=None)
+    return make_plan(run_config(model="llama3_1_8b", engine=dict(name="deepspeed"), zero_stage=zero, dp_shard=8,
+                                seq_len=2048, precision=precision, activation_checkpointing="full",
+                                cluster=cluster)).memory
+
+
+@pytest.mark.parametrize("zero, precision, buffers, dtype_bytes", [
+    (0, "bf16", 0, 2),  # no ZeRO optimizer, no bucket
+    (1, "bf16", 1, 2),  # overlap_comm off (DeepSpeed's default below stage 3)
+    (2, "bf16", 2, 2),  # overlap_comm on a GPU: double buffered
+    (2, "fp32", 2, 4),
+    (3, "bf16", 1, 2),  # one bucket per communication dtype, overlap or not
+])
+def test_deepspeed_plans_its_reduction_buckets_at_their_full_size(zero, precision, buffers, dtype_bytes):
+    memory = _deepspeed_llama(zero, precision)
+    assert memory.bucket_bytes == buffers * DEEPSPEED_REDUCE_BUCKET_ELEMENTS * dtype_bytes
+
+
+def test_zero3s_bucket_is_kept_for_the_run_and_takes_no_allowance_fraction_zero2s_are_freed_each_backward():
+    zero3, zero2 = _deepspeed_llama(3), _deepspeed_llama(2)
+    gpu_default = Allowance(fraction=0.10, fixed_bytes=2**30)
+    for memory, preallocated in ((zero3, zero3.bucket_bytes), (zero2, 0)):
+        predicted = memory.total_bytes - memory.allowance_bytes
+        assert memory.allowance_bytes == allowance_bytes(gpu_default, predicted, preallocated)
+
+
+def test_a_cpu_rank_counts_only_the_bucket_pages_its_gradients_touch():
+    layout = LayoutConfig(dp_shard=2, zero_stage=3, precision="bf16")
+    assert deepspeed_bucket_bytes(layout, "cpu", rank_numel=53_376) == 53_376 * 2
+    assert deepspeed_bucket_bytes(layout, "h100_sxm", rank_numel=53_376) == DEEPSPEED_REDUCE_BUCKET_ELEMENTS * 2
