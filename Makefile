@@ -17,6 +17,9 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 BUILD_OPS = $(PY) -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; b = B(); \
 	b.load(verbose=False) if b.is_compatible(verbose=False) else print('ops: libaio missing, async_io not built')"
 
+# Processes the unit tests spread over (pytest-xdist): the cores, at most 4 (each imports torch).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+
 # The local Slurm cluster uses cgroups where the kernel allows (real OUT_OF_MEMORY states).
 export SLURM_LOCAL_CGROUP ?= auto
 
@@ -76,14 +79,18 @@ test: setup ## run every test (unit, integration on CPU, local Slurm)
 	tools/install_libaio.sh || echo "libaio-dev not installed: the NVMe offload tests will fail and say why"
 	@# The op compiles (minutes, first time only) beside the suite; its tests run last and wait for it.
 	( MAX_JOBS=1 nice -n 10 $(BUILD_OPS) > $(TORCH_EXTENSIONS_DIR)/ops-build.log 2>&1 & )
-	$(PY) -m pytest -q
+	@# The pure unit tests on TEST_WORKERS processes (pytest-xdist), then the rest one at a time: each of those
+	@# runs two or more processes of its own (torchrun ranks, Slurm jobs). Both parts always run.
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/unit; unit=$$?; \
+	$(PY) -m pytest -q --ignore=tests/unit; rest=$$?; \
+	echo "[test] unit tests exit $$unit, the others exit $$rest"; [ $$unit -eq 0 ] && [ $$rest -eq 0 ]
 
 ops: setup ## build the JIT DeepSpeed ops (async_io for NVMe offload) into TORCH_EXTENSIONS_DIR, once per machine
 	tools/install_libaio.sh
 	MAX_JOBS=$${MAX_JOBS:-2} $(BUILD_OPS)
 
 test-unit: setup ## fast pure tests only
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 bench: setup ## overhead and planning benchmarks
 	$(PY) tests/bench/bench_plan.py

@@ -25,7 +25,7 @@ MAX_RANKS = STANDIN_NODES * CPUS_PER_NODE
 # Tiny shapes: head_dim 8 is even (RoPE rotates pairs), vocab 256 divides by every stand-in tp. bf16
 # matmuls without native CPU instructions run ~15x slower than fp32 (a 6.7M-parameter model at head_dim 16
 # took 2 s per 64-token forward and backward on one core), so the widths stay at the smallest that splits.
-HEAD_DIM, VOCAB, SEQ_LEN, STEPS = 8, 256, 64, 2
+HEAD_DIM, VOCAB, SEQ_LEN, STEPS, WARMUP_STEPS = 8, 256, 64, 2, 2
 AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 # The hf_config keys tiny_model shrinks (widths, depth, vocabulary, expert count).
 TINY_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size",
@@ -45,7 +45,7 @@ SHRINK_FIELDS = (
     "cluster.*", "launcher.*", *DEGREE_FIELDS,
     "layout.pp_stage_layers", "layout.seq_len", "layout.micro_batch", "layout.grad_accum", "layout.name",
     "model.name", "model.hub_id", *[f"model.hf_config.{key}" for key in TINY_KEYS],
-    "bench.warmup_steps", "bench.steps", "sweep_name", "standin.*",
+    "bench.warmup_steps", "bench.warmup_max_steps", "bench.steps", "sweep_name", "standin.*",
 )
 
 
@@ -263,7 +263,9 @@ def make_standin(recipe: str, cfg: Any, model_init: str) -> Standin:
         *[f"model.hf_config.{key}={json.dumps(value)}" for key, value in sorted(model.items())
           if value != cfg.model.hf_config.get(key)],
         *[f"{key}={json.dumps(value)}" for key, value in layout_overrides.items()],
-        "bench.warmup_steps=2", f"bench.steps={STEPS}",
+        # two warm-up steps, not more until step time is steady: a stand-in proves the layout runs and trains like
+        # one process; its CPU timings stand for nothing on the GPU
+        f"bench.warmup_steps={WARMUP_STEPS}", f"bench.warmup_max_steps={WARMUP_STEPS}", f"bench.steps={STEPS}",
         f"sweep_name={cfg.sweep_name}-standin",
     ]
     if getattr(cfg.engine, "compiled_ops", False):
