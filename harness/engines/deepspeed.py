@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Tuple
 from harness.config.schema import RunConfig
 from harness.engines.optimizer import adamw_settings
 from harness.engines.rendered import RenderedRun, render_launch
-from harness.plan.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, deepspeed_overlap_comm
+from harness.plan.conventions import DEEPSPEED_BUCKET_NUMEL, deepspeed_overlap_comm
 from harness.plan.model_spec import param_tensors
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import stage_layer_counts, stage_layer_indices
@@ -61,7 +61,7 @@ def zero_section(cfg: RunConfig) -> Dict[str, Any]:
     zero: Dict[str, Any] = {"stage": layout.zero_stage}
     if layout.zero_stage >= 1:
         # the bucket the plan counts (harness.plan.memory.deepspeed_bucket_bytes), written out
-        zero["reduce_bucket_size"] = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+        zero["reduce_bucket_size"] = DEEPSPEED_BUCKET_NUMEL
     if layout.zero_stage >= 2:
         zero.update(contiguous_gradients=True,
                     overlap_comm=deepspeed_overlap_comm(layout.zero_stage, cfg.cluster.accelerator))

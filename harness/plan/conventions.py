@@ -8,6 +8,19 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 # fp8: activations, saved tensors and everything FP8 does not convert stay bf16 (harness.plan.regime).
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 
+# DeepSpeed's ZeRO bucket defaults (deepspeed/runtime/zero/config.py, 0.19.8): reduce_bucket_size and
+# allgather_bucket_size 5e8 elements (reduce_bucket_size written into every rendered config: harness.engines.
+# deepspeed), stage3_max_live_parameters 1e9. The time model counts collectives by them (time_model), the memory
+# plan the reduction buckets (memory.deepspeed_bucket_bytes).
+DEEPSPEED_BUCKET_NUMEL = 500_000_000
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1e9
+
+
+def deepspeed_overlap_comm(zero_stage: int, accelerator: str) -> bool:
+    """Whether a rendered ZeRO config overlaps the gradient reduction with backward: from stage 2 on an
+    accelerator (DeepSpeed's own default is stage 3 only; on CPU ranks nothing runs beside the backward)."""
+    return zero_stage >= 2 and accelerator != "cpu"
+
 
 @dataclass(frozen=True)
 class StateConvention:

@@ -7,27 +7,17 @@ from typing import Any, Dict
 
 from harness.plan.activations import layout_token_activations, rank_activation_bytes
 from harness.plan.compute_time import layer_gemms
-from harness.plan.conventions import COMPUTE_BYTES, state_convention
+from harness.plan.conventions import COMPUTE_BYTES, DEEPSPEED_BUCKET_NUMEL, deepspeed_overlap_comm, state_convention
 from harness.plan.regime import fp8_scaling_state_bytes
 from harness.plan.model_spec import ModelSpec
 from harness.plan.records import build
 from harness.plan.states import rank_states
 
 
-# DeepSpeed's gradient reduction bucket, zero_optimization.reduce_bucket_size in elements: its default
-# (deepspeed/runtime/zero/config.py, 0.19.8), written into every rendered config (harness.engines.deepspeed).
-DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
-
-
-def deepspeed_overlap_comm(zero_stage: int, accelerator: str) -> bool:
-    """Whether a rendered ZeRO config overlaps the gradient reduction with backward: from stage 2 on an
-    accelerator (DeepSpeed's own default is stage 3 only; on CPU ranks nothing runs beside the backward)."""
-    return zero_stage >= 2 and accelerator != "cpu"
-
-
 def deepspeed_bucket_bytes(layout: Any, accelerator: str, rank_numel: int) -> int:
     """Device bytes of DeepSpeed's gradient reduction buckets (contiguous_gradients, on in every rendered config
-    and by default), sized reduce_bucket_size whatever the model, in the 16-bit (or fp32) gradient dtype:
+    and by default), reduce_bucket_size elements (conventions.DEEPSPEED_BUCKET_NUMEL) whatever the model, in the
+    16-bit (or fp32) gradient dtype:
     - ZeRO-3 allocates one per communication dtype when it builds the optimizer and keeps it for the run
       (stage3.py _setup_for_real_optimizer: torch.empty(self.reduce_bucket_size, ...));
     - ZeRO-1 / 2 allocate one, two under overlap_comm (double buffering), at the first gradient of every
@@ -40,7 +30,7 @@ def deepspeed_bucket_bytes(layout: Any, accelerator: str, rank_numel: int) -> in
     if stage == 0:
         return 0
     buffers = 2 if stage in (1, 2) and deepspeed_overlap_comm(stage, accelerator) else 1
-    elements = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    elements = DEEPSPEED_BUCKET_NUMEL
     if accelerator == "cpu":
         elements = min(elements, rank_numel)
     return buffers * elements * COMPUTE_BYTES[layout.precision]

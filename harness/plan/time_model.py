@@ -10,7 +10,8 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 from harness.plan.pipeline import SINGLE_STAGE_SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES, rank_stages
 from harness.plan.comm import Group, axis_group, collective_time
 from harness.plan.compute_time import OpTime, layer_time, outside_time, streaming_time
-from harness.plan.conventions import COMPUTE_BYTES, state_convention
+from harness.plan.conventions import (COMPUTE_BYTES, DEEPSPEED_BUCKET_NUMEL, DEEPSPEED_MAX_LIVE_PARAMETERS,
+                                      state_convention)
 from harness.plan.engine_factors import scaled
 from harness.plan.hardware import NCCL_COLLECTIVE_CTAS, NCCL_P2P_CTAS, HardwareProfile
 from harness.plan.host_work import host_work_s
@@ -307,11 +308,8 @@ class DataParallelComm(NamedTuple):
     exposed_per_microbatch: float = 0.0
 
 
-# DeepSpeed's ZeRO bucket defaults (deepspeed/runtime/zero/config.py, 0.19.8: reduce_bucket_size and
-# allgather_bucket_size 5e8 elements; stage3_max_live_parameters 1e9), which the rendered ds_config keeps;
-# DDP's gradient buckets are 25 MiB (torch.nn.parallel.DistributedDataParallel bucket_cap_mb).
-DEEPSPEED_BUCKET_NUMEL = 5e8
-DEEPSPEED_MAX_LIVE_PARAMETERS = 1e9
+# DDP's gradient buckets are 25 MiB (torch.nn.parallel.DistributedDataParallel bucket_cap_mb); DeepSpeed's are
+# conventions.DEEPSPEED_BUCKET_NUMEL.
 DDP_BUCKET_BYTES = 25 * 2**20
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from harness.config.compose import compose_run_config
 from harness.engines import deepspeed as ds_engine
-from harness.plan.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS, deepspeed_overlap_comm
+from harness.plan.conventions import DEEPSPEED_BUCKET_NUMEL, deepspeed_overlap_comm
 
 
 class _DataParallel:
@@ -61,7 +61,7 @@ def test_rendered_config_passes_deepspeeds_validator(point, monkeypatch):
     assert parsed.float16_config.enabled == (point["precision"] == "fp16")
     zero = parsed.zero_config
     if point["zero"] >= 1:  # the bucket and its double buffering as the plan counts them (plan.memory)
-        assert zero.reduce_bucket_size == DEEPSPEED_REDUCE_BUCKET_ELEMENTS and zero.contiguous_gradients
+        assert zero.reduce_bucket_size == DEEPSPEED_BUCKET_NUMEL and zero.contiguous_gradients
         assert zero.overlap_comm == deepspeed_overlap_comm(point["zero"], run.cluster.accelerator)
     if point["offload_optimizer"] != "none":
         assert zero.offload_optimizer.device == point["offload_optimizer"]
@@ -94,7 +94,7 @@ def test_cpu_render_skips_jit_ops_and_names_cpu_accelerator(tmp_path):
     rendered = ds_engine.render(run, tmp_path)
     config = json.loads((tmp_path / "ds_config.json").read_text())
     assert config["optimizer"]["params"]["torch_adam"] is True
-    assert config["zero_optimization"] == {"stage": 2, "reduce_bucket_size": DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
+    assert config["zero_optimization"] == {"stage": 2, "reduce_bucket_size": DEEPSPEED_BUCKET_NUMEL,
                                            "contiguous_gradients": True, "overlap_comm": False}
     assert rendered.env["DS_ACCELERATOR"] == "cpu"
     assert rendered.argv[:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2"]
@@ -132,7 +132,7 @@ def test_pipeline_parallel_renders_for_launch(tmp_path):
     config = json.loads((tmp_path / "ds_config.json").read_text())
     assert prepared.rendered.argv[:5] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2"]
     assert (config["train_batch_size"], config["gradient_accumulation_steps"]) == (4, 4)
-    assert config["zero_optimization"] == {"stage": 1, "reduce_bucket_size": DEEPSPEED_REDUCE_BUCKET_ELEMENTS}
+    assert config["zero_optimization"] == {"stage": 1, "reduce_bucket_size": DEEPSPEED_BUCKET_NUMEL}
 
 
 @pytest.mark.parametrize(

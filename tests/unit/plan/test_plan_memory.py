@@ -8,8 +8,8 @@ from harness.config.schema import LayoutConfig, engine_config
 from harness.plan.activations import (inflight_microbatches, layer_activations, rank_activation_bytes,
                                       split_backward_moments, token_activations)
 from harness.plan.conventions import STATE_CONVENTIONS, StateConvention, partition_numel, state_convention
-from harness.plan.memory import (DEEPSPEED_REDUCE_BUCKET_ELEMENTS, Allowance, allowance_bytes, deepspeed_bucket_bytes,
-                                  memory_per_rank)
+from harness.plan.conventions import DEEPSPEED_BUCKET_NUMEL
+from harness.plan.memory import Allowance, allowance_bytes, deepspeed_bucket_bytes, memory_per_rank
 from harness.plan.pipeline import rank_layers, rank_stages, stage_layer_counts
 from harness.plan.states import RankParams, place_states, rank_params, state_bytes
 from harness.plan.model_spec import model_spec_from_hf
@@ -427,7 +427,7 @@ def _deepspeed_llama(zero: int, precision: str = "bf16", accelerator: str = "h10
 ])
 def test_deepspeed_plans_its_reduction_buckets_at_their_full_size(zero, precision, buffers, dtype_bytes):
     memory = _deepspeed_llama(zero, precision)
-    assert memory.bucket_bytes == buffers * DEEPSPEED_REDUCE_BUCKET_ELEMENTS * dtype_bytes
+    assert memory.bucket_bytes == buffers * DEEPSPEED_BUCKET_NUMEL * dtype_bytes
 
 
 def test_zero3s_bucket_is_kept_for_the_run_and_takes_no_allowance_fraction_zero2s_are_freed_each_backward():
@@ -441,4 +441,4 @@ def test_zero3s_bucket_is_kept_for_the_run_and_takes_no_allowance_fraction_zero2
 def test_a_cpu_rank_counts_only_the_bucket_pages_its_gradients_touch():
     layout = LayoutConfig(dp_shard=2, zero_stage=3, precision="bf16")
     assert deepspeed_bucket_bytes(layout, "cpu", rank_numel=53_376) == 53_376 * 2
-    assert deepspeed_bucket_bytes(layout, "h100_sxm", rank_numel=53_376) == DEEPSPEED_REDUCE_BUCKET_ELEMENTS * 2
+    assert deepspeed_bucket_bytes(layout, "h100_sxm", rank_numel=53_376) == DEEPSPEED_BUCKET_NUMEL * 2
