@@ -14,6 +14,9 @@ COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 # plan the reduction buckets (memory.deepspeed_bucket_bytes).
 DEEPSPEED_BUCKET_NUMEL = 500_000_000
 DEEPSPEED_MAX_LIVE_PARAMETERS = 1e9
+# stage3_max_reuse_distance's default (the same config.py): ZeRO-3 keeps a parameter gathered after a module when
+# its next use lies within this many elements of the trace (states.deepspeed_kept_numel).
+DEEPSPEED_MAX_REUSE_DISTANCE = 1e9
 
 
 def deepspeed_overlap_comm(zero_stage: int, accelerator: str) -> bool:
@@ -40,6 +43,8 @@ class StateConvention:
     # Unsharded layers alive at once at the param-sharding stage 3 (DeepSpeed: params + grads of the
     # live layer, its estimator's 4 x largest_layer bytes; FSDP2: current + prefetched layer).
     gathered_layers: int = 2
+    # DeepSpeed ZeRO-3 also keeps gathered what it reuses within stage3_max_reuse_distance (states.gathered_bytes).
+    kept_by_reuse: bool = False
     # How a partition is sized: "even" (numel / N, the ZeRO paper), "deepspeed" (flat groups padded to
     # 2 x N elements at ZeRO-1/2, each tensor padded to N at ZeRO-3), "dim0" (FSDP2: each tensor's
     # dim 0 chunked, padded to ceil(d0 / N) rows), "flat" (FSDP1: one flat parameter per wrapped unit,
@@ -95,6 +100,9 @@ STATE_CONVENTIONS: Dict[Union[Tuple[str, str], Tuple[str, str, int]], StateConve
     ("megatron_lm", "fp16"): StateConvention(2, 2, 4, 8, optimizer_grad=4, preallocated=True),
     ("megatron_lm", "fp32"): StateConvention(4, 4, 0, 8, working=4, preallocated=True),
 }
+
+STATE_CONVENTIONS.update({key: replace(conv, kept_by_reuse=True) for key, conv in list(STATE_CONVENTIONS.items())
+                          if key[0] == "deepspeed"})
 
 # fp8 keeps bf16's states: torchao's Float8Linear holds the high-precision weight and casts it per GEMM,
 # Transformer Engine likewise keeps bf16 parameters (its FP8 copies are transients; harness.plan.regime).

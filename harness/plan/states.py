@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
-from harness.plan.conventions import StateConvention, flat_shard_numel, partition_numel, state_convention
+from harness.plan.conventions import (DEEPSPEED_MAX_REUSE_DISTANCE, StateConvention, flat_shard_numel, partition_numel,
+                                      state_convention)
 from harness.plan.model_spec import ModelSpec, ParamTensor, param_tensors
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.pipeline import V_SCHEDULES, rank_layers, rank_stages, stage_layer_counts
@@ -29,6 +30,13 @@ class RankParams(NamedTuple):
     units: Tuple[Tuple[Tuple[int, ...], int], ...] = ()
     # The dense groups that run forward only and never get a gradient (ParamTensor.trained False).
     untrained: Tuple[Tuple[int, int, int], ...] = ()
+    # In forward order, each module's parameter numels as one tuple: the first stage's embedding tables, every
+    # decoder layer's tensors, the last stage's final norm and lm_head ("tied": the lm_head is the embedding
+    # table, one parameter used twice). Read by deepspeed_kept_numel.
+    first_modules: Tuple[int, ...] = ()
+    layer_modules: Tuple[Tuple[int, ...], ...] = ()
+    last_modules: Tuple[int, ...] = ()
+    tied: bool = False
 
 
 _RANK_PARAMS: Dict[tuple, Tuple[ModelSpec, RankParams]] = {}
@@ -60,6 +68,8 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layer_ids: Tuple[int, ...], f
     expert: List[Tuple[int, int, int]] = []
     untrained: List[Tuple[int, int, int]] = []
     units: List[Tuple[Tuple[int, ...], int]] = []
+    layer_modules = tuple(tuple(_local(t, tp, ep)[0] for t in _execution_order(spec.layer_kinds[spec.layer_pattern[i]]))
+                          for i in layer_ids)
     for kind, count in sorted(Counter(spec.layer_pattern[i] for i in layer_ids).items()):
         layer_numels = []
         for t in spec.layer_kinds[kind]:
@@ -71,14 +81,23 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layer_ids: Tuple[int, ...], f
         units.append((tuple(layer_numels), count))
     largest = max((sum(unit) for unit, _ in units), default=0)
     root_numels = _root_tensors(spec, tp, ep, first, last, pp, tp_shards_vocab, dense)
+    first_count = len(spec.first_tensors) if first else 0
     largest = max([largest, *root_numels])
     dense_total = sum(n * c for n, _, c in dense)
     expert_total = sum(n * c for n, _, c in expert)
     units = [unit for unit in (*units, (tuple(root_numels), 1)) if unit[0] and unit[1]]
+    tied = spec.tied_embeddings and first and last
     result = RankParams(tuple(dense), dense_total, tuple(expert), expert_total, largest, len(layer_ids), first,
-                        last, tuple(units), tuple(untrained))
+                        last, tuple(units), tuple(untrained), tuple(root_numels[:first_count]), layer_modules,
+                        tuple(root_numels[first_count:]), tied)
     _RANK_PARAMS[key] = (spec, result)
     return result
+
+
+def _execution_order(tensors: Sequence[ParamTensor]) -> List[ParamTensor]:
+    """A layer's tensors in about the order its forward runs them: norms and biases (1-D) first, then the matrices
+    in transformers' order, whose last (the MLP's output projection) is where the layer's backward begins."""
+    return [t for t in tensors if len(t.shape) < 2] + [t for t in tensors if len(t.shape) >= 2]
 
 
 def _root_tensors(spec: ModelSpec, tp: int, ep: int, first: bool, last: bool, pp: int,
@@ -156,8 +175,56 @@ def gathered_bytes(conv: StateConvention, params: RankParams, layout: Any) -> in
     if layout.zero_stage < conv.param_shard_stage:
         return 0
     if reshard_after_forward(layout):
-        return conv.gathered_layers * params.largest_unit * conv.working
+        live = conv.gathered_layers * params.largest_unit
+        if conv.kept_by_reuse:
+            # what ZeRO-3 still holds when the backward starts, beside the gradient of the module it backwards
+            recompute = layout.activation_checkpointing == "full"
+            live = max(live, deepspeed_kept_numel(params, recompute, DEEPSPEED_MAX_REUSE_DISTANCE)
+                       + params.largest_unit)
+        return live * conv.working
     return (params.dense_total + params.expert_total) * conv.working
+
+
+def deepspeed_kept_numel(params: RankParams, recompute: bool, reuse_distance: float) -> int:
+    """Parameter elements DeepSpeed ZeRO-3 holds gathered when the backward starts (a rank without pipelining).
+
+    After each module DeepSpeed releases its parameters unless one of them is used again before the trace has run
+    through `reuse_distance` parameter elements (stage3_max_reuse_distance; partitioned_param_coordinator.py
+    __params_to_release: the modules after it are walked, each adding its parameters' numel, until the distance
+    is reached). The trace here: the first stage's tables, every layer's tensors (_execution_order), the final norm
+    and the lm_head (the embedding table again when tied), then the backward in reverse, under full recompute each
+    layer's forward run again once its last module's backward begins; a tensor stands for its module. A parameter
+    counts when, after its last forward use, its next use lies within the distance. Under the default 1e9 a model
+    smaller than that keeps every layer from its forward to its backward, a larger one its last layers and the
+    lm_head, the tied table through the forward too (tests/integration/test_deepspeed_device_buffers.py reads the
+    gathered set off DeepSpeed)."""
+    first = [(("first", j), numel) for j, numel in enumerate(params.first_modules)]
+    layers = [[(("layer", i, j), numel) for j, numel in enumerate(tensors)]
+              for i, tensors in enumerate(params.layer_modules)]
+    last = [(("last", j), numel) for j, numel in enumerate(params.last_modules)]
+    if params.tied and params.first_modules:
+        last.append((("first", 0), params.first_modules[0]))
+    forward = [*first, *(module for layer in layers for module in layer), *last]
+    backward = list(reversed(last))
+    for layer in reversed(layers):
+        # recomputed (torch's non-reentrant checkpoint) when the layer's last module, its backward hook run,
+        # first unpacks a saved input
+        backward += [*reversed(layer)] if not recompute else [layer[-1], *layer, *reversed(layer[:-1])]
+    trace = forward + backward + list(reversed(first))
+    walked = [0]
+    for _, numel in trace:
+        walked.append(walked[-1] + numel)
+    last_forward_use = {param: step for step, (param, _) in enumerate(forward)}
+    next_use: dict = {}
+    kept = 0
+    for step in range(len(trace) - 1, -1, -1):  # the next use after each step, walking back
+        param, numel = trace[step]
+        if step < len(forward) and last_forward_use[param] == step:
+            after = next_use.get(param)
+            if after is not None and walked[after] - walked[step + 1] < reuse_distance:
+                kept += numel
+        next_use[param] = step
+    return kept
 
 
 def accumulated_grad_bytes(conv: StateConvention, params: RankParams, layout: Any) -> int:

@@ -442,3 +442,33 @@ def test_a_cpu_rank_counts_only_the_bucket_pages_its_gradients_touch():
     layout = LayoutConfig(dp_shard=2, zero_stage=3, precision="bf16")
     assert deepspeed_bucket_bytes(layout, "cpu", rank_numel=53_376) == 53_376 * 2
     assert deepspeed_bucket_bytes(layout, "h100_sxm", rank_numel=53_376) == DEEPSPEED_BUCKET_NUMEL * 2
+
+
+LLAMA_3_2_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                    num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                    max_position_embeddings=131072, tie_word_embeddings=True)
+
+
+def _zero3_gathered(model: str, hf_config=None, ckpt: str = "full"):
+    cluster = dict(accelerator="h200", accelerators_per_node=1, memory_per_accelerator_gib=None)
+    return make_plan(run_config(model=model, hf_config=hf_config, engine=dict(name="deepspeed"), zero_stage=3,
+                                dp_shard=1, seq_len=1024, micro_batch=1, activation_checkpointing=ckpt,
+                                precision="bf16", cluster=cluster)).memory.gathered_bytes
+
+
+def test_deepspeed_zero3_holds_the_1b_models_last_three_layers_and_tied_table_gathered_into_the_backward():
+    # Llama-3.2-1B (gpu-check's model): a layer is 60,821,504 elements, the tied table 262,668,288. Under full
+    # recompute a layer's next use after its forward lies beyond 3 x 60.8M per later layer (forward, recompute,
+    # backward) + 2 x 262.7M (the lm_head both ways): within 1e9 for the last three layers. The table itself is
+    # reused by the lm_head after 16 layers (973M), the final norm within the lm_head's two uses. Beside them, the
+    # gradient of the largest module (the table).
+    layer, table, norm = 60_821_504, 262_668_288, 2048
+    assert _zero3_gathered("llama3_2_1b", LLAMA_3_2_1B) == (3 * layer + table + norm + table) * 2  # 1,350 MiB
+
+
+@pytest.mark.parametrize("model", ["llama3_1_8b", "llama3_1_70b"])
+def test_deepspeed_zero3_of_a_model_past_the_reuse_distance_holds_twice_its_largest_module(model):
+    # the lm_head both ways (2 x 525M or 2 x 1,051M elements) already exceeds 1e9: no layer stays gathered
+    spec = model_spec_from_hf(model, REAL_SHAPES[model])
+    largest = spec.lm_head_params
+    assert _zero3_gathered(model) == 2 * largest * 2 == _zero3_gathered(model, ckpt="none")
