@@ -292,7 +292,8 @@ def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: in
     v = layout.pp_virtual_stages if pp > 1 else 1
     key = (id(spec), engine_name, layout.precision, layout.zero_stage, layout.tp, layout.ep, pp, v,
            layout.pp_schedule, tuple(layout.pp_stage_layers), layout.dp_shard, layout.cp,
-           layout.offload_optimizer, layout.offload_params, fsdp_version, grad_reduce_in_bf16)
+           layout.offload_optimizer, layout.offload_params, fsdp_version, grad_reduce_in_bf16,
+           layout.activation_checkpointing)  # recompute changes what DeepSpeed ZeRO-3 keeps gathered
     hit = _RANK_STATES.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]

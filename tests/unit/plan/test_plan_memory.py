@@ -464,6 +464,11 @@ def test_deepspeed_zero3_holds_the_1b_models_last_three_layers_and_tied_table_ga
     # gradient of the largest module (the table).
     layer, table, norm = 60_821_504, 262_668_288, 2048
     assert _zero3_gathered("llama3_2_1b", LLAMA_3_2_1B) == (3 * layer + table + norm + table) * 2  # 1,350 MiB
+    # Without recompute a later layer costs 2 x 60.8M (forward, backward): the last three layers, and of the fourth
+    # from the end the modules whose rest of the layer, run through twice, stays within 1e9 - 6 x 60.8M - 2 x
+    # 262.7M = 109.6M: v_proj (54.5M after it) on, not its two norms, q_proj (4.2M) and k_proj (1.0M).
+    fourth = layer - 2 * 2048 - 2048 * 2048 - 2048 * 512
+    assert _zero3_gathered("llama3_2_1b", LLAMA_3_2_1B, ckpt="none") == (3 * layer + fourth + table + norm + table) * 2
 
 
 @pytest.mark.parametrize("model", ["llama3_1_8b", "llama3_1_70b"])
