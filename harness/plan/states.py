@@ -209,7 +209,7 @@ def deepspeed_kept_numel(params: RankParams, recompute: bool, reuse_distance: fl
     for layer in reversed(layers):
         # recomputed (torch's non-reentrant checkpoint) when the layer's last module, its backward hook run,
         # first unpacks a saved input
-        backward += [*reversed(layer)] if not recompute else [layer[-1], *layer, *reversed(layer[:-1])]
+        backward += [layer[-1], *layer, *reversed(layer[:-1])] if recompute and layer else [*reversed(layer)]
     trace = forward + backward + list(reversed(first))
     walked = [0]
     for _, numel in trace:
