@@ -4,22 +4,16 @@ bytes of the gradient reduction buckets the optimizer holds while the backward r
 Usage: python -m tests.integration.deepspeed_bucket_probe '<zero section JSON>' <bf16|fp32> <port>"""
 
 import json
-import os
 import sys
+
+from tests.integration.deepspeed_one_rank import one_rank_engine
 
 
 def main(zero: dict, precision: str, port: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    import deepspeed
     import torch
 
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # gloo, no JIT compile
-    deepspeed.init_distributed(dist_backend="gloo")
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
-    config = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-              "bf16": {"enabled": precision == "bf16"}, "zero_optimization": zero,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
-    engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    engine = one_rank_engine(model, zero, precision, port)
     seen = []
 
     def during_backward(module, grad_output):

@@ -1,26 +1,23 @@
 """DeepSpeed ZeRO-3 on one CPU rank at a given stage3_max_reuse_distance: prints (last line, JSON) what is still
 gathered (AVAILABLE) when the backward starts, once the parameter trace is complete (third step).
 
-Usage: python -m tests.integration.deepspeed_reuse_probe <max_reuse_distance> <port> linear
-       python -m tests.integration.deepspeed_reuse_probe <max_reuse_distance> <port> '<hf_config JSON>' <recompute>
+Usage: python -m tests.integration.deepspeed_reuse_probe <max_reuse_distance> linear 0 <port>
+       python -m tests.integration.deepspeed_reuse_probe <max_reuse_distance> '<hf_config JSON>' <recompute> <port>
 The first: eight 64 x 64 linear layers, the indices of those gathered. The second: a transformers decoder built from
 the config (gradient checkpointing when <recompute> is 1), the elements gathered at the lm_head's backward."""
 
 import json
-import os
 import sys
+
+from tests.integration.deepspeed_one_rank import one_rank_engine
 
 LAYERS, WIDTH = 8, 64
 
 
 def main(reuse: int, port: str, model_arg: str, recompute: bool) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    import deepspeed
     import torch
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # gloo, no JIT compile
-    deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     if model_arg == "linear":
         model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)])
@@ -39,9 +36,7 @@ def main(reuse: int, port: str, model_arg: str, recompute: bool) -> None:
     # no prefetch and no persistent small parameters: what stays gathered is what the reuse rule keeps
     zero = {"stage": 3, "stage3_max_reuse_distance": reuse, "stage3_prefetch_bucket_size": 0,
             "stage3_param_persistence_threshold": 0}
-    config = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-              "zero_optimization": zero, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
-    engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    engine = one_rank_engine(model, zero, "fp32", port)
     seen = {}
 
     def at_backward_start(module, grad_output):
@@ -58,4 +53,4 @@ def main(reuse: int, port: str, model_arg: str, recompute: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], sys.argv[3], len(sys.argv) > 4 and sys.argv[4] == "1")
+    main(int(sys.argv[1]), sys.argv[4], sys.argv[2], sys.argv[3] == "1")

@@ -24,6 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU_RUN = compose_run_config(["recipes=cpu_zero2", "cluster=h100_8x8"])
 
 
+def _probe(module: str, *args: str) -> dict:
+    """The JSON last line of tests/integration/<module>.py run in a process of its own (its last argument a port)."""
+    proc = subprocess.run([sys.executable, "-m", f"tests.integration.{module}", *args, _free_port()], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _free_port() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -34,20 +42,10 @@ def _free_port() -> str:
 def test_deepspeeds_reduction_buckets_are_what_the_plan_counts(stage, precision):
     run = replace(GPU_RUN, layout=replace(GPU_RUN.layout, zero_stage=stage, precision=precision))
     zero = zero_section(run)
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.deepspeed_bucket_probe", json.dumps(zero),
-                           precision, _free_port()], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    measured = json.loads(proc.stdout.strip().splitlines()[-1])["bucket_bytes_in_backward"]
+    measured = _probe("deepspeed_bucket_probe", json.dumps(zero), precision)["bucket_bytes_in_backward"]
     planned = deepspeed_bucket_bytes(run.layout, run.cluster.accelerator, rank_numel=10**12)
     assert measured == planned, (zero, measured, planned)
 
-
-
-def _reuse_probe(reuse: int, *model_args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.deepspeed_reuse_probe", str(reuse), _free_port(),
-                           *model_args], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("reuse, gathered", [(0, []), (3 * 64 * 64, [6, 7]), (10**9, list(range(8)))])
@@ -56,7 +54,7 @@ def test_deepspeed_zero3_keeps_gathered_what_it_reuses_within_stage3_max_reuse_d
     before their next use number fewer than stage3_max_reuse_distance (partitioned_param_coordinator.py
     __params_to_release): eight equal layers without recompute, the last two within 3 layers' reach of their
     backward; under the default 1e9 elements every layer of a model smaller than that."""
-    assert _reuse_probe(reuse, "linear")["gathered_layers"] == gathered
+    assert _probe("deepspeed_reuse_probe", str(reuse), "linear", "0")["gathered_layers"] == gathered
 
 
 # A 4-layer Llama: 36,992 elements a layer, an lm_head and a table of 16,384.
@@ -78,5 +76,5 @@ def test_the_plans_zero3_kept_elements_are_what_deepspeed_keeps_gathered(tied, r
     spec = model_spec_from_hf("tiny", fields)
     params = rank_params(spec, 1, 1, tuple(range(fields["num_hidden_layers"])), True, True, 1,
                          ENGINE_SUPPORT["deepspeed"].tp_shards_vocab)
-    measured = _reuse_probe(reuse, json.dumps(fields), "1" if recompute else "0")["gathered_numel"]
+    measured = _probe("deepspeed_reuse_probe", str(reuse), json.dumps(fields), "1" if recompute else "0")["gathered_numel"]
     assert deepspeed_kept_numel(params, recompute, reuse) == pytest.approx(measured, rel=0.01)
