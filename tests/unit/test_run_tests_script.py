@@ -1,0 +1,98 @@
+"""tools/run_tests.sh (`make test`) with a stand-in for pytest: all three parts run with their selections, the
+Slurm part's output comes after the others', any failing part fails the whole, and an interrupted unit part
+starts nothing more."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "tools" / "run_tests.sh"
+# Records its arguments, then exits with the code FAKE_EXIT names for its part (the marker expression or
+# "unit"); FAKE_SLEEP makes the unit part wait for an interrupt, which pytest answers with exit 2.
+FAKE_PYTEST = f"""#!{sys.executable}
+import os, sys, time
+args = sys.argv[1:]
+part = "unit" if "tests/unit" in args else args[args.index("-m", 1) + 1]
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(part + "\\n")
+print("output of", part, flush=True)
+try:
+    time.sleep(float(os.environ.get("FAKE_SLEEP_" + part.replace(" ", "_"), "0")))
+except KeyboardInterrupt:
+    sys.exit(2)
+sys.exit(int(os.environ.get("FAKE_EXIT_" + part.replace(" ", "_"), "0")))
+"""
+
+
+@pytest.fixture
+def fake(tmp_path):
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTEST)
+    python.chmod(0o755)
+    env = {**os.environ, "PY": str(python), "FAKE_LOG": str(tmp_path / "parts.log"), "TEST_WORKERS": "3"}
+    return env, tmp_path / "parts.log"
+
+
+def _own_group_with_default_sigint():
+    """As a terminal's foreground job: its own process group, SIGINT at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.setsid()
+
+
+def _run(env, **extra):
+    return subprocess.run([str(SCRIPT)], cwd=REPO_ROOT, env={**env, **extra}, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_every_part_runs_and_the_slurm_output_follows_the_others(fake):
+    env, log = fake
+    proc = _run(env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(Path(log).read_text().split("\n")[:-1]) == ["not slurm", "slurm", "unit"]
+    out = proc.stdout
+    assert out.index("output of unit") < out.index("output of not slurm") < out.index("output of slurm")
+    assert "unit tests exit 0, Slurm tests exit 0, the others exit 0" in out
+
+
+@pytest.mark.parametrize("part", ["unit", "slurm", "not_slurm"])
+def test_one_failing_part_fails_the_whole_and_the_others_still_run(fake, part):
+    env, log = fake
+    proc = _run(env, **{f"FAKE_EXIT_{part}": "1"})
+    assert proc.returncode != 0
+    assert len(Path(log).read_text().split("\n")[:-1]) == 3
+
+
+def test_an_interrupted_unit_part_starts_nothing_more(fake):
+    env, log = fake
+
+    proc = subprocess.Popen([str(SCRIPT)], cwd=REPO_ROOT, env={**env, "FAKE_SLEEP_unit": "30"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_own_group_with_default_sigint)
+    deadline = time.monotonic() + 20
+    while not (Path(log).exists() and Path(log).read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+    assert proc.wait(timeout=20) == 130
+    assert Path(log).read_text().split("\n")[:-1] == ["unit"]
+
+
+def test_an_interrupt_beside_the_slurm_part_stops_it_too(fake):
+    env, log = fake
+    slow = {"FAKE_SLEEP_slurm": "30", "FAKE_SLEEP_not_slurm": "30"}
+    proc = subprocess.Popen([str(SCRIPT)], cwd=REPO_ROOT, env={**env, **slow}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, preexec_fn=_own_group_with_default_sigint)
+    deadline = time.monotonic() + 20
+    while len(Path(log).read_text().split()) < 4 if Path(log).exists() else True:
+        assert time.monotonic() < deadline, "the two later parts never both started"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=20) == 130
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(env["PY"]) in " ".join(p.info["cmdline"] or [])]
+    assert left == []
