@@ -47,7 +47,9 @@ def test_a_ranks_children_are_not_ranks(fake_run):
 
 
 def test_a_stopped_rank_is_named_when_the_time_limit_ends_the_run(fake_run):
-    worker, result = _launch_in_thread(fake_run, timeout_s=6)
+    # The time limit must leave room for the watchdog, torchrun and both ranks to start first: on two busy cores
+    # (`make test` runs the Slurm tests beside this one) torchrun's import alone took more than 6 s.
+    worker, result = _launch_in_thread(fake_run, timeout_s=15)
     ranks = wait_for_ranks(fake_run)
     os.kill(ranks[1], signal.SIGSTOP)
     try:
