@@ -47,6 +47,18 @@ def _own_group_with_default_sigint():
     os.setsid()
 
 
+def _started(log: Path) -> list:
+    """The parts started so far, in order."""
+    return log.read_text().split("\n")[:-1] if log.exists() else []
+
+
+def _wait_until_started(log: Path, parts: int) -> None:
+    deadline = time.monotonic() + 20
+    while len(_started(log)) < parts:
+        assert time.monotonic() < deadline, f"only {_started(log)} started"
+        time.sleep(0.05)
+
+
 def _run(env, **extra):
     return subprocess.run([str(SCRIPT)], cwd=REPO_ROOT, env={**env, **extra}, capture_output=True, text=True,
                           timeout=60)
@@ -56,7 +68,7 @@ def test_every_part_runs_and_the_slurm_output_follows_the_others(fake):
     env, log = fake
     proc = _run(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(Path(log).read_text().split("\n")[:-1]) == ["not slurm", "slurm", "unit"]
+    assert sorted(_started(log)) == ["not slurm", "slurm", "unit"]
     out = proc.stdout
     assert out.index("output of unit") < out.index("output of not slurm") < out.index("output of slurm")
     assert "unit tests exit 0, Slurm tests exit 0, the others exit 0" in out
@@ -67,7 +79,7 @@ def test_one_failing_part_fails_the_whole_and_the_others_still_run(fake, part):
     env, log = fake
     proc = _run(env, **{f"FAKE_EXIT_{part}": "1"})
     assert proc.returncode != 0
-    assert len(Path(log).read_text().split("\n")[:-1]) == 3
+    assert len(_started(log)) == 3
 
 
 def test_an_interrupted_unit_part_starts_nothing_more(fake):
@@ -75,12 +87,10 @@ def test_an_interrupted_unit_part_starts_nothing_more(fake):
 
     proc = subprocess.Popen([str(SCRIPT)], cwd=REPO_ROOT, env={**env, "FAKE_SLEEP_unit": "30"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_own_group_with_default_sigint)
-    deadline = time.monotonic() + 20
-    while not (Path(log).exists() and Path(log).read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_until_started(log, 1)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
     assert proc.wait(timeout=20) == 130
-    assert Path(log).read_text().split("\n")[:-1] == ["unit"]
+    assert _started(log) == ["unit"]
 
 
 def test_an_interrupt_beside_the_slurm_part_stops_it_too(fake):
@@ -88,10 +98,7 @@ def test_an_interrupt_beside_the_slurm_part_stops_it_too(fake):
     slow = {"FAKE_SLEEP_slurm": "30", "FAKE_SLEEP_not_slurm": "30"}
     proc = subprocess.Popen([str(SCRIPT)], cwd=REPO_ROOT, env={**env, **slow}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, preexec_fn=_own_group_with_default_sigint)
-    deadline = time.monotonic() + 20
-    while len(Path(log).read_text().split()) < 4 if Path(log).exists() else True:
-        assert time.monotonic() < deadline, "the two later parts never both started"
-        time.sleep(0.05)
+    _wait_until_started(log, 3)
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=20) == 130
     left = [p for p in psutil.process_iter(["cmdline"]) if str(env["PY"]) in " ".join(p.info["cmdline"] or [])]
