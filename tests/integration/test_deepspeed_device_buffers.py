@@ -6,7 +6,6 @@ harness.plan.memory.deepspeed_bucket_bytes for that GPU. The parameters ZeRO-3 k
 (its reuse rule) are those harness.plan.states.deepspeed_kept_numel counts."""
 
 import json
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -16,6 +15,7 @@ import pytest
 
 from harness.config.compose import compose_run_config
 from harness.engines.deepspeed import zero_section
+from harness.launch.local import free_port
 from harness.plan.memory import deepspeed_bucket_bytes
 
 pytestmark = pytest.mark.integration
@@ -26,16 +26,10 @@ GPU_RUN = compose_run_config(["recipes=cpu_zero2", "cluster=h100_8x8"])
 
 def _probe(module: str, *args: str) -> dict:
     """The JSON last line of tests/integration/<module>.py run in a process of its own (its last argument a port)."""
-    proc = subprocess.run([sys.executable, "-m", f"tests.integration.{module}", *args, _free_port()], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", f"tests.integration.{module}", *args, str(free_port())], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _free_port() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 @pytest.mark.parametrize("stage,precision", [(1, "bf16"), (2, "bf16"), (2, "fp32"), (3, "bf16")])
@@ -45,7 +39,6 @@ def test_deepspeeds_reduction_buckets_are_what_the_plan_counts(stage, precision)
     measured = _probe("deepspeed_bucket_probe", json.dumps(zero), precision)["bucket_bytes_in_backward"]
     planned = deepspeed_bucket_bytes(run.layout, run.cluster.accelerator, rank_numel=10**12)
     assert measured == planned, (zero, measured, planned)
-
 
 
 @pytest.mark.parametrize("reuse, gathered", [(0, []), (3 * 64 * 64, [6, 7]), (10**9, list(range(8)))])
