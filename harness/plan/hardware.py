@@ -67,6 +67,10 @@ class HardwareProfile:
     # A GEMM's rate beyond its waves falls with its smallest dimension d as d / (d + gemm_half_rate_dim)
     # (compute_time.gemm_time); 0: no such fall (not measured on this accelerator)
     gemm_half_rate_dim: float = 0.0
+    # Seconds the host takes to dispatch one eager aten op with autograd (a forward op or a backward node) while
+    # an accelerator runs the kernels (host_work.dispatch_s): what bounds a step whose kernels are shorter than
+    # their dispatch. 0: the host is the device (CPU profiles, whose op_latency_s is on the critical path).
+    host_op_latency_s: float = 0.0
     measured_peak_flops: Optional[float] = None  # CPU: the measured matmul peak stands in for a datasheet
     source: str = "datasheet"
     version: int = 0  # PROFILE_VERSION of the calibration that wrote it; datasheet rows carry none
@@ -138,6 +142,10 @@ class HardwareProfile:
 #         MI300X 304 CUs, with RCCL's own channel count unknown here: left at none). A send / receive to a
 #         peer on another node runs NCCL_NCHANNELS_PER_NET_PEER channels, "typically 2" (NVIDIA/nccl#1424):
 #         NCCL_P2P_CTAS 2.
+#   Host dispatch: the host of `make gpu-check`'s H200 machine (tests/data/gpu_host_h200.json, 2026-11-27, Intel Xeon,
+#         16 cores, torch 2.11.0+cu130; tools/gpu_host_overhead.py): a chain of y * 1.0001 on CUDA tensors with
+#         autograd costs 14.7 us a dispatched op (forward op or backward node; 11.3 us without autograd). The GPU
+#         profiles take it as their host's rate: it is the host CPU's, not the accelerator's.
 #   Host link: PCIe Gen5 x16 64 GB/s (Gen4 32 GB/s) per direction, ~80% achievable in pinned copies.
 #   CPU Adam: DeepSpeed ZeRO-Offload (Ren et al. 2021, table 2): CPU-Adam updates 1B parameters in 0.22 s
 #         on a 2x20-core host, 4.5e9 params/s per host, shared by 8 ranks -> 5.6e8 per rank.
@@ -163,7 +171,8 @@ NIC_EFFICIENCY = 0.9
 NVLS_ALL_REDUCE_GAIN = {5: 1.14, 6: 1.19, 7: 1.26, 8: 1.29}
 _NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=8.4 * US, intra_step_latency_s=3.4 * US,
                     inter_step_latency_s=14.0 * US, low_latency_protocol=True, overlaps_comm=True,
-                    op_latency_s=4 * US, cpu_adam_params_per_s=5.6e8, nvme_bandwidth=3.1 * GB)
+                    op_latency_s=4 * US, cpu_adam_params_per_s=5.6e8, nvme_bandwidth=3.1 * GB,
+                    host_op_latency_s=14.7 * US)
 HARDWARE: Dict[str, HardwareProfile] = {
     "a100_sxm": HardwareProfile("a100_sxm", 0.869, 0.622, 0.622, 2039 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,

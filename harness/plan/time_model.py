@@ -14,7 +14,7 @@ from harness.plan.conventions import (COMPUTE_BYTES, DEEPSPEED_BUCKET_NUMEL, DEE
                                       state_convention)
 from harness.plan.engine_factors import scaled
 from harness.plan.hardware import NCCL_COLLECTIVE_CTAS, NCCL_P2P_CTAS, HardwareProfile
-from harness.plan.host_work import host_work_s
+from harness.plan.host_work import dispatch_s, host_work_s
 from harness.plan.regime import fused_elementwise
 from harness.plan.model_spec import ModelSpec, param_tensors
 from harness.plan.resharding import reshard_after_forward
@@ -25,9 +25,16 @@ from harness.plan.support import ENGINE_SUPPORT
 # foreach is only chosen for CUDA tensors): lerp/mul/addcmul for the moments, bias corrections, sqrt,
 # div, add eps, addcdiv, weight decay.
 ADAM_OPS_PER_TENSOR = 12
-# Bytes AdamW moves per parameter with fp32 master, gradient and moments: read p, g, m, v (16), write
-# p, m, v (12), and the 16-bit working copy when the master is separate (2).
-ADAM_BYTES_PER_PARAM = 28
+# Bytes AdamW moves per fp32 parameter. A fused kernel (DeepSpeed's FusedAdam with compiled ops, Megatron-LM's)
+# reads p, g, m, v (16) and writes p, m, v (12) in one pass: 28. torch's AdamW (fsdp, nd, DeepSpeed's torch_adam)
+# runs one pass per op (torch/optim/adamw.py, foreach or per tensor alike): m.lerp_(g) (12), v *= beta2 (8),
+# v.addcmul_(g, g) (12), sqrt(v) into a new tensor (8), its bias correction and + eps in place (8 + 8),
+# p.addcdiv_(m, denom) (16): 72 at the harness's default weight decay 0 (a decay adds p *= 1 - lr wd, 8 more).
+# On an H200 the 1B model's 1.24e9 parameters took 26.0 ms without decay (tests/data/gpu_step_phases_h200.json)
+# and 28.6 ms with it (gpu_host_h200.json): 72 B at 90% of 4.8 TB/s predicts 20.6 ms, the many-tensor foreach
+# kernels reaching about 70% of the bandwidth.
+FUSED_ADAM_BYTES_PER_PARAM = 28
+TORCH_ADAMW_BYTES_PER_PARAM = 72
 
 
 @dataclass(frozen=True)
@@ -469,16 +476,27 @@ def optimizer_time(layout: Any, engine: Any, hw: HardwareProfile, opt_params: fl
     Rajbhandari et al. 2021, ZeRO-Infinity)."""
     if layout.offload_optimizer == "none":
         launches = tensors * ADAM_OPS_PER_TENSOR if not hw.overlaps_comm else ADAM_OPS_PER_TENSOR
-        return {"optimizer": streaming_time(opt_params * ADAM_BYTES_PER_PARAM, launches, hw), "offload": 0.0}
+        return {"optimizer": streaming_time(opt_params * adam_bytes_per_param(engine), launches, hw), "offload": 0.0}
     step = opt_params / hw.cpu_adam_params_per_s
     link = opt_params * (offload_grad_bytes + work_bytes) / hw.host_link_bandwidth
     nvme = 2 * opt_params * 12 / hw.nvme_bandwidth if layout.offload_optimizer == "nvme" else 0.0
     return {"optimizer": step, "offload": link + nvme}
 
 
+def adam_bytes_per_param(engine: Any) -> int:
+    """Device bytes the engine's AdamW moves per parameter (FUSED_ADAM_BYTES_PER_PARAM or TORCH_ADAMW_...)."""
+    fused = engine.name == "megatron_lm" or (engine.name == "deepspeed" and engine.compiled_ops)
+    return FUSED_ADAM_BYTES_PER_PARAM if fused else TORCH_ADAMW_BYTES_PER_PARAM
+
+
 # Kernels per gradient tensor of the global-norm clip (harness.engines.grad_norm: to fp64, square, sum, weight,
 # accumulate); DeepSpeed clips its flat partition, one tensor.
 CLIP_OPS_PER_TENSOR = 5
+# Bytes per gradient element the norm moves: the harness's clip casts each fp32 gradient to fp64 (read 4, write
+# 8), squares it (read 8, write 8) and sums it (read 8): 36; DeepSpeed and Megatron-LM take a fused fp32 norm:
+# read 4. (Scaling the gradients, when the norm exceeds the limit, adds 8 more; not counted.)
+HARNESS_CLIP_BYTES_PER_ELEMENT = 36
+FUSED_CLIP_BYTES_PER_ELEMENT = 4
 
 
 def step_scalars(engine: Any, zero_stage: int, tp: int) -> int:
@@ -492,12 +510,15 @@ def step_scalars(engine: Any, zero_stage: int, tp: int) -> int:
     return scalars * (2 if tp > 1 else 1)
 
 
-def clip_time(hw: HardwareProfile, groups: Groups, tensors: int, scalars: int) -> float:
-    """Global-norm clipping before the step: a squared sum per gradient tensor, then `scalars` all-reduces of
-    a scalar over every rank that holds a piece of the model (its data and model-parallel ranks)."""
+def clip_time(engine: Any, hw: HardwareProfile, groups: Groups, tensors: int, elements: float, scalars: int) -> float:
+    """Global-norm clipping before the step: a squared sum per gradient tensor over the rank's `elements`
+    gradient elements, then `scalars` all-reduces of a scalar over every rank that holds a piece of the model
+    (its data and model-parallel ranks)."""
     ranks = groups.tp.size * groups.dp_shard.size * groups.dp_replicate.size
     everyone = axis_group(ranks, 1, hw.gpus_per_node)
-    squares = streaming_time(0.0, tensors * CLIP_OPS_PER_TENSOR, hw)
+    per_element = FUSED_CLIP_BYTES_PER_ELEMENT if engine.name in ("deepspeed", "megatron_lm") \
+        else HARNESS_CLIP_BYTES_PER_ELEMENT
+    squares = streaming_time(elements * per_element, tensors * CLIP_OPS_PER_TENSOR, hw)
     return squares + scalars * collective_time("all_reduce", 8, everyone, hw)
 
 
@@ -543,13 +564,19 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
     per_mb = sum(exposed_mb.values())
     host_mb, host_step = host_work_s(engine, layout, hw, _tensor_count(params))
     forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3 + host_mb
+    # A GPU's host dispatches ahead of the device: a micro-batch whose kernels are shorter than their dispatch
+    # waits for the host (its forward and backward stretched alike); the wait shows as framework time.
+    dispatch = dispatch_s(engine, layout, hw, layers, last, _tensor_count(params))
+    if dispatch > forward + backward:
+        host_mb += dispatch - (forward + backward)
+        forward, backward = (part * dispatch / (forward + backward) for part in (forward, backward))
     pipeline = pipeline_time(layout.pp_schedule, layout.pp, chunks, m, forward, backward)
     step_comm = (exposed(dp.with_first_forward, fwd.total, hw, tail=dp.with_first_forward / unit)
                  + exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / unit) + dp.after_step)
     tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else _tensor_count(params)
     opt = optimizer_time(layout, engine, hw, opt_params, tensors, conv.working, conv.offload_grad)
-    opt["optimizer"] += clip_time(hw, groups, tensors, step_scalars(engine, layout.zero_stage, layout.tp)) \
-        if clip else 0.0
+    opt["optimizer"] += clip_time(engine, hw, groups, tensors, opt_params,
+                                  step_scalars(engine, layout.zero_stage, layout.tp)) if clip else 0.0
     totals = dict(layer_comm, dp=dp.per_microbatch + dp.exposed_per_microbatch, offload=offload_mb)
     comm = {axis: {"total": m * totals[axis], "exposed": m * exposed_mb[axis]} for axis in exposed_mb}
     comm["dp"] = {"total": comm["dp"]["total"] + dp.with_first_forward + dp.with_last_backward + dp.after_step,
