@@ -21,14 +21,24 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
 DEV = "cuda"
-LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=500000.0,
-                tie_word_embeddings=True, max_position_embeddings=131072)
+MODEL_YAML = Path(__file__).resolve().parents[1] / "hydra_configs" / "model" / "llama3_2_1b.yaml"
+
+
+def llama_1b_config() -> dict:
+    """gpu-check's model: Llama-3.2-1B's shape from the harness's model preset (its hf_config)."""
+    hf_config = dict(yaml.safe_load(MODEL_YAML.read_text())["hf_config"])
+    hf_config.pop("model_type")
+    return hf_config
+
+
+LLAMA_1B = llama_1b_config()
 SEQS = (32, 128, 512, 1024, 2048, 4096)
 
 

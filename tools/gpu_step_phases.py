@@ -21,9 +21,7 @@ from harness.engines.grad_norm import clip_grad_norm
 from harness.engines.lm_loss import causal_lm_loss, shifted_labels
 from harness.engines.stage_module import StageModule
 
-LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=500000.0,
-                tie_word_embeddings=True, max_position_embeddings=131072)
+from gpu_host_overhead import LLAMA_1B  # noqa: E402  (this folder is on sys.path when run as a script)
 
 
 def main(path: str, device: str = "cuda", config=LLAMA_1B, shapes=((1, 2048), (2, 1024)), iters: int = 5) -> dict:
