@@ -48,7 +48,10 @@ EAGER_MODEL_ENGINES = ("deepspeed", "fsdp", "nd")
 # What an engine's hooks add on a GPU host, per parameter tensor per micro-batch, in the same units (HOST_OPS below
 # holds the CPU figures, where the hooks' copies run on the host too). FSDP2's fully_shard over the 1B model's 146
 # tensors, one rank, no checkpointing: 91-101 ms a micro-batch against 56-69 ms without it, +35 ms = 16 a tensor
-# (tools/gpu_host_overhead.py). The other mechanisms are not measured on a GPU host: none counted.
+# (tools/gpu_host_overhead.py). DeepSpeed ZeRO-3 was measured whole (tools/gpu_engine_floor.py: two micro-batches
+# of 64 tokens, 585 ms a step against nd's 201 ms), but one accumulation count does not split its hooks per
+# micro-batch from its per-step partition work, and all of it per micro-batch would put gpu-check's offloaded
+# run 16% slow: not counted. The other mechanisms are not measured on a GPU host: none counted.
 GPU_HOST_OPS_PER_TENSOR = {"fsdp2": 16, "fsdp2_reshard": 16}
 
 
