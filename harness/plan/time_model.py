@@ -562,18 +562,19 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
     exposed_mb["offload"] = exposed(offload_mb, max(0.0, compute_mb - dp.per_microbatch), hw, tail=offload_mb / unit,
                                     ctas=0)
     per_mb = sum(exposed_mb.values())
-    host_mb, host_step = host_work_s(engine, layout, hw, _tensor_count(params))
+    rank_tensors = _tensor_count(params)
+    host_mb, host_step = host_work_s(engine, layout, hw, rank_tensors)
     forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3 + host_mb
     # A GPU's host dispatches ahead of the device: a micro-batch whose kernels are shorter than their dispatch
     # waits for the host (its forward and backward stretched alike); the wait shows as framework time.
-    dispatch = dispatch_s(engine, layout, hw, layers, last, _tensor_count(params))
+    dispatch = dispatch_s(engine, layout, hw, layers, last, rank_tensors)
     if dispatch > forward + backward:
         host_mb += dispatch - (forward + backward)
         forward, backward = (part * dispatch / (forward + backward) for part in (forward, backward))
     pipeline = pipeline_time(layout.pp_schedule, layout.pp, chunks, m, forward, backward)
     step_comm = (exposed(dp.with_first_forward, fwd.total, hw, tail=dp.with_first_forward / unit)
                  + exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / unit) + dp.after_step)
-    tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else _tensor_count(params)
+    tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else rank_tensors
     opt = optimizer_time(layout, engine, hw, opt_params, tensors, conv.working, conv.offload_grad)
     opt["optimizer"] += clip_time(engine, hw, groups, tensors, opt_params,
                                   step_scalars(engine, layout.zero_stage, layout.tp)) if clip else 0.0
