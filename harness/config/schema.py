@@ -131,11 +131,13 @@ class FsdpShardingStrategy(Choice):
 
 class AttentionKernel(Choice):
     """Fused attention kernel generations the time model has measured rates for (harness.plan.hardware,
-    ATTENTION_KERNEL_RATES): FlashAttention-2, the kernel of torch SDPA and flash-attn 2 (the default), and
-    FlashAttention v1 (flash-attn 1.x and its Triton port), which older software stacks ran."""
+    ATTENTION_KERNEL_RATES): FlashAttention-2, the kernel of torch SDPA and flash-attn 2 (the default),
+    FlashAttention v1 (flash-attn 1.x) and its Triton port (flash-attn's flash_attn_triton.py, MPT's
+    attn_impl=triton), which older software stacks ran."""
 
     flash_attention_2 = "flash_attention_2"
     flash_attention_1 = "flash_attention_1"
+    flash_attention_1_triton = "flash_attention_1_triton"
 
 
 DEFAULT_ATTENTION_KERNEL = AttentionKernel.flash_attention_2

@@ -40,7 +40,7 @@ class HardwareProfile:
     # attention backward time / forward time: fused kernels recompute the scores, 5 matmuls against the
     # forward's 2 (Dao 2023, FlashAttention-2 sec. 3.1) at the forward's rate on GPUs; measured on CPUs,
     # whose SDPA backward runs far below its forward rate
-    attention_backward_ratio: float = 2.5
+    attention_backward_ratio: float = 2.5  # ATTENTION_BACKWARD_FLOPS_RATIO (defined below the class)
     # A fused attention kernel's rate by shape (compute_time.attention_kernel_efficiency): the attention efficiencies
     # above hold at head dim 128 as the sequence grows; at head dim 64 the rate is this fraction of it, and at
     # sequence length T it is 1 / (1 + attention_half_rate_tokens / T) of it (1.0 / 0: no shape dependence).
@@ -154,13 +154,45 @@ _A100 = dict(sm_count=108, attention_small_head_ratio=0.91, attention_half_rate_
 _H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_tokens=540, gemm_half_rate_dim=320)
 # An attention kernel generation's rates per accelerator, replacing the profile's own (FlashAttention-2's, the
 # default kernel, which needs no entry); an accelerator missing from a kernel's row has no measured rate for it.
-_A100_FA1 = dict(attention_efficiency_sdpa=0.265, attention_efficiency_flash=0.265, attention_small_head_ratio=1.136,
-                 attention_half_rate_tokens=311)
-_H100_FA1 = dict(attention_efficiency_sdpa=0.1356, attention_efficiency_flash=0.1356,
-                 attention_small_head_ratio=1.132, attention_half_rate_tokens=228)
+# The fused kernels' backward runs 5 matmuls to the forward's 2 (ATTENTION_BACKWARD_FLOPS_RATIO); a kernel whose
+# backward runs below its forward's rate spends more than 2.5 / 3.5 of its time there, which is what checkpointing
+# does not repeat (a recompute reruns the forward only).
+ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+# FlashAttention v1 on A100: the forward "reaches 30-50% of the theoretical maximum FLOPs/s", the backward "25-35%"
+# (Dao 2023, FlashAttention-2, sec. 1): the midpoints. MPT's Triton port is no nearer its forward's rate
+# (flash_attn/flash_attn_triton.py: "Triton forward is generally faster than CUDA forward, while Triton backward
+# is generally slower than CUDA backward").
+FA1_FORWARD_UTILISATION, FA1_BACKWARD_UTILISATION = 0.40, 0.30
+
+
+def forward_rate_of(combined_efficiency: float, backward_ratio: float) -> float:
+    """A kernel's forward efficiency from its forward + backward one (the charts' TFLOP/s over 3.5 forwards of
+    FLOPs) when its backward takes `backward_ratio` forwards of time: 3.5 F / R = (1 + b) F / R_fwd."""
+    return combined_efficiency * (1.0 + backward_ratio) / (1.0 + ATTENTION_BACKWARD_FLOPS_RATIO)
+
+
+def _fa1(combined_efficiency: float, **shape: float) -> Dict[str, float]:
+    backward_ratio = ATTENTION_BACKWARD_FLOPS_RATIO * FA1_FORWARD_UTILISATION / FA1_BACKWARD_UTILISATION
+    forward = forward_rate_of(combined_efficiency, backward_ratio)
+    return dict(attention_efficiency_sdpa=forward, attention_efficiency_flash=forward,
+                attention_backward_ratio=backward_ratio, **shape)
+
+
+_A100_FA1 = _fa1(0.265, attention_small_head_ratio=1.136, attention_half_rate_tokens=311)
+_H100_FA1 = _fa1(0.1356, attention_small_head_ratio=1.132, attention_half_rate_tokens=228)
+# FlashAttention v1's Triton port runs head dim 128 at the CUDA kernel's head dim 64 rate: the port was made to
+# "make the backward for d=128 much faster by reducing register spilling" (flash_attn_triton.py), and llm-foundry's
+# A100 rows (MPT, attn_impl=triton; tests/data/llm_foundry_a100_*.csv) whose attention is over 60% of the predicted
+# step agree with it: head dim 64 runs within 3% of the CUDA fit's rate (mpt-125m / 350m, 16k-64k tokens), head dim
+# 128 1.12-1.18 x faster than its head dim 128 rate (mpt-760m / 1b / 3b, 16k-32k), where 1.136 is the hd64 / hd128
+# ratio. No fitted number: the CUDA kernel's own fit, its head dim 64 rate at both.
+_A100_FA1_TRITON = _fa1(0.265 * 1.136, attention_small_head_ratio=1.0, attention_half_rate_tokens=311)
+_H100_FA1_TRITON = _fa1(0.1356 * 1.132, attention_small_head_ratio=1.0, attention_half_rate_tokens=228)
 ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, float]]] = {
     "flash_attention_1": {"a100_sxm": _A100_FA1, "a100_sxm_40gb": _A100_FA1, "h100_sxm": _H100_FA1,
                           "h200": _H100_FA1},
+    "flash_attention_1_triton": {"a100_sxm": _A100_FA1_TRITON, "a100_sxm_40gb": _A100_FA1_TRITON,
+                                 "h100_sxm": _H100_FA1_TRITON, "h200": _H100_FA1_TRITON},
 }
 GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 SPLIT_K = (1, 2, 4, 8)

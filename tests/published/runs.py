@@ -76,13 +76,13 @@ _FOUNDRY_ZERO = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
 # extra then); the README keeps "TODO: Update tables with torch 2.0". The large-scale H100 table (5e85bd62d,
 # 2024-01) was measured by sweep.py with flash-attn 2.4.2 installed (pip_install ".[gpu-flash2]"): attn_impl
 # flash (FlashAttention-2) for 1b, 3b, 7b and 70b, attn_impl triton for 13b and 30b.
-_FOUNDRY_FA1 = AttentionKernel.flash_attention_1
+_FOUNDRY_TRITON = AttentionKernel.flash_attention_1_triton
 _FOUNDRY_LARGE_TRITON = ("13b", "30b")
 
 
 def _foundry_large_kernel(row: Row) -> AttentionKernel:
     """The large-scale table's kernel by model (sweep.py's --attn_impl per model yaml)."""
-    return _FOUNDRY_FA1 if row["model"] in _FOUNDRY_LARGE_TRITON else DEFAULT_ATTENTION_KERNEL
+    return _FOUNDRY_TRITON if row["model"] in _FOUNDRY_LARGE_TRITON else DEFAULT_ATTENTION_KERNEL
 
 
 # Composer's FSDP as the llm-foundry runs had it: FSDP1 (FullyShardedDataParallel). Its backward prefetch: Composer's
@@ -106,7 +106,7 @@ def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float =
               # MPT's MLP is nn.GELU(approximate="none"), one kernel: not GPT-2's python tanh-GELU ("gelu_new"),
               # whose intermediate tensors transformers would save (llm-foundry, mpt/modeling_mpt ffn.py)
               activation_function="gelu",
-              # a fused kernel whose rate the cluster's attention_kernel sets (the table's kernel: _FOUNDRY_FA1);
+              # a fused kernel whose rate the cluster's attention_kernel sets (the table's kernel: _FOUNDRY_TRITON);
               # "sdpa" builds without the flash-attn package on this machine
               attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     gpus = int(row["gpus"])
@@ -122,7 +122,7 @@ def mpt_config(row: Row, accelerator: str = "h100_sxm", inter_node_gbps: float =
 
 
 def _foundry(accelerator: str, peak: float, inter_node_gbps: float = 0.0,
-             kernel: Callable[[Row], AttentionKernel] = lambda row: _FOUNDRY_FA1,
+             kernel: Callable[[Row], AttentionKernel] = lambda row: _FOUNDRY_TRITON,
              prefetch: BackwardPrefetch = _COMPOSER_DEFAULT_PREFETCH) -> Callable[[Row], Tuple]:
     def mapping(row: Row) -> Tuple:
         label = (f"mpt-{row['model']} T={row['seq_len']} gpus={row['gpus']} mb={row['micro_batch']} "

@@ -18,12 +18,14 @@ from tests.published.runs import TABLES, PublishedRun, predicted_tokens_per_s_pe
 
 # table -> (median |error|, max |error|) bounds: the current state plus headroom, not a target met.
 BOUNDS = {
-    # GEMMs fall with their smallest dimension (hardware.py, measured on an H200): the short-sequence rows moved
-    # from +8..+17% to -5..+12%, leaving the long-sequence Triton-attention rows (-24% at 64k) to set the median
-    "llm_foundry_h100": (0.10, 0.25),
+    # MPT's Triton attention at FlashAttention v1's head dim 64 rate (hardware.py): the long-sequence rows moved
+    # from -24% to -12% (H100) and -18% to -6% (A100). The max of each llm-foundry table is a row its own
+    # neighbours disagree with (mpt-30b at 8k tokens: 23% below its 4k row, where 7b falls 19%; mpt-760m on the
+    # A100 80GB at 512 / 1k tokens: below its own 2k row, which does more work a token)
+    "llm_foundry_h100": (0.08, 0.30),
     "llm_foundry_h100_large": (0.14, 0.26),
-    "llm_foundry_a100_80gb": (0.05, 0.33),
-    "llm_foundry_a100_40gb": (0.04, 0.42),
+    "llm_foundry_a100_80gb": (0.03, 0.37),
+    "llm_foundry_a100_40gb": (0.03, 0.41),
     "dgxc_h100": (0.05, 0.08),
     "dgxc_h100_nemo2": (0.05, 0.08),
     "fms_fsdp": (0.04, 0.05),
