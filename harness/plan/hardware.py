@@ -185,9 +185,15 @@ _H100_FA1 = _fa1(0.1356, attention_small_head_ratio=1.132, attention_half_rate_t
 # A100 rows (MPT, attn_impl=triton; tests/data/llm_foundry_a100_*.csv) whose attention is over 60% of the predicted
 # step agree with it: head dim 64 runs within 3% of the CUDA fit's rate (mpt-125m / 350m, 16k-64k tokens), head dim
 # 128 1.12-1.18 x faster than its head dim 128 rate (mpt-760m / 1b / 3b, 16k-32k), where 1.136 is the hd64 / hd128
-# ratio. No fitted number: the CUDA kernel's own fit, its head dim 64 rate at both.
-_A100_FA1_TRITON = _fa1(0.265 * 1.136, attention_small_head_ratio=1.0, attention_half_rate_tokens=311)
-_H100_FA1_TRITON = _fa1(0.1356 * 1.132, attention_small_head_ratio=1.0, attention_half_rate_tokens=228)
+# ratio. No fitted number: the CUDA kernel's own fit, its head dim 64 rate at both. Across chips the port scales as
+# FlashAttention-2 does (H100 / A100 = 334 / 194 TFLOP/s, the charts above), not as FA1 (1.62): its forward runs
+# one program per query block looping over the keys (flash_attn_triton.py's launch grid, seqlen_q / BLOCK_M x
+# batch x heads), FA2's partitioning (Dao 2023, sec. 3.2), where FA1 looped over key blocks outside.
+_A100_FA1_TRITON_RATE = 0.265 * 1.136 * 312  # TFLOP/s
+_FA2_HOPPER_OVER_AMPERE = (0.338 * 989) / (0.622 * 312)
+_A100_FA1_TRITON = _fa1(_A100_FA1_TRITON_RATE / 312, attention_small_head_ratio=1.0, attention_half_rate_tokens=311)
+_H100_FA1_TRITON = _fa1(_A100_FA1_TRITON_RATE * _FA2_HOPPER_OVER_AMPERE / 989, attention_small_head_ratio=1.0,
+                        attention_half_rate_tokens=228)
 ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, float]]] = {
     "flash_attention_1": {"a100_sxm": _A100_FA1, "a100_sxm_40gb": _A100_FA1, "h100_sxm": _H100_FA1,
                           "h200": _H100_FA1},

@@ -18,11 +18,11 @@ from tests.published.runs import TABLES, PublishedRun, predicted_tokens_per_s_pe
 
 # table -> (median |error|, max |error|) bounds: the current state plus headroom, not a target met.
 BOUNDS = {
-    # MPT's Triton attention at FlashAttention v1's head dim 64 rate (hardware.py): the long-sequence rows moved
-    # from -24% to -12% (H100) and -18% to -6% (A100). The max of each llm-foundry table is a row its own
-    # neighbours disagree with (mpt-30b at 8k tokens: 23% below its 4k row, where 7b falls 19%; mpt-760m on the
-    # A100 80GB at 512 / 1k tokens: below its own 2k row, which does more work a token)
-    "llm_foundry_h100": (0.08, 0.30),
+    # MPT's Triton attention at FlashAttention v1's head dim 64 rate, scaled to Hopper as FA2 (hardware.py): the
+    # long-sequence rows moved from -24% to -7% (H100) and -18% to -6% (A100). The max of each llm-foundry table is
+    # a row its own neighbours disagree with (mpt-30b at 8k tokens: 23% below its 4k row, where 7b falls 19%;
+    # mpt-760m on the A100 80GB at 512 / 1k tokens: below its own 2k row, which does more work a token)
+    "llm_foundry_h100": (0.06, 0.33),
     "llm_foundry_h100_large": (0.14, 0.26),
     "llm_foundry_a100_80gb": (0.03, 0.37),
     "llm_foundry_a100_40gb": (0.03, 0.41),
