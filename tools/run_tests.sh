@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # `make test`: every test, in three parts that always all run.
-#   1. the Slurm tests (marker `slurm`: tests/slurm, the README walk, the Slurm faults), in the background from
-#      the start, beside parts 2 and 3: much of their time is jobs waiting on the scheduler, and they share one
-#      local cluster, so they stay in one pytest process;
-#   2. the pure unit tests on TEST_WORKERS processes (pytest-xdist);
+#   1. the pure unit tests on TEST_WORKERS processes (pytest-xdist): they keep every core busy by themselves;
+#   2. the Slurm tests (marker `slurm`: tests/slurm, the README walk, the Slurm faults), in the background
+#      beside part 3: much of their time is jobs waiting on the scheduler, and they share one local cluster,
+#      so they stay in one pytest process;
 #   3. the others one at a time: each runs two or more processes of its own (torchrun ranks), whose start-up
-#      and rendezvous leave cores idle that part 1 uses.
-# Part 1's output is printed once it ends (the parts would interleave). Ctrl-C stops every part.
+#      and rendezvous leave cores idle that part 2 uses.
+# Part 2's output is printed once it ends (the two would interleave). Ctrl-C stops both.
 # Env: PY (the venv's python), TEST_WORKERS (processes for the unit tests).
 set -u
 PY=${PY:-.venv/bin/python}
 TEST_WORKERS=${TEST_WORKERS:-2}
+
+"$PY" -m pytest -q -n "$TEST_WORKERS" tests/unit; unit=$?
+[ "$unit" -eq 2 ] && exit 130  # pytest's "interrupted" (Ctrl-C): start nothing more
 
 # Job control: the Slurm part gets its own process group and keeps the default SIGINT (a background job of a
 # script without it ignores SIGINT, and pytest would then not stop on the interrupt forwarded below).
@@ -27,8 +30,6 @@ stop_slurm_part() {
 trap stop_slurm_part INT TERM
 echo "[test] the Slurm tests run beside the others; their output follows at the end ($slurm_log)"
 
-"$PY" -m pytest -q -n "$TEST_WORKERS" tests/unit; unit=$?
-[ "$unit" -eq 2 ] && stop_slurm_part  # pytest's "interrupted" (Ctrl-C): start nothing more
 "$PY" -m pytest -q -m "not slurm" --ignore=tests/unit; rest=$?
 echo "[test] waiting for the Slurm tests"
 wait "$slurm_pid"; slurm=$?
