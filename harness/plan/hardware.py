@@ -152,6 +152,7 @@ class HardwareProfile:
 #   NVMe: ZeRO-Infinity (Rajbhandari et al. 2021, sec. 7): ~25 GB/s read per DGX-2 node over 8 ranks (3.1 GB/s each).
 _A100 = dict(sm_count=108, attention_small_head_ratio=0.91, attention_half_rate_tokens=495)
 _H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_tokens=540, gemm_half_rate_dim=320)
+_A100_FA2, _H100_FA2 = 0.622, 0.338  # FlashAttention-2's forward + backward rate over the dense peak ("Attention")
 # An attention kernel generation's rates per accelerator, replacing the profile's own (FlashAttention-2's, the
 # default kernel, which needs no entry); an accelerator missing from a kernel's row has no measured rate for it.
 # The fused kernels' backward runs 5 matmuls to the forward's 2 (ATTENTION_BACKWARD_FLOPS_RATIO); a kernel whose
@@ -163,6 +164,9 @@ ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
 # (flash_attn/flash_attn_triton.py: "Triton forward is generally faster than CUDA forward, while Triton backward
 # is generally slower than CUDA backward").
 FA1_FORWARD_UTILISATION, FA1_BACKWARD_UTILISATION = 0.40, 0.30
+# FlashAttention v1's fits ("FlashAttention v1" above): forward + backward rate over the dense peak at head dim 128,
+# head dim 64's rate over it, per-query-block tokens T0
+_A100_FA1_FIT, _H100_FA1_FIT = (0.265, 1.136, 311), (0.1356, 1.132, 228)
 
 
 def forward_rate_of(combined_efficiency: float, backward_ratio: float) -> float:
@@ -171,15 +175,15 @@ def forward_rate_of(combined_efficiency: float, backward_ratio: float) -> float:
     return combined_efficiency * (1.0 + backward_ratio) / (1.0 + ATTENTION_BACKWARD_FLOPS_RATIO)
 
 
-def _fa1(combined_efficiency: float, **shape: float) -> Dict[str, float]:
+def _fa1(combined_efficiency: float, small_head_ratio: float, half_rate_tokens: float) -> Dict[str, float]:
     backward_ratio = ATTENTION_BACKWARD_FLOPS_RATIO * FA1_FORWARD_UTILISATION / FA1_BACKWARD_UTILISATION
     forward = forward_rate_of(combined_efficiency, backward_ratio)
     return dict(attention_efficiency_sdpa=forward, attention_efficiency_flash=forward,
-                attention_backward_ratio=backward_ratio, **shape)
+                attention_backward_ratio=backward_ratio, attention_small_head_ratio=small_head_ratio,
+                attention_half_rate_tokens=half_rate_tokens)
 
 
-_A100_FA1 = _fa1(0.265, attention_small_head_ratio=1.136, attention_half_rate_tokens=311)
-_H100_FA1 = _fa1(0.1356, attention_small_head_ratio=1.132, attention_half_rate_tokens=228)
+_A100_FA1, _H100_FA1 = _fa1(*_A100_FA1_FIT), _fa1(*_H100_FA1_FIT)
 # FlashAttention v1's Triton port runs head dim 128 at the CUDA kernel's head dim 64 rate: the port was made to
 # "make the backward for d=128 much faster by reducing register spilling" (flash_attn_triton.py), and llm-foundry's
 # A100 rows (MPT, attn_impl=triton; tests/data/llm_foundry_a100_*.csv) whose attention is over 60% of the predicted
@@ -189,11 +193,10 @@ _H100_FA1 = _fa1(0.1356, attention_small_head_ratio=1.132, attention_half_rate_t
 # FlashAttention-2 does (H100 / A100 = 334 / 194 TFLOP/s, the charts above), not as FA1 (1.62): its forward runs
 # one program per query block looping over the keys (flash_attn_triton.py's launch grid, seqlen_q / BLOCK_M x
 # batch x heads), FA2's partitioning (Dao 2023, sec. 3.2), where FA1 looped over key blocks outside.
-_A100_FA1_TRITON_RATE = 0.265 * 1.136 * 312  # TFLOP/s
-_FA2_HOPPER_OVER_AMPERE = (0.338 * 989) / (0.622 * 312)
-_A100_FA1_TRITON = _fa1(_A100_FA1_TRITON_RATE / 312, attention_small_head_ratio=1.0, attention_half_rate_tokens=311)
-_H100_FA1_TRITON = _fa1(_A100_FA1_TRITON_RATE * _FA2_HOPPER_OVER_AMPERE / 989, attention_small_head_ratio=1.0,
-                        attention_half_rate_tokens=228)
+_A100_FA1_TRITON_EFFICIENCY = _A100_FA1_FIT[0] * _A100_FA1_FIT[1]
+_A100_FA1_TRITON = _fa1(_A100_FA1_TRITON_EFFICIENCY, 1.0, _A100_FA1_FIT[2])
+# the rate in TFLOP/s times FA2's H100 / A100 TFLOP/s, over the H100's peak: the peaks cancel
+_H100_FA1_TRITON = _fa1(_A100_FA1_TRITON_EFFICIENCY * _H100_FA2 / _A100_FA2, 1.0, _H100_FA1_FIT[2])
 ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, float]]] = {
     "flash_attention_1": {"a100_sxm": _A100_FA1, "a100_sxm_40gb": _A100_FA1, "h100_sxm": _H100_FA1,
                           "h200": _H100_FA1},
@@ -212,16 +215,16 @@ _NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=8.4 * US
                     op_latency_s=4 * US, cpu_adam_params_per_s=5.6e8, nvme_bandwidth=3.1 * GB,
                     host_op_latency_s=14.7 * US)
 HARDWARE: Dict[str, HardwareProfile] = {
-    "a100_sxm": HardwareProfile("a100_sxm", 0.869, 0.622, 0.622, 2039 * GB, 0.90, gpus_per_node=8,
+    "a100_sxm": HardwareProfile("a100_sxm", 0.869, _A100_FA2, _A100_FA2, 2039 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
                                 host_link_bandwidth=25 * GB, **_A100, **_NVIDIA_NCCL),
-    "a100_sxm_40gb": HardwareProfile("a100_sxm_40gb", 0.869, 0.622, 0.622, 1555 * GB, 0.90, gpus_per_node=8,
+    "a100_sxm_40gb": HardwareProfile("a100_sxm_40gb", 0.869, _A100_FA2, _A100_FA2, 1555 * GB, 0.90, gpus_per_node=8,
                                      intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
                                      host_link_bandwidth=25 * GB, **_A100, **_NVIDIA_NCCL),
-    "h100_sxm": HardwareProfile("h100_sxm", 0.803, 0.338, 0.338, 3350 * GB, 0.90, gpus_per_node=8,
+    "h100_sxm": HardwareProfile("h100_sxm", 0.803, _H100_FA2, _H100_FA2, 3350 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
                                 host_link_bandwidth=51 * GB, nvlink_sharp=True, **_H100, **_NVIDIA_NCCL),
-    "h200": HardwareProfile("h200", 0.836, 0.338, 0.338, 4800 * GB, 0.90, gpus_per_node=8,
+    "h200": HardwareProfile("h200", 0.836, _H100_FA2, _H100_FA2, 4800 * GB, 0.90, gpus_per_node=8,
                             intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
                             host_link_bandwidth=51 * GB, nvlink_sharp=True, **_H100, **_NVIDIA_NCCL),
     "mi300x": HardwareProfile("mi300x", 0.601, 0.30, 0.30, 5300 * GB, 0.85, gpus_per_node=8,
