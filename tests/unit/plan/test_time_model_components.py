@@ -17,6 +17,7 @@ from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.planner import make_plan
 from harness.plan.time_model import exposed
 from plan_helpers import run_config
+from tests.published.runs import prediction_error, published_runs
 
 H100 = HARDWARE["h100_sxm"]
 GIB = 1 << 30
@@ -119,9 +120,12 @@ FA1_CAUSAL = {("a100_sxm", 128): {512: 55, 1024: 62, 2048: 69, 4096: 76, 8192: 8
               ("h100_sxm", 64): {512: 104, 1024: 123, 2048: 136, 4096: 138, 8192: 149, 16384: 156}}
 
 
+def kernel_profile(device: str, kernel: AttentionKernel):
+    return hardware_profile(ClusterConfig(accelerator=device, accelerators_per_node=8, attention_kernel=kernel))
+
+
 def fa1_profile(device: str):
-    return hardware_profile(ClusterConfig(accelerator=device, accelerators_per_node=8,
-                                          attention_kernel=AttentionKernel.flash_attention_1))
+    return kernel_profile(device, AttentionKernel.flash_attention_1)
 
 
 def attention_tflops(hw, device: str, head_dim: int, seq_len: int) -> float:
@@ -141,10 +145,6 @@ def test_fused_attention_matches_the_flash_attention_1_benchmark(device, head_di
     assert predicted == pytest.approx(FA1_CAUSAL[device, head_dim][seq_len], rel=tolerance)
 
 
-def kernel_profile(device: str, kernel: AttentionKernel):
-    return hardware_profile(ClusterConfig(accelerator=device, accelerators_per_node=8, attention_kernel=kernel))
-
-
 def forward_share(hw, device: str) -> float:
     """The forward's share of a fused attention call's forward + backward time (what a recompute repeats)."""
     peak, spec = achievable_peak(hw, device, "bf16"), bench_attention(128)
@@ -158,12 +158,10 @@ def test_flash_attention_1_spends_its_time_as_its_forward_and_backward_utilisati
     # the backward's 2.5 forwards of FLOPs at 3/4 of the forward's rate take 2.5 x 4/3 forwards of time, so the
     # forward is 1 / (1 + 10/3) = 23% of the call, against FA2's 1 / 3.5 = 29% (equal rates). The forward +
     # backward time, which the charts measure, is the chart test's above, unchanged.
-    assert forward_share(kernel_profile(device, AttentionKernel.flash_attention_1), device) == \
-        pytest.approx(0.3 / (0.3 + 2.5 * 0.4), rel=0.01)
+    assert forward_share(fa1_profile(device), device) == pytest.approx(0.3 / (0.3 + 2.5 * 0.4), rel=0.01)
     assert forward_share(HARDWARE[device], device) == pytest.approx(1 / 3.5, rel=0.01)
     triton = kernel_profile(device, AttentionKernel.flash_attention_1_triton)
-    assert forward_share(triton, device) == pytest.approx(forward_share(kernel_profile(
-        device, AttentionKernel.flash_attention_1), device), rel=1e-3)
+    assert forward_share(triton, device) == pytest.approx(forward_share(fa1_profile(device), device), rel=1e-3)
 
 
 @pytest.mark.parametrize("seq_len", list(FA1_CAUSAL["a100_sxm", 64]))
@@ -190,9 +188,7 @@ def test_the_triton_port_scales_to_hopper_as_flash_attention_2_does():
 def test_mpt_rows_whose_attention_dominates_agree_with_the_triton_port_on_a100():
     # llm-foundry's A100 rows (MPT, attn_impl=triton) without checkpointing whose attention is over 60% of the
     # predicted step: the kernel's rate alone sets them. With FlashAttention v1's CUDA rates the head dim 128 rows
-    # were 7-11% slow and the head dim 64 ones within 3%; the port's rates hold both within 7%
-    from tests.published.runs import published_runs, prediction_error
-
+    # were 6-11% slow and the head dim 64 ones within 3%; the port's rates hold both within 7%
     rows = []
     for table in ("llm_foundry_a100_80gb", "llm_foundry_a100_40gb"):
         for run in published_runs(table):
