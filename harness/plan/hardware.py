@@ -12,6 +12,8 @@ from harness.plan.peak import peak_flops
 
 GB = 1e9
 US = 1e-6
+# The fused attention kernels' backward runs 5 matmuls to the forward's 2 (Dao 2023, FlashAttention-2 sec. 3.1).
+ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the time model memoises on it
@@ -40,7 +42,7 @@ class HardwareProfile:
     # attention backward time / forward time: fused kernels recompute the scores, 5 matmuls against the
     # forward's 2 (Dao 2023, FlashAttention-2 sec. 3.1) at the forward's rate on GPUs; measured on CPUs,
     # whose SDPA backward runs far below its forward rate
-    attention_backward_ratio: float = 2.5  # ATTENTION_BACKWARD_FLOPS_RATIO (defined below the class)
+    attention_backward_ratio: float = ATTENTION_BACKWARD_FLOPS_RATIO
     # A fused attention kernel's rate by shape (compute_time.attention_kernel_efficiency): the attention efficiencies
     # above hold at head dim 128 as the sequence grows; at head dim 64 the rate is this fraction of it, and at
     # sequence length T it is 1 / (1 + attention_half_rate_tokens / T) of it (1.0 / 0: no shape dependence).
@@ -155,10 +157,9 @@ _H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_
 _A100_FA2, _H100_FA2 = 0.622, 0.338  # FlashAttention-2's forward + backward rate over the dense peak ("Attention")
 # An attention kernel generation's rates per accelerator, replacing the profile's own (FlashAttention-2's, the
 # default kernel, which needs no entry); an accelerator missing from a kernel's row has no measured rate for it.
-# The fused kernels' backward runs 5 matmuls to the forward's 2 (ATTENTION_BACKWARD_FLOPS_RATIO); a kernel whose
-# backward runs below its forward's rate spends more than 2.5 / 3.5 of its time there, which is what checkpointing
-# does not repeat (a recompute reruns the forward only).
-ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+# A kernel whose backward runs below its forward's rate (ATTENTION_BACKWARD_FLOPS_RATIO, above HardwareProfile)
+# spends more than 2.5 / 3.5 of its time there, which is what checkpointing does not repeat (a recompute reruns
+# the forward only).
 # FlashAttention v1 on A100: the forward "reaches 30-50% of the theoretical maximum FLOPs/s", the backward "25-35%"
 # (Dao 2023, FlashAttention-2, sec. 1): the midpoints. MPT's Triton port is no nearer its forward's rate
 # (flash_attn/flash_attn_triton.py: "Triton forward is generally faster than CUDA forward, while Triton backward
