@@ -53,7 +53,7 @@ def published_rows() -> List[Row]:
     for run in published_runs():
         error = prediction_error(run)  # predicted / measured - 1
         cfg = run.config
-        name = regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile)
+        name = regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile, cfg.cluster.nodes)
         rows.append(Row(run.table, run.label, run.engine, name, residual(1 + error, 1.0)))
     return rows
 
@@ -66,7 +66,7 @@ def llm_foundry_rows() -> List[Row]:
         cfg = mpt_config(row)
         label = f"mpt-{row['model']} T={row['seq_len']} gpus={row['gpus']} ckpt={row['checkpointing']}"
         rows.append(Row(TABLE.stem, label, cfg.engine.name,
-                        regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile), residual(1 + error, 1.0)))
+                        regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile, cfg.cluster.nodes), residual(1 + error, 1.0)))
     return rows
 
 

@@ -326,7 +326,7 @@ def with_time(plan: Plan, cfg: Any) -> Plan:
 
 def band_of(cfg: Any) -> Optional[Band]:
     """The band of a predicted throughput: the residuals of its engine in its regime (harness.plan.uncertainty)."""
-    return band(cfg.engine.name, regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile))
+    return band(cfg.engine.name, regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile, cfg.cluster.nodes))
 
 
 def measured_when_missing(peak: Peak, measured: Optional[float], time_source: str) -> Peak:

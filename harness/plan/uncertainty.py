@@ -54,11 +54,13 @@ def interval(value: float, width: float) -> Tuple[float, float]:
     return value * (1 - width), value * (1 + width)
 
 
-def regime(accelerator: str, layout: Any, compiled: bool = False) -> str:
+def regime(accelerator: str, layout: Any, compiled: bool = False, nodes: int = 1) -> str:
     """The regime a layout's prediction is calibrated in: device class (cpu, gpu) / how it splits the model,
-    `+compile` and `+fp8` where it runs them. Offload (optimizer or parameters to cpu / nvme) moves the step's
-    bottleneck to the host link, model parallelism (tp, pp, cp or ep > 1) adds the collectives and bubbles the
-    pure data-parallel rows never exercise; each is its own population of errors."""
+    `+multi-node` where it spans nodes, `+compile` and `+fp8` where it runs them. Offload (optimizer or parameters
+    to cpu / nvme) moves the step's bottleneck to the host link, model parallelism (tp, pp, cp or ep > 1) adds the
+    collectives and bubbles the pure data-parallel rows never exercise, and a run over several nodes moves its
+    collectives onto the network (NIC rates, per-hop latency, the fabric's congestion) that one node's runs never
+    cross: each is its own population of errors."""
     device = "cpu" if accelerator == "cpu" else "gpu"
     if _value(layout.offload_optimizer) != "none" or _value(layout.offload_params) != "none":
         split = "offload"
@@ -66,7 +68,8 @@ def regime(accelerator: str, layout: Any, compiled: bool = False) -> str:
         split = "model-parallel"
     else:
         split = "data-parallel"
-    extras = "".join(("+compile" if compiled else "", "+fp8" if _value(layout.precision) == "fp8" else ""))
+    extras = "".join(("+multi-node" if nodes > 1 else "", "+compile" if compiled else "",
+                      "+fp8" if _value(layout.precision) == "fp8" else ""))
     return f"{device}/{split}{extras}"
 
 

@@ -60,7 +60,7 @@ def _layout(**fields):
     return SimpleNamespace(**{**base, **fields})
 
 
-def test_regime_by_device_split_and_training_regime():
+def test_regime_by_device_split_span_and_training_regime():
     assert regime("h100_sxm", _layout()) == "gpu/data-parallel"
     assert regime("cpu", _layout()) == "cpu/data-parallel"
     for axis in ("tp", "pp", "cp", "ep"):
@@ -68,6 +68,12 @@ def test_regime_by_device_split_and_training_regime():
     assert regime("h100_sxm", _layout(tp=2, offload_optimizer="cpu")) == "gpu/offload"
     assert regime("h100_sxm", _layout(offload_params="nvme")) == "gpu/offload"
     assert regime("h100_sxm", _layout(precision="fp8"), compiled=True) == "gpu/data-parallel+compile+fp8"
+    # a run over several nodes crosses the network: its own population of errors, one node is the default
+    assert regime("h100_sxm", _layout(), nodes=1) == "gpu/data-parallel"
+    assert regime("h100_sxm", _layout(), nodes=2) == "gpu/data-parallel+multi-node"
+    assert regime("cpu", _layout(tp=2), nodes=2) == "cpu/model-parallel+multi-node"
+    assert regime("h100_sxm", _layout(precision="fp8"), compiled=True, nodes=8) == \
+        "gpu/data-parallel+multi-node+compile+fp8"
 
 
 TABLE = {"groups": {
@@ -157,6 +163,9 @@ def test_a_plan_carries_the_band_of_its_engine_and_regime():
     tp = make_plan(replace(cfg, layout=replace(cfg.layout, tp=2, dp_shard=4)))
     assert tp.prediction_band.regime == "gpu/model-parallel" and not tp.prediction_band.calibrated
     assert make_plan(cfg, predict_time=False).prediction_band is None
+    two_nodes = make_plan(compose_run_config(["recipes=gpu_qwen3_32b_fsdp_16gpu"]))
+    assert two_nodes.prediction_band == band("fsdp", "gpu/data-parallel+multi-node")
+    assert two_nodes.prediction_band.calibrated and two_nodes.prediction_band.rows >= uncertainty.MIN_ROWS
 
 
 def test_the_published_runs_module_is_read_with_each_rows_engine_regime_and_residual(monkeypatch):
