@@ -115,13 +115,17 @@ def pipeline_time(schedule: str, pp: int, virtual: int, microbatches: int, forwa
 def exposed(comm: float, hiding: float, hw: HardwareProfile, tail: float = 0.0,
             ctas: int = NCCL_COLLECTIVE_CTAS) -> float:
     """What of `comm` the critical path sees when it runs beside `hiding` seconds of compute: all of it
-    when the hardware cannot overlap (CPU ranks, one core each), else the excess plus an unhidable tail
-    (the first gather before any compute, the last reduction after the last backward), plus what the hidden
-    part costs the compute beside it (overlap_slowdown of the `ctas` SMs it holds: a collective's, a
-    point-to-point transfer's fewer, none for host copies on the copy engines)."""
+    when the hardware cannot overlap (CPU ranks, one core each). Else an unhidable tail (the first gather before
+    any compute, the last reduction after the last backward), then the rest M beside the compute C, which loses
+    f = overlap_slowdown of its rate while M runs (the `ctas` SMs it holds: a collective's, a point-to-point
+    transfer's fewer, none for host copies on the copy engines). Two streams side by side: where M ends first
+    (M < C / (1 - f)) the compute has done M (1 - f) of its work and finishes the rest alone, C + f M; else the
+    compute ends inside M, which is then the step, M. What shows beyond C: max(M - C, f M)."""
     if not hw.overlaps_comm:
         return comm
-    return max(0.0, comm - hiding) + min(comm, tail) + overlap_slowdown(hw, ctas) * min(comm, hiding)
+    unhidden = min(comm, tail)
+    beside = comm - unhidden
+    return unhidden + max(beside - hiding, overlap_slowdown(hw, ctas) * beside)
 
 
 def overlap_slowdown(hw: HardwareProfile, ctas: int = NCCL_COLLECTIVE_CTAS) -> float:

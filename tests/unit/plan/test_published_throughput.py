@@ -28,7 +28,9 @@ BOUNDS = {
     "llm_foundry_a100_40gb": (0.03, 0.41),
     "dgxc_h100": (0.05, 0.08),
     "dgxc_h100_nemo2": (0.05, 0.08),
-    "fms_fsdp": (0.04, 0.05),
+    # HSDP over 50 / 100 Gbps Ethernet: the H100 row's step is its communication (the replicas' all-reduce over one
+    # NIC each), which the compute beside it no longer adds to twice (time_model.exposed): +9.7%, from -0.3%
+    "fms_fsdp": (0.07, 0.11),
     "automodel_h100": (0.12, 0.12),
 }
 

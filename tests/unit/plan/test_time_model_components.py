@@ -290,6 +290,21 @@ def test_a_hidden_collective_takes_its_ctas_from_the_compute_beside_it(device, s
     hw = HARDWARE[device]
     assert exposed(1.0, 10.0, hw) == pytest.approx(24 / sms)
     assert exposed(1.0, 10.0, hw, ctas=0) == 0.0  # host copies run on the copy engines
+    # the unhidable tail runs before (or after) the compute and costs it nothing: only the rest is beside it
+    assert exposed(1.0, 10.0, hw, tail=0.25) == pytest.approx(0.25 + 0.75 * 24 / sms)
+
+
+@pytest.mark.parametrize("device, sms", [("h100_sxm", 132), ("a100_sxm", 108)])
+def test_a_collective_longer_than_its_compute_is_the_step_and_hides_the_compute_slowed_beside_it(device, sms):
+    # two streams side by side, compute C losing f = 24 / SMs of its rate while the collective M runs: M ends
+    # first while M < C / (1 - f) and the step is C + f M; past that the compute ends inside M and the step is M,
+    # its slowdown hidden (not M - C plus f C on top of it)
+    hw, f = HARDWARE[device], 24 / sms
+    assert exposed(1.0, 1.0, hw) == pytest.approx(f)  # C + f M = 1 + f
+    crossing = 1.0 / (1 - f)  # M = C / (1 - f): both end together, C + f M = M
+    assert exposed(crossing, 1.0, hw) == pytest.approx(crossing - 1.0) == pytest.approx(f * crossing)
+    assert exposed(3.0, 1.0, hw) == pytest.approx(2.0)  # the step is M = 3
+    assert exposed(3.0, 1.0, hw, ctas=0) == pytest.approx(2.0)
 
 
 def test_context_parallel_attention_pays_the_per_block_cost_on_each_ring_step():
