@@ -360,7 +360,8 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
       rank's parameters are within stage3_max_live_parameters, and reduces in buckets;
     - DeepSpeed stage 2 reduce-scatters gradients in buckets in every backward, stage 1 once per step, both
       all-gather the updated 16-bit parameters after the optimizer; Megatron's distributed optimizer alike;
-    - stage 0 all-reduces the gradients once per step, overlapped with the last backward (DDP buckets)."""
+    - stage 0 all-reduces the gradients once per step, overlapped with the last backward (DDP buckets); nd's
+      `replicate` without pipelining in every micro-batch, unit by unit."""
     shard, rep, zero, name = groups.dp_shard, groups.dp_replicate, layout.zero_stage, engine.name
     everyone = axis_group(shard.size * rep.size, layout.tp, hw.gpus_per_node)
     grads, weights = counts.params * grad_bytes, counts.params * work_bytes
@@ -387,6 +388,11 @@ def data_parallel_comm(layout: Any, engine: Any, hw: HardwareProfile, groups: Gr
                                     "parameter all-gather after the step, exposed")
         return DataParallelComm(0.0, reduce, gather, "reduce-scatter behind the last backward; parameter "
                                 "all-gather after the step, exposed")
+    if name == "nd" and layout.pp == 1:
+        # torch's `replicate` reduces in every backward (nd's loop sets no gradient-sync switch), each unit's
+        # gradients once its backward is done (the same post-backward path as fully_shard)
+        return DataParallelComm(_calls("all_reduce", grads, counts.units, everyone, hw), 0.0, 0.0,
+                                "each unit's all-reduce behind the next unit's backward, in every micro-batch")
     calls = buckets if name == "deepspeed" else grads / DDP_BUCKET_BYTES
     return DataParallelComm(0.0, _calls("all_reduce", grads, calls, everyone, hw), 0.0,
                             "bucketed all-reduce behind the last backward")
@@ -448,6 +454,42 @@ def fsdp_comm(layout: Any, hw: HardwareProfile, groups: Groups, counts: CallCoun
         return fsdp1_late_backward_gathers(hw, shard, counts, weights, gather + reduce, reduce, prefetch)
     return DataParallelComm(gather + reduce, 0.0, 0.0, "gathers prefetched behind the previous unit's compute; "
                             "reduce-scatters behind the next unit's backward")
+
+
+class Fsdp2Copies(NamedTuple):
+    """Seconds FSDP2 spends copying on the compute stream: per micro-batch in its forward and its backward, and per
+    step where pipelining gathers and reduces once a step."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    per_step: float = 0.0
+
+
+def fsdp2_copies(layout: Any, engine: Any, hw: HardwareProfile, data_ranks: int, counts: CallCounts,
+                 work_bytes: int, grad_bytes: int, param_shard_stage: int) -> Fsdp2Copies:
+    """FSDP2's copies around its collectives, which run on the compute stream between the layers' kernels
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, torch 2.13):
+    - each unshard copies the all-gather's output into the unit's unsharded parameters (`foreach_all_gather_copy_out`:
+      one `split_with_sizes_copy`, called by `wait_for_unshard` on the current stream; with nothing to gather, a
+      `copy_` of the cast shard): the unit's working bytes read and written, in every forward, and in every
+      backward where parameters are resharded after forward;
+    - each reduction copies the unit's unsharded gradients into its input (`foreach_reduce_scatter_copy_in`: one
+      `chunk_cat`, called by `post_backward` on the current stream before the reduce-scatter stream waits for it):
+      the gradient read in the working dtype, written in the reduce dtype.
+    FSDP2 wraps the fsdp engine's model at fsdp_version 2 (`fully_shard`) and nd's wherever it has data ranks
+    (`fully_shard`, or `replicate` below the sharding stage, which runs the same parameter group unsharded).
+    Neither torch's pipelining (one unshard and one reduction a step) nor accumulation changes what each copies.
+    FSDP1's flat parameter gathers into the buffer its parameters view and reduces its flat gradient: no copy.
+    CPU ranks: none here, the host's measured fsdp2 rows hold them (host_work.HOST_OPS)."""
+    wrapped = (engine.name == "fsdp" and engine.fsdp_version == 2) or (engine.name == "nd" and data_ranks > 1)
+    if not (wrapped and hw.overlaps_comm):
+        return Fsdp2Copies()
+    copy_out = streaming_time(2 * counts.params * work_bytes, counts.units, hw)
+    copy_in = streaming_time(counts.params * (work_bytes + grad_bytes), counts.units, hw)
+    if layout.pp > 1:  # gathered once for the step's first forward, reduced once after its last backward
+        return Fsdp2Copies(per_step=copy_out + copy_in)
+    regathered = counts.layers if layout.zero_stage >= param_shard_stage and reshard_after_forward(layout) else 0
+    return Fsdp2Copies(copy_out, copy_out * regathered / counts.units + copy_in)
 
 
 def fsdp1_late_backward_gathers(hw: HardwareProfile, shard: Group, counts: CallCounts, weights: float, issued: float,
@@ -538,17 +580,20 @@ def param_offload_time(layout: Any, hw: HardwareProfile, opt_params: float, work
 def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first, last, chunks, layer_ids,
                clip) -> StepTime:
     """Step time of one pipeline rank holding `layers` layers in `chunks` local stages."""
-    fwd, bwd, recompute = _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, first, last)
-    compute_mb = fwd.total + bwd.total + recompute.total
-    layer_comm = _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last)
     support = ENGINE_SUPPORT[engine.name]
     params = rank_params(spec, layout.tp, layout.ep, layer_ids, first, last, layout.pp, support.tp_shards_vocab)
     local = params.dense_total + params.expert_total
     conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version,
                             engine.grad_reduce_in_bf16)
+    counts = call_counts(params)
+    copies = fsdp2_copies(layout, engine, hw, groups.dp_shard.size * groups.dp_replicate.size, counts, conv.working,
+                          conv.grad, conv.param_shard_stage)
+    fwd, bwd, recompute = _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, first, last)
+    fwd, bwd = fwd + OpTime(elementwise=copies.forward), bwd + OpTime(elementwise=copies.backward)
+    compute_mb = fwd.total + bwd.total + recompute.total
+    layer_comm = _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last)
     opt_params = local / groups.dp_shard.size if layout.zero_stage >= conv.optimizer_shard_stage else local
-    dp = data_parallel_comm(layout, engine, hw, groups, call_counts(params), conv.working, conv.grad,
-                            conv.param_shard_stage)
+    dp = data_parallel_comm(layout, engine, hw, groups, counts, conv.working, conv.grad, conv.param_shard_stage)
     offload_mb = param_offload_time(layout, hw, opt_params, conv.working)
     m, unit = layout.grad_accum, max(1, layers)
     # TP, EP and pipeline transfers sit on the critical path (each layer waits for them; Megatron's interleaved
@@ -587,12 +632,21 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
     comm["dp"] = {"total": comm["dp"]["total"] + dp.with_first_forward + dp.with_last_backward + dp.after_step,
                   "exposed": comm["dp"]["exposed"] + step_comm}
     comm["tp"] = {k: v + layer_comm["tp_step"] for k, v in comm["tp"].items()}  # replicated gradients
-    compute = {"gemm": m * (fwd.gemm + bwd.gemm), "attention": m * (fwd.attention + bwd.attention),
-               "elementwise": m * (fwd.elementwise + bwd.elementwise), "recompute": m * recompute.total,
-               "framework": m * host_mb + host_step}
-    total = pipeline + step_comm + layer_comm["tp_step"] + opt["optimizer"] + opt["offload"] + host_step
+    compute = _compute_parts(m, fwd, bwd, recompute, m * host_mb + host_step, copies)
+    total = (pipeline + step_comm + layer_comm["tp_step"] + opt["optimizer"] + opt["offload"] + host_step
+             + copies.per_step)
     return StepTime(total, compute, comm, pipeline - m * (forward + backward), opt["optimizer"], opt["offload"],
                     _overlap(dp, hw, p2p_overlapped(layout, engine)))
+
+
+def _compute_parts(m: int, fwd: OpTime, bwd: OpTime, recompute: OpTime, framework: float,
+                   copies: Fsdp2Copies) -> Dict[str, float]:
+    """The step's compute by part over its `m` micro-batches, FSDP2's copies apart from the layers' elementwise
+    work (the forward and backward OpTimes carry them, for the timing they take part in)."""
+    copied = m * (copies.forward + copies.backward)
+    return {"gemm": m * (fwd.gemm + bwd.gemm), "attention": m * (fwd.attention + bwd.attention),
+            "elementwise": m * (fwd.elementwise + bwd.elementwise) - copied, "recompute": m * recompute.total,
+            "framework": framework, "fsdp_copies": copied + copies.per_step}
 
 
 def _overlap(dp: DataParallelComm, hw: HardwareProfile, p2p_hidden: bool = False) -> Dict[str, str]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-
+from dataclasses import replace
 from functools import lru_cache
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +16,7 @@ from harness.config.schema import AttentionKernel, BackwardPrefetch, ClusterConf
 from harness.plan.hardware import HARDWARE, achievable_peak, hardware_profile
 from harness.plan.model_spec import model_spec_from_hf
 from harness.plan.planner import make_plan
-from harness.plan.time_model import exposed
+from harness.plan.time_model import CallCounts, Fsdp2Copies, exposed, fsdp2_copies
 from plan_helpers import run_config
 from tests.published.runs import prediction_error, published_runs
 
@@ -85,6 +86,19 @@ def test_megatron_distributed_optimizer_hides_its_gather_behind_the_next_forward
     assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(megatron_flags(plan_config(1)))
     dp = megatron_dp_plan(1).time.comm_s["dp"]
     assert dp["exposed"] < 0.4 * dp["total"] and dp["exposed"] < 0.4 * megatron_dp_plan(0).time.comm_s["dp"]["exposed"]
+
+
+def test_nd_replicate_all_reduces_in_every_micro_batch_without_pipelining():
+    # nd at zero_stage 0 runs torch's `replicate`: its post-backward reduces each unit's gradients in every
+    # backward (nd_session calls backward per micro-batch and sets no gradient-sync switch)
+    def dp_total(grad_accum: int) -> float:
+        cfg = run_config("llama3_2_1b", hf_config=LLAMA_1B, engine=dict(name="nd"), cluster=A100_4X8, dp_shard=32,
+                         zero_stage=0, micro_batch=1, grad_accum=grad_accum, seq_len=2048)
+        plan = make_plan(cfg)
+        assert plan.valid, plan.errors
+        return plan.time.comm_s["dp"]["total"]
+
+    assert dp_total(4) == pytest.approx(4 * dp_total(1))
 
 
 # FlashAttention-2's forward + backward benchmark, causal (Dao-AILab/flash-attention, assets/
@@ -383,3 +397,59 @@ def test_backward_prefetch_changes_nothing_without_backward_gathers(prefetch):
     # SHARD_GRAD_OP keeps the parameters gathered from forward to backward
     assert fsdp1_plan(prefetch, zero_stage=2).time.step_time_s == pytest.approx(
         fsdp1_plan("BACKWARD_PRE", zero_stage=2).time.step_time_s)
+
+
+def _copies(engine: dict, zero_stage: int = 3, pp: int = 1, shard: int = 8, cpu: bool = False) -> Fsdp2Copies:
+    counts = CallCounts(units=33, layers=32, modules=0, params=8e9)  # 32 decoder layers and the root
+    layout = SimpleNamespace(zero_stage=zero_stage, pp=pp)
+    hw = HARDWARE["h100_sxm"]
+    if cpu:  # a profile whose ranks cannot overlap, as a CPU host's
+        hw = replace(hw, overlaps_comm=False, sm_count=0)
+    return fsdp2_copies(layout, SimpleNamespace(**{"fsdp_version": 2, **engine}), hw, shard, counts, 2, 4, 2)
+
+
+def test_fsdp2_copies_each_gather_out_and_each_gradient_in_on_the_compute_stream():
+    # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: after each all-gather, split_with_sizes_copy into the
+    # unsharded bf16 parameters (read + write 2 bytes); before each reduce-scatter, chunk_cat of the bf16 gradients
+    # into the fp32 reduce-scatter input (read 2, write 4); one kernel a unit each
+    hw = HARDWARE["h100_sxm"]
+    rate, launch = hw.memory_bandwidth * hw.memory_efficiency, 33 * hw.op_latency_s
+    copy_out, copy_in = 8e9 * 4 / rate + launch, 8e9 * 6 / rate + launch
+    zero3 = _copies(dict(name="nd"))
+    assert zero3.forward == pytest.approx(copy_out)
+    assert zero3.backward == pytest.approx(copy_out * 32 / 33 + copy_in)  # the decoder layers gathered again
+    assert zero3.forward == pytest.approx(10.7e-3, rel=0.01)  # 8B parameters: 32 GB at 90% of 3.35 TB/s, 33 launches
+    zero2 = _copies(dict(name="fsdp"), zero_stage=2)  # Accelerate's FSDP2 keeps the gathered layers for backward
+    assert (zero2.forward, zero2.backward) == (pytest.approx(copy_out), pytest.approx(copy_in))
+    pipelined = _copies(dict(name="nd"), pp=2)  # gathered once a step, reduced once a step
+    assert (pipelined.forward, pipelined.backward, pipelined.per_step) == (0.0, 0.0, pytest.approx(copy_out + copy_in))
+
+
+def test_fsdp2_replicated_parameters_are_copied_once_a_forward_and_unwrapped_models_not_at_all():
+    # nd below the sharding stage runs torch's `replicate` (the same parameter group, nothing to gather: a copy_ of
+    # the cast shard into the unsharded parameter, kept for backward); nd with one data rank wraps nothing, the fsdp
+    # engine's FSDP2 wraps even one rank
+    hw = HARDWARE["h100_sxm"]
+    rate, launch = hw.memory_bandwidth * hw.memory_efficiency, 33 * hw.op_latency_s
+    replicated = _copies(dict(name="nd"), zero_stage=0)
+    assert (replicated.forward, replicated.backward) == (pytest.approx(8e9 * 4 / rate + launch),
+                                                         pytest.approx(8e9 * 6 / rate + launch))
+    assert _copies(dict(name="nd"), shard=1) == Fsdp2Copies()
+    assert _copies(dict(name="fsdp"), zero_stage=2, shard=1) == _copies(dict(name="fsdp"), zero_stage=2)
+
+
+def test_fsdp1_megatron_deepspeed_and_cpu_ranks_copy_nothing_here():
+    # FSDP1's flat parameter is gathered into the buffer its parameters view and reduced in place; CPU ranks' copies
+    # are in the host's measured fsdp2 rows (host_work.HOST_OPS)
+    assert _copies(dict(name="fsdp", fsdp_version=1)) == Fsdp2Copies()
+    assert _copies(dict(name="deepspeed")) == _copies(dict(name="megatron_lm")) == Fsdp2Copies()
+    assert _copies(dict(name="nd"), cpu=True) == Fsdp2Copies()
+
+
+def test_fsdp2_copies_show_in_the_breakdown_and_the_step():
+    nd = make_plan(run_config("llama3_1_8b", engine=dict(name="nd"),
+                              cluster=dict(name="h100", nodes=1, accelerators_per_node=8, accelerator="h100_sxm",
+                                           memory_per_accelerator_gib=80),
+                              dp_shard=8, zero_stage=3, micro_batch=1, grad_accum=2, seq_len=4096)).time
+    assert nd.compute_s["fsdp_copies"] > 0
+    assert nd.step_time_s > sum(nd.compute_s.values())
