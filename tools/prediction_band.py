@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from harness.plan.uncertainty import BAND_FILE, COVERAGE, MIN_ROWS, half_width, regime, residual  # noqa: E402
+from harness.plan.uncertainty import BAND_FILE, COVERAGE, MIN_ROWS, half_width, regime_of, residual  # noqa: E402
 
 PUBLISHED = ROOT / "tests" / "published" / "runs.py"
 CPU_TABLE = ROOT / "tests" / "data" / "cpu_time_model_residuals.csv"
@@ -52,9 +52,7 @@ def published_rows() -> List[Row]:
     rows = []
     for run in published_runs():
         error = prediction_error(run)  # predicted / measured - 1
-        cfg = run.config
-        name = regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile, cfg.cluster.nodes)
-        rows.append(Row(run.table, run.label, run.engine, name, residual(1 + error, 1.0)))
+        rows.append(Row(run.table, run.label, run.engine, regime_of(run.config), residual(1 + error, 1.0)))
     return rows
 
 
@@ -65,8 +63,7 @@ def llm_foundry_rows() -> List[Row]:
     for row, plan, error in predictions():
         cfg = mpt_config(row)
         label = f"mpt-{row['model']} T={row['seq_len']} gpus={row['gpus']} ckpt={row['checkpointing']}"
-        rows.append(Row(TABLE.stem, label, cfg.engine.name,
-                        regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile, cfg.cluster.nodes), residual(1 + error, 1.0)))
+        rows.append(Row(TABLE.stem, label, cfg.engine.name, regime_of(cfg), residual(1 + error, 1.0)))
     return rows
 
 

@@ -15,7 +15,7 @@ from harness.plan.peak import Peak, device_memory_gib, peak_flops
 from harness.plan.records import build
 from harness.plan.regime import compute_precision, fp8_gemm_speedup, mfu_by_peak
 from harness.plan.time_model import StepTime, predict_step_time
-from harness.plan.uncertainty import Band, band, regime
+from harness.plan.uncertainty import Band, band, regime_of
 from harness.plan.utilization import hfu, mfu, tokens_per_step
 from harness.plan.validate import validate
 
@@ -326,7 +326,7 @@ def with_time(plan: Plan, cfg: Any) -> Plan:
 
 def band_of(cfg: Any) -> Optional[Band]:
     """The band of a predicted throughput: the residuals of its engine in its regime (harness.plan.uncertainty)."""
-    return band(cfg.engine.name, regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile, cfg.cluster.nodes))
+    return band(cfg.engine.name, regime_of(cfg))
 
 
 def measured_when_missing(peak: Peak, measured: Optional[float], time_source: str) -> Peak:

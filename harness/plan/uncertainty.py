@@ -73,6 +73,11 @@ def regime(accelerator: str, layout: Any, compiled: bool = False, nodes: int = 1
     return f"{device}/{split}{extras}"
 
 
+def regime_of(cfg: Any) -> str:
+    """The regime of a run config: its accelerator, layout, compile setting and node count (regime)."""
+    return regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile, cfg.cluster.nodes)
+
+
 def _value(field: Any) -> Any:
     return getattr(field, "value", field)
 

@@ -24,6 +24,7 @@ from harness.plan.uncertainty import (
     half_width,
     overlaps,
     regime,
+    regime_of,
     residual,
     uncalibrated_width,
     versus_band,
@@ -151,8 +152,7 @@ def test_the_recorded_cpu_rows_name_the_engine_and_regime_their_overrides_compos
     assert len(rows) == 27
     for row in rows:
         cfg = compose_run_config(row["overrides"].split())
-        assert (cfg.engine.name, regime(cfg.cluster.accelerator, cfg.layout, cfg.engine.compile)) == \
-            (row["engine"], row["regime"]), row["run"]
+        assert (cfg.engine.name, regime_of(cfg)) == (row["engine"], row["regime"]), row["run"]
 
 
 def test_a_plan_carries_the_band_of_its_engine_and_regime():
