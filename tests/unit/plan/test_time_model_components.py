@@ -408,13 +408,17 @@ def _copies(engine: dict, zero_stage: int = 3, pp: int = 1, shard: int = 8, cpu:
     return fsdp2_copies(layout, SimpleNamespace(**{"fsdp_version": 2, **engine}), hw, shard, counts, 2, 4, 2)
 
 
+def _streamed(bytes_per_param: int) -> float:
+    """8e9 parameters' bytes at the H100's streaming rate, one kernel for each of the 33 units."""
+    hw = HARDWARE["h100_sxm"]
+    return 8e9 * bytes_per_param / (hw.memory_bandwidth * hw.memory_efficiency) + 33 * hw.op_latency_s
+
+
 def test_fsdp2_copies_each_gather_out_and_each_gradient_in_on_the_compute_stream():
     # torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: after each all-gather, split_with_sizes_copy into the
     # unsharded bf16 parameters (read + write 2 bytes); before each reduce-scatter, chunk_cat of the bf16 gradients
     # into the fp32 reduce-scatter input (read 2, write 4); one kernel a unit each
-    hw = HARDWARE["h100_sxm"]
-    rate, launch = hw.memory_bandwidth * hw.memory_efficiency, 33 * hw.op_latency_s
-    copy_out, copy_in = 8e9 * 4 / rate + launch, 8e9 * 6 / rate + launch
+    copy_out, copy_in = _streamed(4), _streamed(6)
     zero3 = _copies(dict(name="nd"))
     assert zero3.forward == pytest.approx(copy_out)
     assert zero3.backward == pytest.approx(copy_out * 32 / 33 + copy_in)  # the decoder layers gathered again
@@ -429,11 +433,8 @@ def test_fsdp2_replicated_parameters_are_copied_once_a_forward_and_unwrapped_mod
     # nd below the sharding stage runs torch's `replicate` (the same parameter group, nothing to gather: a copy_ of
     # the cast shard into the unsharded parameter, kept for backward); nd with one data rank wraps nothing, the fsdp
     # engine's FSDP2 wraps even one rank
-    hw = HARDWARE["h100_sxm"]
-    rate, launch = hw.memory_bandwidth * hw.memory_efficiency, 33 * hw.op_latency_s
     replicated = _copies(dict(name="nd"), zero_stage=0)
-    assert (replicated.forward, replicated.backward) == (pytest.approx(8e9 * 4 / rate + launch),
-                                                         pytest.approx(8e9 * 6 / rate + launch))
+    assert (replicated.forward, replicated.backward) == (pytest.approx(_streamed(4)), pytest.approx(_streamed(6)))
     assert _copies(dict(name="nd"), shard=1) == Fsdp2Copies()
     assert _copies(dict(name="fsdp"), zero_stage=2, shard=1) == _copies(dict(name="fsdp"), zero_stage=2)
 
