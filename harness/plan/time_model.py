@@ -226,7 +226,8 @@ def _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, firs
 
 
 def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last) -> Dict[str, float]:
-    """Seconds of TP, CP, EP and PP communication one micro-batch issues on this rank, forward + backward."""
+    """Seconds of TP, CP, EP and PP communication one micro-batch issues on this rank, forward + backward, and
+    what they add once a step (`tp_step`: replicated gradients' all-reduce; `pp_step`: the loss's broadcast)."""
     h = spec.hidden_size
     activation = tokens * h * e
     tp, tp_step = tp_comm(spec, layout, engine, hw, groups.tp, activation, tokens, layers, first, last) \
@@ -237,7 +238,8 @@ def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last
     routed = tokens * spec.experts_per_token * h * e
     ep = layers * 4 * collective_time("all_to_all", routed, groups.ep, hw) if layout.ep > 1 and spec.is_moe else 0.0
     pp = pipeline_p2p(layout, engine, hw, groups.pp, activation)
-    return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "tp_step": tp_step}
+    return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "tp_step": tp_step,
+            "pp_step": loss_broadcast_time(engine, layout, hw, groups.pp)}
 
 
 def pipeline_p2p(layout: Any, engine: Any, hw: HardwareProfile, group: Group, activation: float) -> float:
@@ -545,26 +547,44 @@ HARNESS_CLIP_BYTES_PER_ELEMENT = 36
 FUSED_CLIP_BYTES_PER_ELEMENT = 4
 
 
-def step_scalars(engine: Any, zero_stage: int, tp: int) -> int:
+def step_scalars(engine: Any, zero_stage: int, tp: int, pp: int = 1) -> int:
     """Scalar all-reduces before each optimizer step. The harness's clip (fsdp, nd): one, the squared norm.
     DeepSpeed 0.19.8: ZeRO-1/2 all-reduce the norm and an overflow flag (stage_1_and_2.py, has_overflow runs in
-    every step, bf16 too), ZeRO-3 the norm, ZeRO-0 none (its gradients are already all-reduced, the norm is
-    local); with AutoTP each again over the tensor-parallel group (_model_parallel_all_reduce)."""
+    every step, bf16 too), ZeRO-3 the norm, each once over the data group and again over the model-parallel
+    group (_model_parallel_all_reduce), which AutoTP's and PipelineModule's ranks form; ZeRO-0's gradients are
+    already all-reduced, so its norm is local, but under PipelineModule its clip_grad_norm_ sums the stages'
+    squares over that group: one. Counted (gloo events of a step, two CPU ranks): pp2 ZeRO-1 two over the
+    stages, ZeRO-0 one."""
     if engine.name != "deepspeed":
         return 1
-    scalars = {0: 0, 1: 2, 2: 2, 3: 1}[zero_stage]
+    if zero_stage == 0:
+        return 1 if pp > 1 else 0
+    scalars = {1: 2, 2: 2, 3: 1}[zero_stage]
     return scalars * (2 if tp > 1 else 1)
 
 
-def clip_time(engine: Any, hw: HardwareProfile, groups: Groups, tensors: int, elements: float, scalars: int) -> float:
+def loss_broadcast_time(engine: Any, layout: Any, hw: HardwareProfile, group: Group) -> float:
+    """Seconds per step of the loss's broadcast from the last pipeline stage to the others, before the
+    optimizer step: DeepSpeed's PipelineEngine (_aggregate_total_loss) and the harness's nd step
+    (nd_session._pipeline) give every stage the step's loss; Megatron-LM averages it on the last stage only.
+    A broadcast passes the scalar down a chain of pp - 1 hops, as an all-gather's ring steps: timed as one."""
+    if layout.pp <= 1 or engine.name not in ("deepspeed", "nd"):
+        return 0.0
+    return collective_time("all_gather", 8, group, hw)
+
+
+def clip_time(engine: Any, layout: Any, hw: HardwareProfile, groups: Groups, tensors: int,
+              elements: float) -> float:
     """Global-norm clipping before the step: a squared sum per gradient tensor over the rank's `elements`
-    gradient elements, then `scalars` all-reduces of a scalar over every rank that holds a piece of the model
-    (its data and model-parallel ranks)."""
-    ranks = groups.tp.size * groups.dp_shard.size * groups.dp_replicate.size
+    gradient elements, then step_scalars all-reduces of a scalar over every rank that holds a piece of the model:
+    its data, tensor, context and pipeline ranks (the harness's clip all-reduces over the world; DeepSpeed over
+    its data group, then its model-parallel one: timed as one all-reduce over both)."""
+    ranks = groups.tp.size * groups.dp_shard.size * groups.dp_replicate.size * groups.pp.size
     everyone = axis_group(ranks, 1, hw.gpus_per_node)
     per_element = FUSED_CLIP_BYTES_PER_ELEMENT if engine.name in ("deepspeed", "megatron_lm") \
         else HARNESS_CLIP_BYTES_PER_ELEMENT
     squares = streaming_time(elements * per_element, tensors * CLIP_OPS_PER_TENSOR, hw)
+    scalars = step_scalars(engine, layout.zero_stage, layout.tp, layout.pp)
     return squares + scalars * collective_time("all_reduce", 8, everyone, hw)
 
 
@@ -625,16 +645,16 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
                  + exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / unit) + dp.after_step)
     tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else rank_tensors
     opt = optimizer_time(layout, engine, hw, opt_params, tensors, conv.working, conv.offload_grad)
-    opt["optimizer"] += clip_time(engine, hw, groups, tensors, opt_params,
-                                  step_scalars(engine, layout.zero_stage, layout.tp)) if clip else 0.0
+    opt["optimizer"] += clip_time(engine, layout, hw, groups, tensors, opt_params) if clip else 0.0
     totals = dict(layer_comm, dp=dp.per_microbatch + dp.exposed_per_microbatch, offload=offload_mb)
     comm = {axis: {"total": m * totals[axis], "exposed": m * exposed_mb[axis]} for axis in exposed_mb}
     comm["dp"] = {"total": comm["dp"]["total"] + dp.with_first_forward + dp.with_last_backward + dp.after_step,
                   "exposed": comm["dp"]["exposed"] + step_comm}
-    comm["tp"] = {k: v + layer_comm["tp_step"] for k, v in comm["tp"].items()}  # replicated gradients
+    for axis in ("tp", "pp"):  # once a step: replicated gradients' reduction, the loss's broadcast
+        comm[axis] = {k: v + layer_comm[f"{axis}_step"] for k, v in comm[axis].items()}
     compute = _compute_parts(m, fwd, bwd, recompute, m * host_mb + host_step, copies)
-    total = (pipeline + step_comm + layer_comm["tp_step"] + opt["optimizer"] + opt["offload"] + host_step
-             + copies.per_step)
+    total = (pipeline + step_comm + layer_comm["tp_step"] + layer_comm["pp_step"] + opt["optimizer"]
+             + opt["offload"] + host_step + copies.per_step)
     return StepTime(total, compute, comm, pipeline - m * (forward + backward), opt["optimizer"], opt["offload"],
                     _overlap(dp, hw, p2p_overlapped(layout, engine)))
 

@@ -97,6 +97,31 @@ def test_step_scalars_per_engine():
     engine = run_config(engine=dict(name="deepspeed")).engine
     assert [step_scalars(engine, z, 1) for z in (0, 1, 2, 3)] == [0, 2, 2, 1]
     assert step_scalars(run_config(engine=dict(name="fsdp")).engine, 3, 1) == 1
+    # profiled (DeepSpeed PipelineModule pp2, one data rank): ZeRO-1 two scalars over the stages (norm and
+    # overflow), ZeRO-0 one (clip_grad_norm_ sums the stages' squares)
+    assert [step_scalars(engine, z, 1, pp=2) for z in (0, 1)] == [1, 2]
+
+
+@pytest.mark.parametrize("engine, broadcasts", [("nd", 1), ("deepspeed", 1), ("megatron_lm", 0)])
+def test_a_pipeline_step_sends_each_micro_batch_and_gives_every_stage_the_loss(engine, broadcasts):
+    # profiled (pp2, 4 micro-batches of 1, rank 0): 4 activations sent and 4 gradients received (DeepSpeed's
+    # p2p.send / recv; nd's batch_isend_irecv), then 1 broadcast of the loss over the stages (DeepSpeed's
+    # _aggregate_total_loss; nd_session._pipeline); Megatron-LM keeps the loss on the last stage
+    zero = 1 if engine != "nd" else 0
+    layout = dict(pp=2, dp_shard=1, zero_stage=zero, micro_batch=1, grad_accum=4, pp_schedule="1F1B")
+    assert comm_calls(2, dict(name=engine), **layout) == {"pp": 2 * 4 + broadcasts}
+
+
+@pytest.mark.parametrize("engine, zero, scalars", [("nd", 0, 1), ("deepspeed", 1, 2), ("deepspeed", 0, 1)])
+def test_the_clip_all_reduces_over_every_pipeline_stage(engine, zero, scalars):
+    # profiled (pp2, one data rank): the norm's scalars are all-reduced over both stages (nd's clip over the
+    # world, DeepSpeed's over its model-parallel group); with one data rank there was nothing to all-reduce before
+    cfg = run_config(engine=dict(name=engine), pp=2, dp_shard=1, zero_stage=zero, micro_batch=1, grad_accum=4,
+                     pp_schedule="1F1B")
+    # an all-reduce one unit dearer adds one unit per scalar to the optimizer step (the squared sums aside)
+    dearer = replace(COUNTING, collective_links={**COUNTING.collective_links, "all_reduce": (MS, 1e30)})
+    steps = [predict_step_time(tiny(2), cfg.layout, cfg.engine, hw, peak=1e12) for hw in (COUNTING, dearer)]
+    assert steps[1].optimizer_s - steps[0].optimizer_s == pytest.approx(scalars * MS)
 
 
 def test_ranks_beyond_the_cores_stretch_the_step():
