@@ -17,6 +17,7 @@ from harness.plan.hardware import NCCL_COLLECTIVE_CTAS, NCCL_P2P_CTAS, HardwareP
 from harness.plan.host_work import dispatch_s, host_work_s
 from harness.plan.regime import fused_elementwise
 from harness.plan.model_spec import ModelSpec, param_tensors
+from harness.plan.parallel_dims import ParallelDims
 from harness.plan.resharding import reshard_after_forward
 from harness.plan.states import rank_layers, rank_params, stage_layer_counts
 from harness.plan.support import ENGINE_SUPPORT
@@ -579,8 +580,7 @@ def clip_time(engine: Any, layout: Any, hw: HardwareProfile, groups: Groups, ten
     gradient elements, then step_scalars all-reduces of a scalar over every rank that holds a piece of the model:
     its data, tensor, context and pipeline ranks (the harness's clip all-reduces over the world; DeepSpeed over
     its data group, then its model-parallel one: timed as one all-reduce over both)."""
-    ranks = groups.tp.size * groups.dp_shard.size * groups.dp_replicate.size * groups.pp.size
-    everyone = axis_group(ranks, 1, hw.gpus_per_node)
+    everyone = axis_group(ParallelDims.of(layout).world_size, 1, hw.gpus_per_node)
     per_element = FUSED_CLIP_BYTES_PER_ELEMENT if engine.name in ("deepspeed", "megatron_lm") \
         else HARNESS_CLIP_BYTES_PER_ELEMENT
     squares = streaming_time(elements * per_element, tensors * CLIP_OPS_PER_TENSOR, hw)
