@@ -15,7 +15,7 @@ from harness.engines.optimizer import adamw_settings
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import MESH_DIMS, ParallelDims
 from harness.plan.pipeline import V_SCHEDULES, pipeline_problems, stage_layer_counts, stage_to_rank
-from harness.plan.regime import compute_precision, torchao_float8_config
+from harness.plan.regime import autocast_over_fp32_weights, compute_precision, torchao_float8_config
 from harness.plan.resharding import reshard_after_forward
 from harness.plan.planner import spec_for
 from harness.plan.validate import support_problems
@@ -176,7 +176,7 @@ def nd_plan(cfg: RunConfig) -> Dict[str, Any]:
         "activation_checkpointing": layout.activation_checkpointing,
         "precision": layout.precision,
         # Without a data-parallel wrapper there is no mixed-precision policy: bf16 runs under autocast.
-        "autocast_bf16": compute_precision(layout.precision) == "bf16" and data is None,
+        "autocast_bf16": autocast_over_fp32_weights("nd", layout),
         # layout.precision=fp8: torchao float8 linears (harness.engines.float8), else None.
         "float8": torchao_float8_config() if layout.precision == "fp8" else None,
         "optimizer": {"type": "AdamW", **adamw_settings(cfg.bench), "grad_clip": cfg.bench.grad_clip},

@@ -9,7 +9,8 @@ from typing import NamedTuple
 from harness.plan.flops import mixer_flops_per_token
 from harness.plan.hardware import GEMM_TILES, SPLIT_K, SPLIT_K_MIN_DEPTH, HardwareProfile
 from harness.plan.model_spec import ModelSpec
-from harness.plan.regime import COMPILED_LAYER_ELEMENTWISE_OPS, compiled_layer_elementwise_bytes, fp8_cast_bytes
+from harness.plan.regime import (AUTOCAST_LAYER_ELEMENTWISE_OPS, AUTOCAST_LAYER_TRAFFIC, AUTOCAST_WEIGHT_CAST_BYTES,
+                                 COMPILED_LAYER_ELEMENTWISE_OPS, compiled_layer_elementwise_bytes, fp8_cast_bytes)
 
 
 class OpTime(NamedTuple):
@@ -173,12 +174,14 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
 
 @lru_cache(maxsize=1 << 16)
 def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
-               peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0, cp: int = 1) -> OpTime:
+               peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0, cp: int = 1,
+               autocast_fp32: bool = False) -> OpTime:
     """One decoder layer on one rank for one micro-batch of `tokens` local tokens: forward, or backward
     (two GEMMs per weight GEMM, one for the input gradient and one for the weight gradient; twice the
     elementwise traffic). `compiled`: the block runs under torch.compile. `fp8_speedup` > 1: the weight
     GEMMs run in FP8 (1-byte operands, the faster peak) and pay their casts as elementwise work
-    (harness.plan.regime); attention and the elementwise chain stay in the compute precision."""
+    (harness.plan.regime); attention and the elementwise chain stay in the compute precision.
+    `autocast_fp32`: bf16 autocast over fp32 weights, its counted traffic and weight casts (harness.plan.regime)."""
     fp8 = fp8_speedup != 1.0
     gemms = layer_gemms(spec, tokens, tp)
     gemm_bytes, gemm_peak = (1, peak * fp8_speedup) if fp8 else (dtype_bytes, peak)
@@ -191,9 +194,16 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
     if compiled:  # the block under torch.compile: fused elementwise kernels (harness.plan.regime)
         ops, moved = COMPILED_LAYER_ELEMENTWISE_OPS[direction], compiled_layer_elementwise_bytes(spec, tokens, tp,
                                                                                                   dtype_bytes)
+        moved *= 2 if backward else 1
+    elif autocast_fp32:
+        weights = sum(count * k * n for _, k, n, count in gemms)
+        ops = AUTOCAST_LAYER_ELEMENTWISE_OPS[direction]
+        moved = (layer_elementwise_bytes(spec, tokens, tp, 2) * AUTOCAST_LAYER_TRAFFIC[direction]
+                 + AUTOCAST_WEIGHT_CAST_BYTES * weights)
     else:
         ops, moved = LAYER_ELEMENTWISE_OPS[direction], layer_elementwise_bytes(spec, tokens, tp, dtype_bytes)
-    elementwise = streaming_time(moved * (2 if backward else 1), ops, hw)
+        moved *= 2 if backward else 1
+    elementwise = streaming_time(moved, ops, hw)
     if fp8:
         casts = sum(count for *_, count in gemms) * (3 if backward else 2)
         elementwise += streaming_time(fp8_cast_bytes(gemms, dtype_bytes, backward), 0 if compiled else casts, hw)
@@ -202,9 +212,10 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
 
 @lru_cache(maxsize=1 << 16)
 def outside_time(spec: ModelSpec, tokens: float, tp: int, vocab_split: bool, dtype_bytes: int,
-                 hw: HardwareProfile, peak: float, first: bool, last: bool) -> OpTime:
+                 hw: HardwareProfile, peak: float, first: bool, last: bool, autocast_fp32: bool = False) -> OpTime:
     """Embedding gather on the first stage; final norm, lm_head GEMM and fp32 cross-entropy on the last,
-    forward + backward (the loss reads and writes the fp32 logits about three times each way)."""
+    forward + backward (the loss reads and writes the fp32 logits about three times each way); under autocast
+    over fp32 weights the head's weight cast to bf16 and its gradient's back."""
     e, h = dtype_bytes, spec.hidden_size
     vocab = spec.vocab_size / (tp if vocab_split else 1)
     out = OpTime()
@@ -215,4 +226,6 @@ def outside_time(spec: ModelSpec, tokens: float, tp: int, vocab_split: bool, dty
                 + gemm_time(h, tokens, vocab, e, hw, peak))  # forward, input and weight gradients
         loss = streaming_time(tokens * vocab * (e + 4 * 6), 12, hw)
         out += OpTime(gemm=head, elementwise=loss + streaming_time(3 * (3 * e + 32) * h * tokens, 16, hw))
+        if autocast_fp32:
+            out += OpTime(elementwise=streaming_time(2 * AUTOCAST_WEIGHT_CAST_BYTES * vocab * h, 2, hw))
     return out

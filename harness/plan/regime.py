@@ -1,4 +1,5 @@
-"""How the training regime (torch.compile, FP8) changes the time model's per-layer work: one rule per effect."""
+"""How the training regime (torch.compile, FP8, autocast over fp32 weights) changes the time model's per-layer
+work: one rule per effect."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Callable, Dict, List, Optional
 
 from harness.config import schema
 from harness.plan.model_spec import ModelSpec
+from harness.plan.parallel_dims import ParallelDims
 
 # Kernels of one decoder layer's memory-bound work when its block is compiled (engine.compile). Inductor fuses
 # producer/consumer chains of pointwise ops (vertical) and sibling ops on the same input (horizontal), and a
@@ -161,3 +163,25 @@ def megatron_fp8_flags() -> Dict[str, object]:
     """Megatron-LM's FP8 arguments (arguments.py, Transformer Engine delayed scaling)."""
     return {"--fp8-format": MEGATRON_FP8["format"], "--fp8-amax-history-len": MEGATRON_FP8["amax_history_len"],
             "--fp8-amax-compute-algo": MEGATRON_FP8["amax_compute_algo"]}
+
+
+# ---- bf16 autocast over fp32 weights ----
+# nd with one data rank has no data-parallel wrapper, so no mixed-precision policy casts its weights to bf16 once
+# per gather: it computes under torch.autocast over the fp32 weights (harness.engines.nd_plans). Then the embedding's
+# output, and with it the residual stream and both RMSNorms, stay fp32; rotary multiplies by fp32 cos / sin; each
+# linear casts its input and its weight to bf16, and its weight gradient back to fp32. Counted on transformers'
+# Llama layer (TorchDispatchMode: bytes every non-GEMM, non-view op reads and writes; tests/unit/plan/
+# test_autocast_traffic.py counts it again), the token-proportional traffic in units of the bf16 forward formula
+# (compute_time.layer_elementwise_bytes at 2 bytes): forward 195 / 148, backward 442 / 148 (bf16 weights: 151 and
+# 335); each linear weight moves 6 bytes forward (read fp32, write bf16) and 6 backward (read bf16, write fp32).
+AUTOCAST_LAYER_TRAFFIC: Dict[str, float] = {"forward": 1.32, "backward": 2.98}
+AUTOCAST_LAYER_ELEMENTWISE_OPS: Dict[str, int] = {"forward": 40, "backward": 71}
+AUTOCAST_WEIGHT_CAST_BYTES = 6
+
+
+def autocast_over_fp32_weights(engine_name: str, layout) -> bool:
+    """Whether the run's bf16 compute is torch.autocast over fp32 weights: nd with one data rank (any tp / pp /
+    cp). Every other bf16 path computes with bf16 weights: FSDP's param_dtype, DeepSpeed's bf16 weights,
+    Megatron-LM's, nd's own fully_shard / replicate policy over several data ranks."""
+    return (engine_name == "nd" and compute_precision(layout.precision) == "bf16"
+            and ParallelDims.of(layout).data_ranks == 1)

@@ -15,7 +15,7 @@ from harness.plan.conventions import (COMPUTE_BYTES, DEEPSPEED_BUCKET_NUMEL, DEE
 from harness.plan.engine_factors import scaled
 from harness.plan.hardware import NCCL_COLLECTIVE_CTAS, NCCL_P2P_CTAS, HardwareProfile
 from harness.plan.host_work import dispatch_s, host_work_s
-from harness.plan.regime import fused_elementwise
+from harness.plan.regime import autocast_over_fp32_weights, fused_elementwise
 from harness.plan.model_spec import ModelSpec, param_tensors
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.resharding import reshard_after_forward
@@ -205,13 +205,13 @@ def _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, firs
     """(forward, backward, recompute) OpTimes of one micro-batch on this rank; `peaks`: (the achievable
     FLOP/s, the FP8 GEMM speedup)."""
     tp, (peak, fp8_speedup) = layout.tp, peaks
-    fused = fused_elementwise(engine)
+    fused, autocast = fused_elementwise(engine), autocast_over_fp32_weights(engine.name, layout)
     fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=fused,
-                     fp8_speedup=fp8_speedup, cp=layout.cp)
+                     fp8_speedup=fp8_speedup, cp=layout.cp, autocast_fp32=autocast)
     bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=fused,
-                     fp8_speedup=fp8_speedup, cp=layout.cp)
+                     fp8_speedup=fp8_speedup, cp=layout.cp, autocast_fp32=autocast)
     vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
-    outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last)
+    outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last, autocast)
     # Weight-shared stacks (HRM, pp = 1): every run is a forward, the runs with gradient a backward and a recompute
     forward_runs, grad_runs = ((sum(g + n for g, n in spec.layer_runs), spec.saved_layer_runs) if spec.layer_runs
                                else (layers, layers))
