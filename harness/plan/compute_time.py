@@ -195,8 +195,9 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
         ops, moved = COMPILED_LAYER_ELEMENTWISE_OPS[direction], compiled_layer_elementwise_bytes(spec, tokens, tp,
                                                                                                   dtype_bytes)
         moved *= 2 if backward else 1
-    elif autocast_fp32:
-        weights = sum(count * k * n for _, k, n, count in gemms)
+    elif autocast_fp32:  # each weight matrix of the layer (this rank's TP shard) is cast: norms' weights are not
+        weights = sum(math.prod(t.shape) / (tp if t.tp_dim is not None else 1) for t in spec.layer_tensors
+                      if len(t.shape) >= 2)
         ops = AUTOCAST_LAYER_ELEMENTWISE_OPS[direction]
         moved = (layer_elementwise_bytes(spec, tokens, tp, 2) * AUTOCAST_LAYER_TRAFFIC[direction]
                  + AUTOCAST_WEIGHT_CAST_BYTES * weights)

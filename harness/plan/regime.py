@@ -180,8 +180,8 @@ AUTOCAST_WEIGHT_CAST_BYTES = 6
 
 
 def autocast_over_fp32_weights(engine_name: str, layout) -> bool:
-    """Whether the run's bf16 compute is torch.autocast over fp32 weights: nd with one data rank (any tp / pp /
-    cp). Every other bf16 path computes with bf16 weights: FSDP's param_dtype, DeepSpeed's bf16 weights,
-    Megatron-LM's, nd's own fully_shard / replicate policy over several data ranks."""
+    """Whether the run's bf16 compute is torch.autocast over fp32 weights: nd with one data rank (dp x cp = 1,
+    any tp and pp). Every other bf16 path computes with bf16 weights: FSDP's param_dtype, DeepSpeed's bf16
+    weights, Megatron-LM's, nd's own fully_shard / replicate policy over several data ranks."""
     return (engine_name == "nd" and compute_precision(layout.precision) == "bf16"
             and ParallelDims.of(layout).data_ranks == 1)
