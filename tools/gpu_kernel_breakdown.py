@@ -137,6 +137,9 @@ def main(path: str, device: str = "cuda", micro_batch: int = 4, seq: int = 2048,
 if __name__ == "__main__":
     cpu = "--cpu" in sys.argv
     args = [a for a in sys.argv[1:] if a != "--cpu"]
+    if not args or (not cpu and not torch.cuda.is_available()):
+        sys.exit("usage: gpu_kernel_breakdown.py OUT.json [MB SEQ] on a CUDA machine, or OUT.json --cpu"
+                 if args else "usage: gpu_kernel_breakdown.py OUT.json [MB SEQ] | OUT.json --cpu")
     if cpu:
         main(args[0], device="cpu", micro_batch=1, seq=64, iters=1,
              config={**LLAMA_1B, "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,

@@ -60,3 +60,33 @@ def test_the_clip_and_adamw_on_the_h200_within_25_percent_of_their_kernels(row):
     measured = row["phases"]["clip_and_optimizer"]["kernel_s"]
     print(f"\n  predicted {1e3 * time.optimizer_s:.1f} ms, kernels {1e3 * measured:.1f} ms")
     assert time.optimizer_s == pytest.approx(measured, rel=0.25)
+
+
+@pytest.mark.parametrize("kernel,part", [
+    ("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_NNT", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>", "gemm"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false>, true>", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64", "attention"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>",
+     "loss"),
+    ("void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>", "loss"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3> >",
+     "elementwise"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float> > >",
+     "elementwise"),
+])
+def test_the_tool_files_each_kernel_under_the_time_models_part(kernel, part):
+    """Kernel names as CUDA 12-13 builds of torch, cuBLAS, FlashAttention and cuDNN print them."""
+    import importlib.util
+    import sys
+
+    path = REPO_ROOT / "tools" / "gpu_kernel_breakdown.py"
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_kernel_breakdown", path)
+        tool = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tool)
+    finally:
+        sys.path.remove(str(path.parent))
+    assert tool.part_of(kernel) == part
