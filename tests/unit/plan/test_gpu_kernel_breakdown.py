@@ -62,6 +62,24 @@ def test_the_clip_and_adamw_on_the_h200_within_25_percent_of_their_kernels(row):
     assert time.optimizer_s == pytest.approx(measured, rel=0.25)
 
 
+@pytest.fixture(scope="module")
+def tool():
+    """tools/gpu_kernel_breakdown.py as a module; the tools folder it puts on sys.path (for its neighbour
+    gpu_host_overhead) is taken off again."""
+    import importlib.util
+    import sys
+
+    path = REPO_ROOT / "tools" / "gpu_kernel_breakdown.py"
+    before = list(sys.path)
+    spec = importlib.util.spec_from_file_location("gpu_kernel_breakdown", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = before
+    return module
+
+
 @pytest.mark.parametrize("kernel,part", [
     ("nvjet_hsh_256x128_64x4_2x1_v_bz_coopB_NNT", "gemm"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1", "gemm"),
@@ -76,17 +94,6 @@ def test_the_clip_and_adamw_on_the_h200_within_25_percent_of_their_kernels(row):
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float> > >",
      "elementwise"),
 ])
-def test_the_tool_files_each_kernel_under_the_time_models_part(kernel, part):
+def test_the_tool_files_each_kernel_under_the_time_models_part(tool, kernel, part):
     """Kernel names as CUDA 12-13 builds of torch, cuBLAS, FlashAttention and cuDNN print them."""
-    import importlib.util
-    import sys
-
-    path = REPO_ROOT / "tools" / "gpu_kernel_breakdown.py"
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_kernel_breakdown", path)
-        tool = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(tool)
-    finally:
-        sys.path.remove(str(path.parent))
     assert tool.part_of(kernel) == part
