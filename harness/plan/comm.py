@@ -6,7 +6,11 @@ import math
 from functools import lru_cache
 from typing import NamedTuple
 
-from harness.plan.hardware import NIC_EFFICIENCY, NVLS_ALL_REDUCE_GAIN, HardwareProfile
+from harness.plan.hardware import (NCCL_LL, NCCL_LL128, NCCL_PROTOCOL_LIMITS, NIC_EFFICIENCY, NVLS_ALL_REDUCE_GAIN,
+                                   US, HardwareProfile)
+
+# NCCL's Simple ring: base, NVLink step and network step latency (tuning.cc), the profiles' GPU numbers
+SIMPLE = (8.4 * US, 3.4 * US, 14.0 * US)
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -65,11 +69,11 @@ def _steps(kind: str, n: int) -> int:
     return 2 * (n - 1) if kind in ("all_reduce", "all_to_all") else n - 1
 
 
-def ring_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile, low_latency: bool = False) -> float:
+def ring_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile, protocol: str = "simple") -> float:
     """NCCL's ring model (tuning.cc ncclTopoTuneModel / ncclTopoGetAlgoTime): base latency, then one step
     latency per ring step (network steps for the hops between nodes), then bytes at the bus bandwidth of the
-    slowest link (bus_bandwidth). LL halves the bandwidth (8-byte flag per 8 bytes of data) and cuts the step
-    latency."""
+    slowest link (bus_bandwidth). `protocol` "ll" or "ll128" takes that protocol's latencies and bandwidth
+    (hardware.NCCL_LL, NCCL_LL128: ratios to Simple's where the profile's Simple numbers are not NCCL's own)."""
     n = group.size
     if n <= 1 and kind != "p2p":
         return 0.0
@@ -81,11 +85,26 @@ def ring_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile, low_l
         step_latency, bandwidth = hw.collective_links[kind]
         intra = inter = step_latency
         base = 0.0
-    if low_latency:
-        # tuning.cc: Ring/LL base 6.6 us, step 0.6 us (NVLink) / 2.7 us (network), bus bandwidth x 0.5
-        base, intra, inter, bandwidth = base * 6.6 / 8.4, intra * 0.6 / 3.4, inter * 2.7 / 14.0, bandwidth * 0.5
+    if protocol != "simple":
+        base, intra, inter, bandwidth = _protocol_terms(protocol, group, hw, base, intra, inter, bandwidth)
     latency = base + (steps - inter_steps) * intra + inter_steps * inter
     return latency + nbytes * bus_factor(kind, n) / bandwidth
+
+
+def _protocol_terms(protocol: str, group: Group, hw: HardwareProfile, base: float, intra: float, inter: float,
+                    bandwidth: float):
+    """LL's or LL128's (base, NVLink step, network step latency, bus bandwidth) from Simple's: NCCL's numbers
+    scaled by the profile's Simple ones over NCCL's (8.4 / 3.4 / 14 us), the bandwidth by the protocol's factor,
+    LL's capped (NCCL_PROTOCOL_LIMITS); across nodes an NVLink step costs at least the network post overhead."""
+    ll_within, ll_across, post_overhead, _ = NCCL_PROTOCOL_LIMITS.get(hw.name, (math.inf, (math.inf,) * 2, 0.0, False))
+    p_base, p_intra, p_inter, factor = NCCL_LL if protocol == "ll" else NCCL_LL128
+    base, intra, inter = base * p_base / SIMPLE[0], intra * p_intra / SIMPLE[1], inter * p_inter / SIMPLE[2]
+    bandwidth *= factor
+    if group.nodes > 1:
+        intra = max(intra, post_overhead)
+    if protocol == "ll":
+        bandwidth = min(bandwidth, ll_within if group.nodes == 1 else ll_across[0 if group.nodes == 2 else 1])
+    return base, intra, inter, bandwidth
 
 
 def tree_all_reduce_time(nbytes: float, group: Group, hw: HardwareProfile) -> float:
@@ -101,6 +120,14 @@ def tree_all_reduce_time(nbytes: float, group: Group, hw: HardwareProfile) -> fl
     return latency + nbytes / (0.5 * bandwidth)
 
 
+def protocols(kind: str, hw: HardwareProfile) -> tuple:
+    """The protocols NCCL may pick for a collective on this profile's nodes: LL128 for the ring collectives where it
+    is on by default (NCCL_PROTOCOL_LIMITS; an accelerator missing there has LL only); point-to-point transfers
+    (and all-to-all, grouped from them) run Simple or LL (src/enqueue.cc: LL below NCCL_P2P_LL_THRESHOLD)."""
+    ll128 = NCCL_PROTOCOL_LIMITS.get(hw.name, (None, None, None, False))[3]
+    return ("simple", "ll", "ll128") if ll128 and kind not in ("p2p", "all_to_all") else ("simple", "ll")
+
+
 @lru_cache(maxsize=1 << 16)
 def collective_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile) -> float:
     """Seconds for one collective of `nbytes` (the full buffer: all-reduce input, all-gather output,
@@ -112,7 +139,7 @@ def collective_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile)
         return 0.0
     best = ring_time(kind, nbytes, group, hw)
     if hw.low_latency_protocol and kind not in hw.collective_links:  # a measured kind is what it measured
-        best = min(best, ring_time(kind, nbytes, group, hw, low_latency=True))
+        best = min(ring_time(kind, nbytes, group, hw, protocol) for protocol in protocols(kind, hw))
         if kind == "all_reduce" and group.nodes > 1:
             best = min(best, tree_all_reduce_time(nbytes, group, hw))
     return best

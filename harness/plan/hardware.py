@@ -34,7 +34,7 @@ class HardwareProfile:
     collective_base_latency_s: float  # fixed cost of one collective call
     intra_step_latency_s: float  # per algorithm step within a node
     inter_step_latency_s: float  # per algorithm step across nodes
-    low_latency_protocol: bool  # NCCL's LL protocol: half the bandwidth for lower step latency
+    low_latency_protocol: bool  # NCCL's LL / LL128 protocols (NCCL_PROTOCOL_LIMITS) beside Simple
     overlaps_comm: bool  # communication runs beside compute (GPU copy engines / NCCL SMs)
     host_link_bandwidth: float  # device <-> host copies per rank (PCIe), bytes/s
     cpu_adam_params_per_s: float  # parameters per second one rank's CPU Adam updates
@@ -203,6 +203,24 @@ ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, float]]] = {
                           "h200": _H100_FA1},
     "flash_attention_1_triton": {"a100_sxm": _A100_FA1_TRITON, "a100_sxm_40gb": _A100_FA1_TRITON,
                                  "h100_sxm": _H100_FA1_TRITON, "h200": _H100_FA1_TRITON},
+}
+# NCCL's ring protocols beside Simple (src/graph/tuning.cc, ncclTunerConstantsDefaults and ncclTopoTuneModel, NCCL
+# 2.28): (base latency, step latency over NVLink, over the network, bus bandwidth factor). LL sends an 8-byte flag
+# with every 8 bytes (x 0.5) and its bus bandwidth is capped at llMaxBws: by GPU generation within a node (Ampere
+# 87.7 GB/s, Hopper 141), by the host's CPU vendor across nodes (Intel: 39.0 over two nodes, 20.4 over more; AMD:
+# 22.5 / 19.0). LL128 sends 120 of every 128 bytes (x 0.92; its per-channel cap, 20 GB/s Ampere and 36.7 Hopper,
+# exceeds the links at NCCL_COLLECTIVE_CTAS channels) and is on by default on NVLink nodes of Ampere and Hopper
+# only. Across nodes a ring's NVLink steps cost at least the network post overhead, 1 us on Intel and 2 on AMD
+# hosts (getNetOverhead; x 3 for Simple, under its 3.4 us). Hosts: DGX A100, 2x AMD EPYC 7742; DGX H100 / H200,
+# 2x Intel Xeon 8480C (NVIDIA DGX user guides).
+NCCL_LL = (6.6 * US, 0.6 * US, 2.7 * US, 0.5)
+NCCL_LL128 = (14.0 * US, 1.9 * US, 4.0 * US, 0.92)
+_LL_MAX_INTEL, _LL_MAX_AMD = (39.0 * GB, 20.4 * GB), (22.5 * GB, 19.0 * GB)  # over two nodes, over more
+NCCL_PROTOCOL_LIMITS = {  # accelerator: (LL cap within a node, LL caps across nodes, net post overhead, LL128 on)
+    "a100_sxm": (87.7 * GB, _LL_MAX_AMD, 2.0 * US, True),
+    "a100_sxm_40gb": (87.7 * GB, _LL_MAX_AMD, 2.0 * US, True),
+    "h100_sxm": (141.0 * GB, _LL_MAX_INTEL, 1.0 * US, True),
+    "h200": (141.0 * GB, _LL_MAX_INTEL, 1.0 * US, True),
 }
 GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 SPLIT_K = (1, 2, 4, 8)
