@@ -205,14 +205,16 @@ ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, float]]] = {
                                  "h100_sxm": _H100_FA1_TRITON, "h200": _H100_FA1_TRITON},
 }
 # NCCL's ring protocols beside Simple (src/graph/tuning.cc, ncclTunerConstantsDefaults and ncclTopoTuneModel, NCCL
-# 2.28): (base latency, step latency over NVLink, over the network, bus bandwidth factor). LL sends an 8-byte flag
+# 2.30): (base latency, step latency over NVLink, over the network, bus bandwidth factor). LL sends an 8-byte flag
 # with every 8 bytes (x 0.5) and its bus bandwidth is capped at llMaxBws: by GPU generation within a node (Ampere
 # 87.7 GB/s, Hopper 141), by the host's CPU vendor across nodes (Intel: 39.0 over two nodes, 20.4 over more; AMD:
-# 22.5 / 19.0). LL128 sends 120 of every 128 bytes (x 0.92; its per-channel cap, 20 GB/s Ampere and 36.7 Hopper,
-# exceeds the links at NCCL_COLLECTIVE_CTAS channels) and is on by default on NVLink nodes of Ampere and Hopper
-# only. Across nodes a ring's NVLink steps cost at least the network post overhead, 1 us on Intel and 2 on AMD
-# hosts (getNetOverhead; x 3 for Simple, under its 3.4 us). Hosts: DGX A100, 2x AMD EPYC 7742; DGX H100 / H200,
-# 2x Intel Xeon 8480C (NVIDIA DGX user guides).
+# 22.5 / 19.0); NCCL 2.18, which the 2024 tables ran, capped it harder (a quarter of the bus bandwidth across nodes,
+# 87.7 GB/s within a Hopper node: LL128 takes over from about 2 MB instead of 4.5 MB in a node). LL128 sends 120 of every
+# 128 bytes (x 0.92; its per-channel cap, 20 GB/s Ampere and 36.7 Hopper, exceeds the links at
+# NCCL_COLLECTIVE_CTAS channels) and is on by default on NVLink nodes of Ampere and Hopper only. Across nodes a
+# ring's NVLink steps cost at least the network post overhead, 1 us on Intel and 2 on AMD hosts (getNetOverhead;
+# x 3 for Simple, under its 3.4 us). Hosts: DGX A100, 2x AMD EPYC 7742; DGX H100 / H200, 2x Intel Xeon 8480C
+# (NVIDIA DGX user guides).
 NCCL_LL = (6.6 * US, 0.6 * US, 2.7 * US, 0.5)
 NCCL_LL128 = (14.0 * US, 1.9 * US, 4.0 * US, 0.92)
 _LL_MAX_INTEL, _LL_MAX_AMD = (39.0 * GB, 20.4 * GB), (22.5 * GB, 19.0 * GB)  # over two nodes, over more

@@ -254,8 +254,10 @@ def profile_from(records: List[Dict[str, object]], world: int, name: str, disk: 
     return profile, raw
 
 
-def _measure_in_group(rank: int, world: int, init_method: str, precision: str) -> List[Dict[str, object]]:
-    """Every rank's measurements, taken at once in one gloo group (each rank gets them all)."""
+def _measure_in_group(rank: int, world: int, init_method: str, precision: str,
+                      keep: Callable[[List[Dict[str, object]]], None] = lambda records: None) -> List[Dict[str, object]]:
+    """Every rank's measurements, taken at once in one gloo group (each rank gets them all); `keep` receives them
+    once every rank has passed the barrier, before the group is torn down."""
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several ranks per node
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
@@ -265,14 +267,35 @@ def _measure_in_group(rank: int, world: int, init_method: str, precision: str) -
     records: List[Dict[str, object]] = [None] * world  # type: ignore[list-item]
     dist.all_gather_object(records, record)
     dist.barrier()  # no rank tears its gloo pairs down while a peer still reads the gather
+    keep(records)
     dist.destroy_process_group()
     return records
 
 
 def _worker(rank: int, world: int, port: int, precision: str, out: str) -> None:
-    records = _measure_in_group(rank, world, f"tcp://127.0.0.1:{port}", precision)
-    if rank == 0:
-        Path(out).write_text(json.dumps(records))
+    _measure_in_group(rank, world, f"tcp://127.0.0.1:{port}", precision,
+                      keep=lambda records: _write_records(records, out) if rank == 0 else None)
+
+
+def _write_records(records: List[Dict[str, object]], out: str) -> None:
+    """Whole or not at all: gathered_records reads the file after a peer's death in teardown."""
+    Path(out + ".tmp").write_text(json.dumps(records))
+    os.replace(out + ".tmp", out)
+
+
+def gathered_records(out: str, world: int, error: BaseException) -> List[Dict[str, object]]:
+    """Rank 0's records when a rank died after the measurement: rank 0 writes them once every rank's record was
+    gathered and every rank passed the barrier, before the group's teardown, so a death in that teardown (gloo's
+    pairs throw "Connection reset by peer" when a peer exits first, and the uncaught exception aborts:
+    pytorch/gloo#168) took nothing from it. Without them, `error` is the calibration's failure."""
+    if not os.path.exists(out):
+        raise error
+    records = json.loads(Path(out).read_text())
+    if len(records) != world or any(record is None for record in records):
+        raise error
+    print(f"[harness] calibration: a rank ended with {error} after every rank's measurements were gathered; "
+          "they are kept", file=sys.stderr)
+    return records
 
 
 def measure_local(ranks: int, precision: str = "bf16") -> List[Dict[str, object]]:
@@ -286,7 +309,10 @@ def measure_local(ranks: int, precision: str = "bf16") -> List[Dict[str, object]
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "records.json")
-        mp.spawn(_worker, args=(ranks, port, precision, out), nprocs=ranks, join=True)
+        try:
+            mp.spawn(_worker, args=(ranks, port, precision, out), nprocs=ranks, join=True)
+        except mp.ProcessExitedException as error:
+            return gathered_records(out, ranks, error)
         return json.loads(Path(out).read_text())
 
 

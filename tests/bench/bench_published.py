@@ -11,6 +11,7 @@ and whether the plan fits the device: every row ran, so "no" is a memory-model m
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -20,8 +21,8 @@ from typing import Dict, List, Optional, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.plan.planner import GIB, make_plan  # noqa: E402
-from tests.published.runs import (TABLES, PublishedRun, predicted_tokens_per_s_per_gpu, prediction_error,  # noqa: E402
-                                  published_runs)
+from tests.published.runs import (TABLES, PublishedRun, gpus_of, predicted_tokens_per_s_per_gpu,  # noqa: E402
+                                  prediction_error, published_runs, weak_scaling_groups)
 
 Result = Tuple[PublishedRun, float, float, Optional[bool], float]  # run, predicted, error, fits, GiB per rank
 
@@ -57,6 +58,21 @@ def summary(label: str, errors: List[float]) -> str:
             f"max {max(absolute):6.1%}  median signed {signed:+6.1%}")
 
 
+def weak_scaling(results: List[Result]) -> List[str]:
+    """Per group of rows that differ only in their GPU count (tests.published.runs.weak_scaling_groups): the per-GPU
+    throughput's change from the fewest GPUs to the most, measured and predicted. A model that gets each row within
+    its band can still miss the trend, which is what a user scaling out relies on."""
+    predicted = {id(run): tokens for run, tokens, _, _, _ in results}
+    lines = []
+    for group in weak_scaling_groups([run for run, _, _, _, _ in results]):
+        few, most = group[0], group[-1]
+        measured_change = most.tokens_per_s_per_gpu / few.tokens_per_s_per_gpu - 1
+        predicted_change = predicted[id(most)] / predicted[id(few)] - 1
+        lines.append(f"  {few.table:<24} {re.sub(r' (gpus|gbs)=[0-9]+', '', few.label):<44} {gpus_of(few):>4} -> "
+                     f"{gpus_of(most):<4} GPUs  measured {measured_change:+6.1%}  predicted {predicted_change:+6.1%}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", choices=list(TABLES), help="one table only")
@@ -83,6 +99,8 @@ def main() -> None:
     for engine, errors in by_engine.items():
         print(summary(engine, errors))
     print(summary("all", [error for _, _, error, _, _ in results]))
+    print("\nweak scaling: tokens/s per GPU from the fewest GPUs to the most, the same layout otherwise")
+    print("\n".join(weak_scaling(results)) or "  (no table repeats a layout at several GPU counts)")
     misfits = [r for r in results if r[3] is False]
     print(f"planned as not fitting though they ran: {len(misfits)} of {len(results)}")
 

@@ -10,7 +10,9 @@ the table's, so that the plan's flops_per_token can be checked against it."""
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -335,3 +337,17 @@ def predicted_tokens_per_s_per_gpu(run: PublishedRun, plan: Optional[Plan] = Non
 def prediction_error(run: PublishedRun, plan: Optional[Plan] = None) -> float:
     """Predicted / measured tokens per second per GPU - 1: positive when the model is optimistic."""
     return predicted_tokens_per_s_per_gpu(run, plan) / run.tokens_per_s_per_gpu - 1
+
+
+def gpus_of(run: PublishedRun) -> int:
+    return run.config.cluster.nodes * run.config.cluster.accelerators_per_node
+
+
+def weak_scaling_groups(runs: List[PublishedRun]) -> List[List[PublishedRun]]:
+    """Rows of one table that differ only in their GPU count (with it the data-parallel size and the global batch),
+    each group sorted by GPU count; groups of one GPU count are left out."""
+    groups: Dict[Tuple[str, str, str], List[PublishedRun]] = defaultdict(list)
+    for run in runs:
+        layout = {k: v for k, v in asdict(run.config.layout).items() if k not in ("name", "dp_shard", "dp_replicate")}
+        groups[(run.table, re.sub(r" (gpus|gbs)=\d+", "", run.label), repr(sorted(layout.items())))].append(run)
+    return [sorted(group, key=gpus_of) for group in groups.values() if len({gpus_of(run) for run in group}) > 1]

@@ -14,7 +14,8 @@ import statistics
 import pytest
 
 from harness.plan.planner import make_plan
-from tests.published.runs import TABLES, PublishedRun, predicted_tokens_per_s_per_gpu, prediction_error, published_runs
+from tests.published.runs import (TABLES, PublishedRun, gpus_of, predicted_tokens_per_s_per_gpu, prediction_error,
+                                  published_runs, weak_scaling_groups)
 
 # table -> (median |error|, max |error|) bounds: the current state plus headroom, not a target met.
 BOUNDS = {
@@ -84,3 +85,21 @@ def test_published_layouts_plan_as_fitting(capsys):
             print(f"{run.table}: {run.label}: {plan.memory.total_bytes / 2**30:.1f} GiB planned per rank")
     print(f"{len(misses)} published runs plan as not fitting")
     assert not misses
+
+
+def test_weak_scaling_groups_hold_the_rows_that_differ_only_in_gpu_count(capsys):
+    # the large-scale table repeats each model's layout at 128, 256 and 512 GPUs: six groups of three
+    groups = weak_scaling_groups(published_runs("llm_foundry_h100_large"))
+    assert sorted(len(group) for group in groups) == [3] * 6
+    assert all([gpus_of(run) for run in group] == [128, 256, 512] for group in groups)
+    # the A100 40GB table's 1b rows at 32 / 64 / 128 GPUs share a layout, its 8-GPU 1b rows (grad_accum 4, other
+    # micro-batches) do not join them
+    a100 = weak_scaling_groups(published_runs("llm_foundry_a100_40gb"))
+    one_b = [group for group in a100 if group[0].label.startswith("mpt-1b ")]
+    assert [[gpus_of(run) for run in group] for group in one_b] == [[32, 64, 128]]
+    for group in groups + a100:
+        few, most = group[0], group[-1]
+        measured = most.tokens_per_s_per_gpu / few.tokens_per_s_per_gpu - 1
+        predicted = predicted_tokens_per_s_per_gpu(most) / predicted_tokens_per_s_per_gpu(few) - 1
+        print(f"{few.table}: {few.label}: {gpus_of(few)} -> {gpus_of(most)} GPUs, per-GPU throughput "
+              f"{measured:+.1%} measured, {predicted:+.1%} predicted")

@@ -9,7 +9,7 @@ import pytest
 from harness.config.schema import ClusterConfig
 from harness.plan.comm import bus_factor
 from harness.plan.hardware import HARDWARE, PROFILE_VERSION, hardware_profile, load_profile, save_profile
-from harness.runtime.calibrate import fit_link
+from harness.runtime.calibrate import _write_records, fit_link, gathered_records
 
 
 def test_fit_link_recovers_latency_and_bandwidth():
@@ -106,3 +106,21 @@ def test_a_micro_benchmark_times_its_own_work_whatever_else_shares_the_core():
         os.sched_setaffinity(0, before)
     assert wall > 1.5 * shared  # the core was shared ...
     assert shared == pytest.approx(alone, rel=0.3)  # ... and the figure is the work's own
+
+
+def test_a_rank_dying_in_teardown_keeps_the_gathered_records(tmp_path, capsys):
+    # gloo's pairs can abort a rank in teardown ("Connection reset by peer" when its peer exits first): rank 0 had
+    # written every rank's records by then, and they are the measurement
+    out, error = str(tmp_path / "records.json"), RuntimeError("process 1 terminated with signal SIGABRT")
+    _write_records([{"rank": 0}, {"rank": 1}], out)
+    assert gathered_records(out, 2, error) == [{"rank": 0}, {"rank": 1}]
+    assert "after every rank's measurements were gathered" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("records", [None, [{"rank": 0}], [{"rank": 0}, None]])
+def test_a_rank_dying_before_every_record_was_gathered_fails_the_calibration(tmp_path, records):
+    out, error = str(tmp_path / "records.json"), RuntimeError("process 1 terminated with signal SIGABRT")
+    if records is not None:
+        _write_records(records, out)
+    with pytest.raises(RuntimeError, match="SIGABRT"):
+        gathered_records(out, 2, error)
