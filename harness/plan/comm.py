@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
-from harness.plan.hardware import (NCCL_LL, NCCL_LL128, NCCL_PROTOCOL_LIMITS, NIC_EFFICIENCY, NVLS_ALL_REDUCE_GAIN,
-                                   US, HardwareProfile)
-
-# NCCL's Simple ring: base, NVLink step and network step latency (tuning.cc), the profiles' GPU numbers
-SIMPLE = (8.4 * US, 3.4 * US, 14.0 * US)
+from harness.plan.hardware import (NCCL_LL, NCCL_LL128, NCCL_PROTOCOL_LIMITS, NCCL_SIMPLE, NIC_EFFICIENCY,
+                                   NVLS_ALL_REDUCE_GAIN, HardwareProfile)
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -92,13 +89,14 @@ def ring_time(kind: str, nbytes: float, group: Group, hw: HardwareProfile, proto
 
 
 def _protocol_terms(protocol: str, group: Group, hw: HardwareProfile, base: float, intra: float, inter: float,
-                    bandwidth: float):
+                    bandwidth: float) -> Tuple[float, float, float, float]:
     """LL's or LL128's (base, NVLink step, network step latency, bus bandwidth) from Simple's: NCCL's numbers
     scaled by the profile's Simple ones over NCCL's (8.4 / 3.4 / 14 us), the bandwidth by the protocol's factor,
     LL's capped (NCCL_PROTOCOL_LIMITS); across nodes an NVLink step costs at least the network post overhead."""
     ll_within, ll_across, post_overhead, _ = NCCL_PROTOCOL_LIMITS.get(hw.name, (math.inf, (math.inf,) * 2, 0.0, False))
     p_base, p_intra, p_inter, factor = NCCL_LL if protocol == "ll" else NCCL_LL128
-    base, intra, inter = base * p_base / SIMPLE[0], intra * p_intra / SIMPLE[1], inter * p_inter / SIMPLE[2]
+    simple_base, simple_intra, simple_inter, _ = NCCL_SIMPLE
+    base, intra, inter = base * p_base / simple_base, intra * p_intra / simple_intra, inter * p_inter / simple_inter
     bandwidth *= factor
     if group.nodes > 1:
         intra = max(intra, post_overhead)
@@ -120,7 +118,7 @@ def tree_all_reduce_time(nbytes: float, group: Group, hw: HardwareProfile) -> fl
     return latency + nbytes / (0.5 * bandwidth)
 
 
-def protocols(kind: str, hw: HardwareProfile) -> tuple:
+def protocols(kind: str, hw: HardwareProfile) -> Tuple[str, ...]:
     """The protocols NCCL may pick for a collective on this profile's nodes: LL128 for the ring collectives where it
     is on by default (NCCL_PROTOCOL_LIMITS; an accelerator missing there has LL only); point-to-point transfers
     (and all-to-all, grouped from them) run Simple or LL (src/enqueue.cc: LL below NCCL_P2P_LL_THRESHOLD)."""

@@ -209,12 +209,13 @@ ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, float]]] = {
 # with every 8 bytes (x 0.5) and its bus bandwidth is capped at llMaxBws: by GPU generation within a node (Ampere
 # 87.7 GB/s, Hopper 141), by the host's CPU vendor across nodes (Intel: 39.0 over two nodes, 20.4 over more; AMD:
 # 22.5 / 19.0); NCCL 2.18, which the 2024 tables ran, capped it harder (a quarter of the bus bandwidth across nodes,
-# 87.7 GB/s within a Hopper node: LL128 takes over from about 2 MB instead of 4.5 MB in a node). LL128 sends 120 of every
-# 128 bytes (x 0.92; its per-channel cap, 20 GB/s Ampere and 36.7 Hopper, exceeds the links at
+# 87.7 GB/s within a Hopper node: LL128 takes over from about 2 MB instead of 4.5 MB in a node). LL128 sends 120
+# of every 128 bytes (x 0.92; its per-channel cap, 20 GB/s Ampere and 36.7 Hopper, exceeds the links at
 # NCCL_COLLECTIVE_CTAS channels) and is on by default on NVLink nodes of Ampere and Hopper only. Across nodes a
 # ring's NVLink steps cost at least the network post overhead, 1 us on Intel and 2 on AMD hosts (getNetOverhead;
 # x 3 for Simple, under its 3.4 us). Hosts: DGX A100, 2x AMD EPYC 7742; DGX H100 / H200, 2x Intel Xeon 8480C
 # (NVIDIA DGX user guides).
+NCCL_SIMPLE = (8.4 * US, 3.4 * US, 14.0 * US, 1.0)  # the profiles' own collective latencies below
 NCCL_LL = (6.6 * US, 0.6 * US, 2.7 * US, 0.5)
 NCCL_LL128 = (14.0 * US, 1.9 * US, 4.0 * US, 0.92)
 _LL_MAX_INTEL, _LL_MAX_AMD = (39.0 * GB, 20.4 * GB), (22.5 * GB, 19.0 * GB)  # over two nodes, over more
@@ -231,9 +232,9 @@ NCCL_COLLECTIVE_CTAS = 24
 NCCL_P2P_CTAS = 2
 NIC_EFFICIENCY = 0.9
 NVLS_ALL_REDUCE_GAIN = {5: 1.14, 6: 1.19, 7: 1.26, 8: 1.29}
-_NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=8.4 * US, intra_step_latency_s=3.4 * US,
-                    inter_step_latency_s=14.0 * US, low_latency_protocol=True, overlaps_comm=True,
-                    op_latency_s=4 * US, cpu_adam_params_per_s=5.6e8, nvme_bandwidth=3.1 * GB,
+_NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=NCCL_SIMPLE[0],
+                    intra_step_latency_s=NCCL_SIMPLE[1], inter_step_latency_s=NCCL_SIMPLE[2], low_latency_protocol=True,
+                    overlaps_comm=True, op_latency_s=4 * US, cpu_adam_params_per_s=5.6e8, nvme_bandwidth=3.1 * GB,
                     host_op_latency_s=14.7 * US)
 HARDWARE: Dict[str, HardwareProfile] = {
     "a100_sxm": HardwareProfile("a100_sxm", 0.869, _A100_FA2, _A100_FA2, 2039 * GB, 0.90, gpus_per_node=8,

@@ -254,8 +254,11 @@ def profile_from(records: List[Dict[str, object]], world: int, name: str, disk: 
     return profile, raw
 
 
+Records = List[Dict[str, object]]
+
+
 def _measure_in_group(rank: int, world: int, init_method: str, precision: str,
-                      keep: Callable[[List[Dict[str, object]]], None] = lambda records: None) -> List[Dict[str, object]]:
+                      keep: Callable[[Records], None] = lambda records: None) -> Records:
     """Every rank's measurements, taken at once in one gloo group (each rank gets them all); `keep` receives them
     once every rank has passed the barrier, before the group is torn down."""
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several ranks per node
