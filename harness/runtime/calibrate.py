@@ -280,13 +280,13 @@ def _worker(rank: int, world: int, port: int, precision: str, out: str) -> None:
                       keep=lambda records: _write_records(records, out) if rank == 0 else None)
 
 
-def _write_records(records: List[Dict[str, object]], out: str) -> None:
+def _write_records(records: Records, out: str) -> None:
     """Whole or not at all: gathered_records reads the file after a peer's death in teardown."""
     Path(out + ".tmp").write_text(json.dumps(records))
     os.replace(out + ".tmp", out)
 
 
-def gathered_records(out: str, world: int, error: BaseException) -> List[Dict[str, object]]:
+def gathered_records(out: str, world: int, error: BaseException) -> Records:
     """Rank 0's records when a rank died after the measurement: rank 0 writes them once every rank's record was
     gathered and every rank passed the barrier, before the group's teardown, so a death in that teardown (gloo's
     pairs throw "Connection reset by peer" when a peer exits first, and the uncaught exception aborts:

@@ -11,7 +11,6 @@ and whether the plan fits the device: every row ran, so "no" is a memory-model m
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 from collections import defaultdict
@@ -21,8 +20,9 @@ from typing import Dict, List, Optional, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.plan.planner import GIB, make_plan  # noqa: E402
-from tests.published.runs import (TABLES, PublishedRun, gpus_of, predicted_tokens_per_s_per_gpu,  # noqa: E402
-                                  prediction_error, published_runs, weak_scaling_groups)
+from tests.published.runs import (TABLES, PublishedRun, gpus_of, label_without_gpus,  # noqa: E402
+                                  predicted_tokens_per_s_per_gpu, prediction_error, published_runs,
+                                  weak_scaling_groups)
 
 Result = Tuple[PublishedRun, float, float, Optional[bool], float]  # run, predicted, error, fits, GiB per rank
 
@@ -68,7 +68,7 @@ def weak_scaling(results: List[Result]) -> List[str]:
         few, most = group[0], group[-1]
         measured_change = most.tokens_per_s_per_gpu / few.tokens_per_s_per_gpu - 1
         predicted_change = predicted[id(most)] / predicted[id(few)] - 1
-        lines.append(f"  {few.table:<24} {re.sub(r' (gpus|gbs)=[0-9]+', '', few.label):<44} {gpus_of(few):>4} -> "
+        lines.append(f"  {few.table:<24} {label_without_gpus(few):<44} {gpus_of(few):>4} -> "
                      f"{gpus_of(most):<4} GPUs  measured {measured_change:+6.1%}  predicted {predicted_change:+6.1%}")
     return lines
 

@@ -340,7 +340,13 @@ def prediction_error(run: PublishedRun, plan: Optional[Plan] = None) -> float:
 
 
 def gpus_of(run: PublishedRun) -> int:
+    """The GPUs the row ran on."""
     return run.config.cluster.nodes * run.config.cluster.accelerators_per_node
+
+
+def label_without_gpus(run: PublishedRun) -> str:
+    """The row's label less its GPU count and global batch: what rows of one layout at several scales share."""
+    return re.sub(r" (gpus|gbs)=\d+", "", run.label)
 
 
 def weak_scaling_groups(runs: List[PublishedRun]) -> List[List[PublishedRun]]:
@@ -349,5 +355,5 @@ def weak_scaling_groups(runs: List[PublishedRun]) -> List[List[PublishedRun]]:
     groups: Dict[Tuple[str, str, str], List[PublishedRun]] = defaultdict(list)
     for run in runs:
         layout = {k: v for k, v in asdict(run.config.layout).items() if k not in ("name", "dp_shard", "dp_replicate")}
-        groups[(run.table, re.sub(r" (gpus|gbs)=\d+", "", run.label), repr(sorted(layout.items())))].append(run)
+        groups[(run.table, label_without_gpus(run), repr(sorted(layout.items())))].append(run)
     return [sorted(group, key=gpus_of) for group in groups.values() if len({gpus_of(run) for run in group}) > 1]
