@@ -11,6 +11,7 @@ from harness.plan.hardware import GEMM_TILES, SPLIT_K, SPLIT_K_MIN_DEPTH, Hardwa
 from harness.plan.model_spec import ModelSpec
 from harness.plan.regime import (AUTOCAST_LAYER_ELEMENTWISE_OPS, AUTOCAST_LAYER_TRAFFIC, AUTOCAST_WEIGHT_CAST_BYTES,
                                  COMPILED_LAYER_ELEMENTWISE_OPS, compiled_layer_elementwise_bytes, fp8_cast_bytes)
+from harness.plan.states import rank_shape
 
 
 class OpTime(NamedTuple):
@@ -196,8 +197,7 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
                                                                                                   dtype_bytes)
         moved *= 2 if backward else 1
     elif autocast_fp32:  # each weight matrix of the layer (this rank's TP shard) is cast: norms' weights are not
-        weights = sum(math.prod(t.shape) / (tp if t.tp_dim is not None else 1) for t in spec.layer_tensors
-                      if len(t.shape) >= 2)
+        weights = sum(rank_shape(t, tp, ep=1)[0] for t in spec.layer_tensors if len(t.shape) >= 2)
         ops = AUTOCAST_LAYER_ELEMENTWISE_OPS[direction]
         moved = (layer_elementwise_bytes(spec, tokens, tp, 2) * AUTOCAST_LAYER_TRAFFIC[direction]
                  + AUTOCAST_WEIGHT_CAST_BYTES * weights)

@@ -42,7 +42,9 @@ class RankParams(NamedTuple):
 _RANK_PARAMS: Dict[tuple, Tuple[ModelSpec, RankParams]] = {}
 
 
-def _local(t: ParamTensor, tp: int, ep: int, split_tp: bool = True) -> Tuple[int, int]:
+def rank_shape(t: ParamTensor, tp: int, ep: int, split_tp: bool = True) -> Tuple[int, int]:
+    """(elements, first dimension) of one rank's piece of `t`: its TP dimension split (the larger piece of an uneven
+    split) and experts spread over ep."""
     shape = list(t.shape)
     if split_tp and t.tp_dim is not None and tp > 1:
         shape[t.tp_dim] = -(-shape[t.tp_dim] // tp)
@@ -68,12 +70,12 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layer_ids: Tuple[int, ...], f
     expert: List[Tuple[int, int, int]] = []
     untrained: List[Tuple[int, int, int]] = []
     units: List[Tuple[Tuple[int, ...], int]] = []
-    layer_modules = tuple(tuple(_local(t, tp, ep)[0] for t in _execution_order(spec.layer_kinds[spec.layer_pattern[i]]))
+    layer_modules = tuple(tuple(rank_shape(t, tp, ep)[0] for t in _execution_order(spec.layer_kinds[spec.layer_pattern[i]]))
                           for i in layer_ids)
     for kind, count in sorted(Counter(spec.layer_pattern[i] for i in layer_ids).items()):
         layer_numels = []
         for t in spec.layer_kinds[kind]:
-            numel, dim0 = _local(t, tp, ep)
+            numel, dim0 = rank_shape(t, tp, ep)
             (expert if t.expert else dense).append((numel, dim0, count))
             if not t.trained:
                 untrained.append((numel, dim0, count))
@@ -107,7 +109,7 @@ def _root_tensors(spec: ModelSpec, tp: int, ep: int, first: bool, last: bool, pp
     root_numels: List[int] = []
     if first:
         for i, t in enumerate(first_t):
-            numel, dim0 = _local(t, tp, ep, split_tp=tp_shards_vocab[0] or i > 0)
+            numel, dim0 = rank_shape(t, tp, ep, split_tp=tp_shards_vocab[0] or i > 0)
             dense.append((numel, dim0, 1))
             root_numels.append(numel)
     if last:
@@ -115,7 +117,7 @@ def _root_tensors(spec: ModelSpec, tp: int, ep: int, first: bool, last: bool, pp
         if spec.tied_embeddings and (pp > 1 and not first):
             head.append(first_t[0])
         for t in head:
-            numel, dim0 = _local(t, tp, ep, split_tp=tp_shards_vocab[1])
+            numel, dim0 = rank_shape(t, tp, ep, split_tp=tp_shards_vocab[1])
             dense.append((numel, dim0, 1))
             root_numels.append(numel)
     return root_numels
