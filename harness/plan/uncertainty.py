@@ -54,14 +54,30 @@ def interval(value: float, width: float) -> Tuple[float, float]:
     return value * (1 - width), value * (1 + width)
 
 
+# Accelerators whose predictions share one population of errors: a GPU generation runs the same kernels,
+# libraries and interconnect (the H200 computes as the H100: harness.plan.hardware); any other stands alone.
+ACCELERATOR_FAMILIES = {"a100_sxm": "ampere", "a100_sxm_40gb": "ampere", "h100_sxm": "hopper", "h200": "hopper"}
+
+
+def accelerator_family(accelerator: str) -> str:
+    """The family a layout's accelerator is calibrated with (ACCELERATOR_FAMILIES; cpu for CPU ranks, else the
+    accelerator itself)."""
+    return "cpu" if accelerator == "cpu" else ACCELERATOR_FAMILIES.get(accelerator, accelerator)
+
+
+def device_class(regime_name: str) -> str:
+    """cpu or gpu: the class whose pooled rows stand in for a regime with too few of its own."""
+    return "cpu" if regime_name.split("/")[0] == "cpu" else "gpu"
+
+
 def regime(accelerator: str, layout: Any, compiled: bool = False, nodes: int = 1) -> str:
-    """The regime a layout's prediction is calibrated in: device class (cpu, gpu) / how it splits the model,
-    `+multi-node` where it spans nodes, `+compile` and `+fp8` where it runs them. Offload (optimizer or parameters
-    to cpu / nvme) moves the step's bottleneck to the host link, model parallelism (tp, pp, cp or ep > 1) adds the
-    collectives and bubbles the pure data-parallel rows never exercise, and a run over several nodes moves its
-    collectives onto the network (NIC rates, per-hop latency, the fabric's congestion) that one node's runs never
-    cross: each is its own population of errors."""
-    device = "cpu" if accelerator == "cpu" else "gpu"
+    """The regime a layout's prediction is calibrated in: accelerator family (cpu, ampere, hopper, ...) / how it
+    splits the model, `+multi-node` where it spans nodes, `+compile` and `+fp8` where it runs them. A GPU
+    generation's GEMM, attention and memory rates are its own, so rows of one say little of another's errors.
+    Offload (optimizer or parameters to cpu / nvme) moves the step's bottleneck to the host link, model
+    parallelism (tp, pp, cp or ep > 1) adds the collectives and bubbles the pure data-parallel rows never exercise,
+    and a run over several nodes moves its collectives onto the network (NIC rates, per-hop latency, the fabric's
+    congestion) that one node's runs never cross: each is its own population of errors."""
     if _value(layout.offload_optimizer) != "none" or _value(layout.offload_params) != "none":
         split = "offload"
     elif max(layout.tp, layout.pp, layout.cp, layout.ep) > 1:
@@ -70,7 +86,7 @@ def regime(accelerator: str, layout: Any, compiled: bool = False, nodes: int = 1
         split = "data-parallel"
     extras = "".join(("+multi-node" if nodes > 1 else "", "+compile" if compiled else "",
                       "+fp8" if _value(layout.precision) == "fp8" else ""))
-    return f"{device}/{split}{extras}"
+    return f"{accelerator_family(accelerator)}/{split}{extras}"
 
 
 def regime_of(cfg: Any) -> str:
@@ -133,14 +149,14 @@ def band_table() -> Dict[str, Any]:
 @lru_cache(maxsize=None)
 def band(engine: str, regime_name: str) -> Optional[Band]:
     """The band of a prediction by `engine` in `regime_name` (harness.plan.uncertainty.regime): its group's own
-    rows where it has MIN_ROWS, else the pooled rows of its device class widened (uncalibrated_width); None where
-    the device class has no rows at all."""
+    rows where it has MIN_ROWS, else the pooled rows of its device class (cpu or gpu, every accelerator family)
+    widened (uncalibrated_width); None where the device class has no rows at all."""
     groups = band_table()["groups"]
     own = ((groups.get(engine) or {}).get(regime_name) or {}).get("residuals") or []
     if len(own) >= MIN_ROWS:
         width, coverage = half_width(own)
         return Band(width, len(own), "calibrated", regime_name, coverage)
-    device = regime_name.split("/")[0]
+    device = device_class(regime_name)
     pooled = pooled_residuals(groups, device)
     if not pooled:
         return None
@@ -149,8 +165,8 @@ def band(engine: str, regime_name: str) -> Optional[Band]:
 
 
 def pooled_residuals(groups: Dict[str, Dict[str, Any]], device: str) -> List[float]:
-    """Every residual of every engine's groups in the device class."""
-    return [r for regimes in groups.values() for name, group in regimes.items() if name.split("/")[0] == device
+    """Every residual of every engine's groups in the device class (cpu or gpu)."""
+    return [r for regimes in groups.values() for name, group in regimes.items() if device_class(name) == device
             for r in group["residuals"]]
 
 
@@ -158,7 +174,7 @@ def calibrated_medians(groups: Dict[str, Dict[str, Any]], device: str) -> List[f
     """The median residual of each group of the device class that stands on its own rows."""
     return [statistics.median(group["residuals"]) for regimes in groups.values()
             for name, group in regimes.items()
-            if name.split("/")[0] == device and len(group["residuals"]) >= MIN_ROWS]
+            if device_class(name) == device and len(group["residuals"]) >= MIN_ROWS]
 
 
 def describe(prediction_band: Band) -> str:
@@ -169,7 +185,7 @@ def describe(prediction_band: Band) -> str:
                 f"layouts like the {prediction_band.rows} calibration runs of this engine and regime")
     rows = (f"{prediction_band.rows} calibration run(s) of this engine and regime, fewer than {MIN_ROWS}"
             if prediction_band.rows else "no calibration run of this engine and regime")
-    return (f"band {width} ({name}) is uncalibrated: {rows}; it is the pooled {name.split('/')[0]} band widened by "
+    return (f"band {width} ({name}) is uncalibrated: {rows}; it is the pooled {device_class(name)} band widened by "
             "the largest engine bias (harness/plan/uncertainty.py)")
 
 

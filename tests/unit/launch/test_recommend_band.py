@@ -13,7 +13,7 @@ from harness.plan.planner import make_plan
 from harness.plan.recommend import Choice, band_ties
 from harness.plan.uncertainty import Band
 
-NINE = Band(0.09, 10, "calibrated", "gpu/data-parallel", 10 / 11)
+NINE = Band(0.09, 10, "calibrated", "hopper/data-parallel", 10 / 11)
 
 
 def _choice(tokens_per_s, band=NINE):
@@ -52,7 +52,7 @@ def test_recommend_prints_each_choice_with_its_band_and_names_the_ties(tmp_path,
     assert len(rates) == 3, out
     assert re.search(r"\n#2( and #3)? (is|are) within the model's ±\d+% band of #1: a tie the prediction cannot "
                      r"break; measure them \(drop --no-write, then harness sweep sweep=recommended\)", out), out
-    assert "note: band ±" in out and "(gpu/data-parallel)" in out
+    assert "note: band ±" in out and "(hopper/data-parallel)" in out
 
 
 def test_the_why_of_two_tied_choices_says_they_tie():

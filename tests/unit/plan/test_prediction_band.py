@@ -21,6 +21,7 @@ from harness.plan.uncertainty import (
     BAND_FILE,
     Band,
     band,
+    device_class,
     half_width,
     overlaps,
     regime,
@@ -61,26 +62,43 @@ def _layout(**fields):
     return SimpleNamespace(**{**base, **fields})
 
 
-def test_regime_by_device_split_span_and_training_regime():
-    assert regime("h100_sxm", _layout()) == "gpu/data-parallel"
+def test_regime_by_accelerator_family_split_span_and_training_regime():
+    assert regime("h100_sxm", _layout()) == "hopper/data-parallel"
     assert regime("cpu", _layout()) == "cpu/data-parallel"
     for axis in ("tp", "pp", "cp", "ep"):
-        assert regime("a100_sxm", _layout(**{axis: 2})) == "gpu/model-parallel"
-    assert regime("h100_sxm", _layout(tp=2, offload_optimizer="cpu")) == "gpu/offload"
-    assert regime("h100_sxm", _layout(offload_params="nvme")) == "gpu/offload"
-    assert regime("h100_sxm", _layout(precision="fp8"), compiled=True) == "gpu/data-parallel+compile+fp8"
+        assert regime("a100_sxm", _layout(**{axis: 2})) == "ampere/model-parallel"
+    assert regime("h100_sxm", _layout(tp=2, offload_optimizer="cpu")) == "hopper/offload"
+    assert regime("h100_sxm", _layout(offload_params="nvme")) == "hopper/offload"
+    assert regime("h100_sxm", _layout(precision="fp8"), compiled=True) == "hopper/data-parallel+compile+fp8"
     # a run over several nodes crosses the network: its own population of errors, one node is the default
-    assert regime("h100_sxm", _layout(), nodes=1) == "gpu/data-parallel"
-    assert regime("h100_sxm", _layout(), nodes=2) == "gpu/data-parallel+multi-node"
+    assert regime("h100_sxm", _layout(), nodes=1) == "hopper/data-parallel"
+    assert regime("h100_sxm", _layout(), nodes=2) == "hopper/data-parallel+multi-node"
     assert regime("cpu", _layout(tp=2), nodes=2) == "cpu/model-parallel+multi-node"
     assert regime("h100_sxm", _layout(precision="fp8"), compiled=True, nodes=8) == \
-        "gpu/data-parallel+multi-node+compile+fp8"
+        "hopper/data-parallel+multi-node+compile+fp8"
+
+
+def test_one_gpu_generation_is_one_family_and_any_other_accelerator_stands_alone():
+    # the H200 computes as the H100 (harness.plan.hardware), both A100s are one generation
+    assert regime("h200", _layout()) == regime("h100_sxm", _layout())
+    assert regime("a100_sxm_40gb", _layout()) == regime("a100_sxm", _layout()) == "ampere/data-parallel"
+    assert regime("mi300x", _layout()) == "mi300x/data-parallel"
+    assert [device_class(regime(a, _layout())) for a in ("cpu", "a100_sxm", "h200", "mi300x")] == \
+        ["cpu", "gpu", "gpu", "gpu"]
+
+
+def test_rows_of_one_family_do_not_calibrate_another(table):
+    # hopper's five fsdp rows stand behind a hopper layout; an ampere layout of the same engine and split is
+    # uncalibrated: the pooled gpu band widened, every family's rows pooled
+    assert band("fsdp", "hopper/data-parallel").calibrated
+    ampere = band("fsdp", "ampere/data-parallel")
+    assert (ampere.half_width, ampere.rows, ampere.source) == (pytest.approx(0.405), 0, "uncalibrated")
 
 
 TABLE = {"groups": {
-    "fsdp": {"gpu/data-parallel": {"residuals": [-0.05, 0.02, -0.08, 0.01, -0.03]},
-             "gpu/model-parallel": {"residuals": [0.3, -0.2]}},
-    "nd": {"gpu/model-parallel": {"residuals": [0.1, 0.12, 0.09, 0.11]}},
+    "fsdp": {"hopper/data-parallel": {"residuals": [-0.05, 0.02, -0.08, 0.01, -0.03]},
+             "hopper/model-parallel": {"residuals": [0.3, -0.2]}},
+    "nd": {"ampere/model-parallel": {"residuals": [0.1, 0.12, 0.09, 0.11]}},
     "deepspeed": {"cpu/data-parallel": {"residuals": [0.2, -0.1, 0.05]}},
 }}
 
@@ -94,17 +112,17 @@ def table(monkeypatch):
 
 
 def test_a_group_with_enough_rows_stands_on_its_own(table):
-    assert band("fsdp", "gpu/data-parallel") == Band(0.08, 5, "calibrated", "gpu/data-parallel", 5 / 6)
-    assert band("nd", "gpu/model-parallel") == Band(0.12, 4, "calibrated", "gpu/model-parallel", 0.8)
+    assert band("fsdp", "hopper/data-parallel") == Band(0.08, 5, "calibrated", "hopper/data-parallel", 5 / 6)
+    assert band("nd", "ampere/model-parallel") == Band(0.12, 4, "calibrated", "ampere/model-parallel", 0.8)
 
 
 def test_a_group_with_too_few_or_no_rows_takes_the_pooled_band_widened(table):
-    pooled = [-0.05, 0.02, -0.08, 0.01, -0.03, 0.3, -0.2, 0.1, 0.12, 0.09, 0.11]  # every gpu row
+    pooled = [-0.05, 0.02, -0.08, 0.01, -0.03, 0.3, -0.2, 0.1, 0.12, 0.09, 0.11]  # every gpu row, both families
     # 11 rows: k = ceil(10.8) = 11, the largest (0.3); widened by the largest calibrated bias, nd's median 0.105
     assert uncalibrated_width(pooled, [-0.03, 0.105]) == (pytest.approx(0.405), 11 / 12)
-    sparse = band("fsdp", "gpu/model-parallel")
+    sparse = band("fsdp", "hopper/model-parallel")
     assert (sparse.half_width, sparse.rows, sparse.source) == (pytest.approx(0.405), 2, "uncalibrated")
-    unknown = band("megatron_lm", "gpu/model-parallel+fp8")
+    unknown = band("megatron_lm", "hopper/model-parallel+fp8")
     assert (unknown.half_width, unknown.rows, unknown.source) == (pytest.approx(0.405), 0, "uncalibrated")
     # cpu: only deepspeed's three rows, none calibrated: the pooled band unwidened
     assert band("nd", "cpu/model-parallel").half_width == 0.2
@@ -114,7 +132,7 @@ def test_no_band_without_any_row_of_the_device_class(monkeypatch):
     monkeypatch.setattr(uncertainty, "band_table", lambda: {"groups": {}})
     uncertainty.band.cache_clear()
     try:
-        assert band("fsdp", "gpu/data-parallel") is None
+        assert band("fsdp", "hopper/data-parallel") is None
     finally:
         uncertainty.band.cache_clear()
 
@@ -127,7 +145,7 @@ def test_where_a_measurement_falls_against_its_band():
 
 
 def test_bands_overlap_when_their_intervals_meet():
-    nine = Band(0.09, 10, "calibrated", "gpu/data-parallel", 10 / 11)
+    nine = Band(0.09, 10, "calibrated", "hopper/data-parallel", 10 / 11)
     assert overlaps(100.0, nine, 84.0, nine)  # 91.0 <= 91.56
     assert not overlaps(100.0, nine, 83.0, nine)  # 91.0 > 90.47
     assert not overlaps(100.0, None, 99.0, None)
@@ -158,13 +176,13 @@ def test_the_recorded_cpu_rows_name_the_engine_and_regime_their_overrides_compos
 def test_a_plan_carries_the_band_of_its_engine_and_regime():
     cfg = compose_run_config(["recipes=gpu_llama8b_fsdp_8gpu"])
     plan = make_plan(cfg)
-    assert plan.prediction_band == band("fsdp", "gpu/data-parallel")
-    assert plan.prediction_band.calibrated and plan.to_dict()["prediction_band"]["regime"] == "gpu/data-parallel"
+    assert plan.prediction_band == band("fsdp", "hopper/data-parallel")
+    assert plan.prediction_band.calibrated and plan.to_dict()["prediction_band"]["regime"] == "hopper/data-parallel"
     tp = make_plan(replace(cfg, layout=replace(cfg.layout, tp=2, dp_shard=4)))
-    assert tp.prediction_band.regime == "gpu/model-parallel" and not tp.prediction_band.calibrated
+    assert tp.prediction_band.regime == "hopper/model-parallel" and not tp.prediction_band.calibrated
     assert make_plan(cfg, predict_time=False).prediction_band is None
     two_nodes = make_plan(compose_run_config(["recipes=gpu_qwen3_32b_fsdp_16gpu"]))
-    assert two_nodes.prediction_band == band("fsdp", "gpu/data-parallel+multi-node")
+    assert two_nodes.prediction_band == band("fsdp", "hopper/data-parallel+multi-node")
     assert two_nodes.prediction_band.calibrated and two_nodes.prediction_band.rows >= uncertainty.MIN_ROWS
 
 
@@ -176,5 +194,5 @@ def test_the_published_runs_module_is_read_with_each_rows_engine_regime_and_resi
     fake = SimpleNamespace(published_runs=lambda: [run], prediction_error=lambda r: 0.25)
     monkeypatch.setitem(sys.modules, "tests.published.runs", fake)
     (row,) = _tool().published_rows()
-    assert (row.table, row.label, row.engine, row.regime) == ("a_table", "row 1", "fsdp", "gpu/model-parallel")
+    assert (row.table, row.label, row.engine, row.regime) == ("a_table", "row 1", "fsdp", "hopper/model-parallel")
     assert row.residual == pytest.approx(-0.2)  # 25% optimistic: the measurement 20% under the prediction

@@ -14,7 +14,7 @@ from harness.rundir import COMPLETED
 from harness.runtime.bench import band_summary
 from tests.unit.report.synthetic_runs import make_run
 
-FSDP_GPU = band("fsdp", "gpu/data-parallel")
+FSDP_GPU = band("fsdp", "hopper/data-parallel")
 
 
 def test_the_plan_table_shows_the_predicted_tokens_per_s_with_its_band_and_says_what_it_is(capsys, monkeypatch):
@@ -25,7 +25,7 @@ def test_the_plan_table_shows_the_predicted_tokens_per_s_with_its_band_and_says_
     out = capsys.readouterr().out
     rate = f"{points[0].plan.tokens_per_s:,.0f} (±{FSDP_GPU.half_width:.0%})"
     assert "pred tokens/s (band)" in out and rate in out
-    assert (f"note: band ±{FSDP_GPU.half_width:.0%} (gpu/data-parallel): the measured tokens/s lies within it for "
+    assert (f"note: band ±{FSDP_GPU.half_width:.0%} (hopper/data-parallel): the measured tokens/s lies within it for "
             f"{FSDP_GPU.coverage:.0%} of layouts like the {FSDP_GPU.rows} calibration runs") in out
     assert plan_view.export_rows(points)[0]["tokens_per_s_band"] == FSDP_GPU.half_width
 
@@ -39,7 +39,7 @@ def test_an_uncalibrated_band_is_said_to_be(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert f"{points[0].plan.tokens_per_s:,.0f} (±" in out and "%*)" in out
     assert "note: * band ±" in out
-    assert "(gpu/data-parallel+compile+fp8) is uncalibrated: no calibration run of this engine and regime" in out
+    assert "(hopper/data-parallel+compile+fp8) is uncalibrated: no calibration run of this engine and regime" in out
 
 
 def _with_prediction(run_dir, factor, width=0.09):
@@ -70,7 +70,7 @@ def test_the_report_puts_the_band_beside_the_measurement_and_says_where_it_fell(
 
 
 def test_the_wandb_summary_holds_the_band_and_where_the_measurement_fell():
-    predicted = {"tokens_per_s": 1000.0, "tokens_per_s_band": 0.09, "band_regime": "gpu/data-parallel",
+    predicted = {"tokens_per_s": 1000.0, "tokens_per_s_band": 0.09, "band_regime": "hopper/data-parallel",
                  "band_source": "calibrated", "band_rows": 10}
     assert band_summary(predicted, 950.0) == {**{k: v for k, v in predicted.items() if k != "tokens_per_s"},
                                               "tokens_per_s_predicted_low": pytest.approx(910.0),
