@@ -1,0 +1,71 @@
+"""The time model beside two public A100 tables of software stacks it does not model (printed, never calibrated
+on, never a test): what `make_plan` predicts for their layouts on the nearest harness engine.
+
+1. NVIDIA/NeMo-Megatron-Launcher README at 3579cdb3 (2022-09-07), "Training Performance Results": GPT-3 5B on 1-32
+   and GPT-3 175B on 8-128 DGX A100 80GB nodes, tokens/s of the whole job. Layouts from the same commit's
+   conf/training/gpt3/5b.yaml (TP 1, PP 1, micro-batch 2, GBS 2048, sequence 2048, no recompute: method block with 0
+   layers) and 175b.yaml (TP 8, PP 8, sequence parallel, selective recompute, micro-batch 2, GBS 2048); both
+   distributed_fused_adam, bf16, dropout 0.1. That stack (apex, no flash attention) is not the harness's Megatron-LM
+   export (Transformer Engine layers, flash attention): the rows print twice, as the export and with eager
+   attention and dropout (the nearest the harness has to Megatron's unfused softmax).
+2. Dao-AILab/flash-attention training/README.md (table from 4a6eaa9f, 2022-11-29), "Training speed": GPT3-125M to
+   2.7B on one node of 8 x A100 80GB, tokens/s of the node. Layouts from training/configs/experiment/pile/ (per-GPU
+   batch for 80 GB: 32, 32, 16, 8, 4; global batch 256, 256, 256, 512, 512 sequences of 2048; no recompute; DDP
+   with ZeRO-1; FlashAttention v1 then, with fused MLP and dropout-add-LayerNorm). That trainer is none of the
+   harness's engines: the rows print as megatron_lm (fused elementwise work) and as fsdp (unfused), with
+   cluster.attention_kernel=flash_attention_1.
+
+Usage: PYTHONPATH=$PWD .venv/bin/python tools/a100_cross_check.py
+"""
+
+from harness.config.schema import (BenchConfig, ClusterConfig, LauncherConfig, LayoutConfig, ModelConfig, RunConfig,
+                                   engine_config)
+from harness.plan.planner import make_plan
+
+# (model, hidden, heads, layers, gpus, tp, pp, recompute, micro-batch, GBS, measured tokens/s of the job)
+NEMO = [("gpt3-5b", 4096, 32, 24, 8 * n, 1, 1, "none", 2, 2048, t)
+        for n, t in zip((1, 2, 4, 8, 16, 32), (40345, 79815, 161754, 312774, 659481, 1159288))]
+NEMO += [("gpt3-175b", 12288, 96, 96, 8 * n, 8, 8, "selective", 2, 2048, t)
+         for n, t in zip((8, 16, 32, 64, 128), (7500, 14950, 29537, 58211, 109684))]
+FLASH = [("gpt3-125m", 768, 12, 12, 8, 1, 1, "none", 32, 256, 1310e3),
+         ("gpt3-355m", 1024, 16, 24, 8, 1, 1, "none", 32, 256, 503e3),
+         ("gpt3-760m", 1536, 16, 24, 8, 1, 1, "none", 16, 256, 245e3),
+         ("gpt3-1.3b", 2048, 16, 24, 8, 1, 1, "none", 8, 512, 169e3),
+         ("gpt3-2.7b", 2560, 20, 32, 8, 1, 1, "none", 4, 512, 85e3)]
+
+
+def config(row, engine: str, attention: str, dropout: float, kernel: str, vocab: int) -> RunConfig:
+    name, hidden, heads, layers, gpus, tp, pp, recompute, micro, gbs, _ = row
+    hf = dict(model_type="gpt2", n_embd=hidden, n_head=heads, n_layer=layers, n_positions=2048, vocab_size=vocab,
+              tie_word_embeddings=True, activation_function="gelu", attn_implementation=attention,
+              resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    dp = gpus // (tp * pp)
+    layout = LayoutConfig(name=None, dp_shard=dp, tp=tp, pp=pp, zero_stage=1 if engine == "megatron_lm" else 2,
+                          micro_batch=micro, grad_accum=gbs // (micro * dp), seq_len=2048,
+                          activation_checkpointing=recompute, precision="bf16")
+    cluster = ClusterConfig(name="a100_sxm", nodes=max(1, gpus // 8), accelerators_per_node=min(8, gpus),
+                            accelerator="a100_sxm", host_memory_gib=2048, attention_kernel=kernel)
+    launcher = LauncherConfig(backend="slurm", exclusive=True, time_limit="02:00:00") if gpus > 8 else LauncherConfig()
+    eng = (engine_config("megatron_lm", sequence_parallel=tp > 1) if engine == "megatron_lm"
+           else engine_config("fsdp", fsdp_version=2))
+    return RunConfig(model=ModelConfig(name=name, hf_config=hf), engine=eng, layout=layout, cluster=cluster,
+                     launcher=launcher, bench=BenchConfig(flop_attention="full", flop_include_lm_head=True))
+
+
+def report(title: str, rows, engine: str, attention: str, dropout: float, kernel: str, vocab: int) -> None:
+    print(f"\n{title}")
+    for row in rows:
+        plan = make_plan(config(row, engine, attention, dropout, kernel, vocab))
+        measured = row[-1] / row[4]
+        predicted = plan.tokens_per_s / plan.world_size
+        print(f"  {row[0]:10} gpus={row[4]:<5} measured {measured:8.0f}  predicted {predicted:8.0f}  "
+              f"{predicted / measured - 1:+6.1%}  predicted MFU {plan.predicted_mfu:.2f}")
+
+
+if __name__ == "__main__":
+    report("NeMo-Megatron-Launcher 2022, DGX A100 80GB, as the harness's Megatron-LM export (tokens/s per GPU)",
+           NEMO, "megatron_lm", "sdpa", 0.0, "flash_attention_2", 50257)
+    report("the same, eager attention and dropout 0.1", NEMO, "megatron_lm", "eager", 0.1, "flash_attention_2", 50257)
+    for engine in ("megatron_lm", "fsdp"):
+        report(f"flash-attention's GPT3 trainer, 8 x A100 80GB, FlashAttention v1, as {engine}",
+               FLASH, engine, "sdpa", 0.0, "flash_attention_1", 50264)
