@@ -15,7 +15,7 @@ on, never a test): what `make_plan` predicts for their layouts on the nearest ha
    harness's engines: the rows print as megatron_lm (fused elementwise work) and as fsdp (unfused), with
    cluster.attention_kernel=flash_attention_1.
 
-Usage: PYTHONPATH=$PWD .venv/bin/python tools/a100_cross_check.py
+Usage: .venv/bin/python tools/a100_cross_check.py (part of `make bench`)
 """
 
 from harness.config.schema import (BenchConfig, ClusterConfig, LauncherConfig, LayoutConfig, ModelConfig, RunConfig,
