@@ -93,7 +93,7 @@ def _protocol_terms(protocol: str, group: Group, hw: HardwareProfile, base: floa
     """LL's or LL128's (base, NVLink step, network step latency, bus bandwidth) from Simple's: NCCL's numbers
     scaled by the profile's Simple ones over NCCL's (8.4 / 3.4 / 14 us), the bandwidth by the protocol's factor,
     LL's capped (NCCL_PROTOCOL_LIMITS); across nodes an NVLink step costs at least the network post overhead."""
-    ll_within, ll_across, post_overhead, _ = NCCL_PROTOCOL_LIMITS.get(hw.name, (math.inf, (math.inf,) * 2, 0.0, False))
+    ll_within, ll_across, post_overhead, _ = protocol_limits(hw)
     p_base, p_intra, p_inter, factor = NCCL_LL if protocol == "ll" else NCCL_LL128
     simple_base, simple_intra, simple_inter, _ = NCCL_SIMPLE
     base, intra, inter = base * p_base / simple_base, intra * p_intra / simple_intra, inter * p_inter / simple_inter
@@ -122,8 +122,14 @@ def protocols(kind: str, hw: HardwareProfile) -> Tuple[str, ...]:
     """The protocols NCCL may pick for a collective on this profile's nodes: LL128 for the ring collectives where it
     is on by default (NCCL_PROTOCOL_LIMITS; an accelerator missing there has LL only); point-to-point transfers
     (and all-to-all, grouped from them) run Simple or LL (src/enqueue.cc: LL below NCCL_P2P_LL_THRESHOLD)."""
-    ll128 = NCCL_PROTOCOL_LIMITS.get(hw.name, (None, None, None, False))[3]
+    ll128 = protocol_limits(hw)[3]
     return ("simple", "ll", "ll128") if ll128 and kind not in ("p2p", "all_to_all") else ("simple", "ll")
+
+
+def protocol_limits(hw: HardwareProfile) -> Tuple[float, Tuple[float, float], float, bool]:
+    """The profile's accelerator's (LL cap within a node, LL caps over two nodes and over more, network post overhead,
+    LL128 on) from NCCL_PROTOCOL_LIMITS; an accelerator missing there: LL uncapped, no post overhead, no LL128."""
+    return NCCL_PROTOCOL_LIMITS.get(hw.name, (math.inf, (math.inf, math.inf), 0.0, False))
 
 
 @lru_cache(maxsize=1 << 16)

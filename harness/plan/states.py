@@ -70,8 +70,8 @@ def rank_params(spec: ModelSpec, tp: int, ep: int, layer_ids: Tuple[int, ...], f
     expert: List[Tuple[int, int, int]] = []
     untrained: List[Tuple[int, int, int]] = []
     units: List[Tuple[Tuple[int, ...], int]] = []
-    layer_modules = tuple(tuple(rank_shape(t, tp, ep)[0] for t in _execution_order(spec.layer_kinds[spec.layer_pattern[i]]))
-                          for i in layer_ids)
+    layer_modules = tuple(tuple(rank_shape(t, tp, ep)[0]
+                                for t in _execution_order(spec.layer_kinds[spec.layer_pattern[i]])) for i in layer_ids)
     for kind, count in sorted(Counter(spec.layer_pattern[i] for i in layer_ids).items()):
         layer_numels = []
         for t in spec.layer_kinds[kind]:

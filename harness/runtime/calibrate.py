@@ -267,7 +267,7 @@ def _measure_in_group(rank: int, world: int, init_method: str, precision: str,
     clock = CoreWaitClock()
     record = measure_rank(dtype)
     record["core_wait_share"] = clock.share()  # how much the host's other processes slowed its micro-benchmarks
-    records: List[Dict[str, object]] = [None] * world  # type: ignore[list-item]
+    records: Records = [None] * world  # type: ignore[list-item]
     dist.all_gather_object(records, record)
     dist.barrier()  # no rank tears its gloo pairs down while a peer still reads the gather
     keep(records)
