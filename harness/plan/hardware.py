@@ -73,6 +73,10 @@ class HardwareProfile:
     # an accelerator runs the kernels (host_work.dispatch_s): what bounds a step whose kernels are shorter than
     # their dispatch. 0: the host is the device (CPU profiles, whose op_latency_s is on the critical path).
     host_op_latency_s: float = 0.0
+    # Share of the time one rank stalls on its own (its host's garbage collector, OS noise), holding up every rank
+    # that waits for it at each layer (time_model.straggler_stretch); 0: not modelled (CPU profiles measure the
+    # wait for a core instead).
+    rank_stall_share: float = 0.0
     measured_peak_flops: Optional[float] = None  # CPU: the measured matmul peak stands in for a datasheet
     source: str = "datasheet"
     version: int = 0  # PROFILE_VERSION of the calibration that wrote it; datasheet rows carry none
@@ -225,6 +229,19 @@ NCCL_PROTOCOL_LIMITS = {  # accelerator: (LL cap within a node, LL caps across n
     "h100_sxm": (141.0 * GB, _LL_MAX_INTEL, 1.0 * US, True),
     "h200": (141.0 * GB, _LL_MAX_INTEL, 1.0 * US, True),
 }
+# Stragglers: synchronous training moves at the pace of its slowest rank at every collective the compute waits
+#         for, so a rank's private stall (a garbage-collector pass, OS noise) holds up every rank it meets there,
+#         and the loss grows with their number (Petrini et al. 2003, "The Case of the Missing Supercomputer
+#         Performance", SC'03: noise amplification). Megatron-LM's --manual-gc ("helps to align the timing of the
+#         collection across ranks which mitigates the impact of CPU-associated jitters") and torchtitan's gc_freq
+#         (pytorch/torchtitan#148: about 1.5% per step on 512 GPUs of FSDP from aligned collection alone) exist
+#         for it. RANK_STALL_SHARE is the median, over the 17 groups of FSDP rows that differ only in their GPU
+#         count in the llm-foundry tables (tests/data/llm_foundry_*.csv; from 8-128 to 64-512 GPUs), of the
+#         per-rank share that turns the model's tokens/s per GPU ratio between a group's ends into the measured
+#         one, the model run without it (from 2.0e-5 to 7.0e-4, and -2.0e-3 where the A100 40GB 1b row at 32
+#         GPUs lies 20% below its 64- and 128-GPU neighbours). 2.2e-4 of the time: an 11 ms stall every 50 s.
+#         tests/unit/plan/test_published_throughput.py checks that it still explains them.
+RANK_STALL_SHARE = 2.2e-4
 GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 SPLIT_K = (1, 2, 4, 8)
 SPLIT_K_MIN_DEPTH = 1024
@@ -235,7 +252,7 @@ NVLS_ALL_REDUCE_GAIN = {5: 1.14, 6: 1.19, 7: 1.26, 8: 1.29}
 _NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=NCCL_SIMPLE[0],
                     intra_step_latency_s=NCCL_SIMPLE[1], inter_step_latency_s=NCCL_SIMPLE[2], low_latency_protocol=True,
                     overlaps_comm=True, op_latency_s=4 * US, cpu_adam_params_per_s=5.6e8, nvme_bandwidth=3.1 * GB,
-                    host_op_latency_s=14.7 * US)
+                    host_op_latency_s=14.7 * US, rank_stall_share=RANK_STALL_SHARE)
 HARDWARE: Dict[str, HardwareProfile] = {
     "a100_sxm": HardwareProfile("a100_sxm", 0.869, _A100_FA2, _A100_FA2, 2039 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,

@@ -19,7 +19,7 @@ from plan_helpers import REAL_SHAPES, run_config
 
 MS = 1e-3
 # every collective 1 ms, whatever its size: an all-reduce is two algorithm steps on two ranks, the rest one
-COUNTING = replace(HARDWARE["h100_sxm"], name="counting", overlaps_comm=False, gpus_per_node=2,
+COUNTING = replace(HARDWARE["h100_sxm"], name="counting", overlaps_comm=False, gpus_per_node=2, rank_stall_share=0.0,
                    collective_links={"all_reduce": (MS / 2, 1e30), "all_gather": (MS, 1e30),
                                      "reduce_scatter": (MS, 1e30), "p2p": (MS, 1e30)})
 
