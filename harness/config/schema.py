@@ -133,11 +133,13 @@ class AttentionKernel(Choice):
     """Fused attention kernel generations the time model has measured rates for (harness.plan.hardware,
     ATTENTION_KERNEL_RATES): FlashAttention-2, the kernel of torch SDPA and flash-attn 2 (the default),
     FlashAttention v1 (flash-attn 1.x) and its Triton port (flash-attn's flash_attn_triton.py, MPT's
-    attn_impl=triton), which older software stacks ran."""
+    attn_impl=triton), which older software stacks ran; and FlashAttention-2's variable-length kernel behind
+    flash-attn's bert_padding unpad / pad, as MPT's attn_impl=flash calls it (every call, padded or not)."""
 
     flash_attention_2 = "flash_attention_2"
     flash_attention_1 = "flash_attention_1"
     flash_attention_1_triton = "flash_attention_1_triton"
+    flash_attention_2_unpadded = "flash_attention_2_unpadded"
 
 
 DEFAULT_ATTENTION_KERNEL = AttentionKernel.flash_attention_2

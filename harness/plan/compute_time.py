@@ -141,8 +141,33 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
                                                                                   seq_len // max(1, cp), hw)
     sequence_heads = heads * tokens / seq_len
     per_head = hw.attention_backward_head_latency_s if backward else hw.attention_head_latency_s
-    return (hw.op_latency_s + sequence_heads * per_head
+    return (hw.op_latency_s + sequence_heads * per_head + unpad_pad_time(spec, tokens, tp, dtype_bytes, hw, backward)
             + (full / 2) * (hw.attention_backward_ratio if backward else 1.0) / rate)
+
+
+# flash-attn's bert_padding (v2.4.2) around its variable-length kernel, as MPT's flash_attn_fn calls it on every
+# layer (llm-foundry 5e85bd62d, llmfoundry/models/layers/attention.py: an all-ones mask when none is given), in
+# bytes per element of q, k and v, per element of the output, in units of the element size, and ops:
+# - forward: unpad_input on each of q, k, v: a sum, nonzero, max().item(), cumsum and pad on the mask, then
+#   IndexFirstAxis's torch.gather (reads and writes the tensor: 2; its index is an expanded view); pad_input on the
+#   output: torch.zeros and an index_put (write, read, write: 3);
+# - backward: each gather's zeros and scatter_ (write, read, write: 3); the output's gather (2).
+# nonzero and .item() wait for the device, so the host issues the forward's ops with the device idle: they take
+# the host's dispatch time (HardwareProfile.host_op_latency_s) where the profile has one.
+UNPAD_PAD = {"forward": (2, 3, 3 * 6 + 2), "backward": (3, 2, 3 * 2 + 1)}
+
+
+def unpad_pad_time(spec: ModelSpec, tokens: float, tp: int, dtype_bytes: int, hw: HardwareProfile,
+                   backward: bool) -> float:
+    """The copies flash-attn's unpad / pad wrap around the kernel on one layer for `tokens` tokens on a TP rank
+    (UNPAD_PAD); 0 unless the profile's kernel runs behind them (hw.attention_unpad)."""
+    if not hw.attention_unpad:
+        return 0.0
+    _, _, q, kv = spec.mean_attention()
+    per_input, per_output, ops = UNPAD_PAD["backward" if backward else "forward"]
+    moved = tokens * dtype_bytes * (per_input * (q + 2 * kv) + per_output * q) / tp
+    latency = hw.op_latency_s if backward else max(hw.op_latency_s, hw.host_op_latency_s)
+    return ops * latency + moved / (hw.memory_bandwidth * hw.memory_efficiency)
 
 
 def attention_kernel_efficiency(head_dim: float, seq_len: int, hw: HardwareProfile) -> float:

@@ -48,6 +48,8 @@ class HardwareProfile:
     # sequence length T it is 1 / (1 + attention_half_rate_tokens / T) of it (1.0 / 0: no shape dependence).
     attention_small_head_ratio: float = 1.0
     attention_half_rate_tokens: float = 0.0
+    # the kernel runs behind flash-attn's bert_padding unpad / pad (compute_time.unpad_pad_time; MPT's attn_impl=flash)
+    attention_unpad: bool = False
     # fixed seconds per (sequence, head) of a fused attention call, forward and backward (0: FLOPs dominate)
     attention_head_latency_s: float = 0.0
     attention_backward_head_latency_s: float = 0.0
@@ -207,6 +209,9 @@ ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, float]]] = {
                           "h200": _H100_FA1},
     "flash_attention_1_triton": {"a100_sxm": _A100_FA1_TRITON, "a100_sxm_40gb": _A100_FA1_TRITON,
                                  "h100_sxm": _H100_FA1_TRITON, "h200": _H100_FA1_TRITON},
+    # FA2's own rates (the profiles'), its inputs and output copied around it (compute_time.UNPAD_PAD)
+    "flash_attention_2_unpadded": {name: {"attention_unpad": True}
+                                   for name in ("a100_sxm", "a100_sxm_40gb", "h100_sxm", "h200")},
 }
 # NCCL's ring protocols beside Simple (src/graph/tuning.cc, ncclTunerConstantsDefaults and ncclTopoTuneModel, NCCL
 # 2.30): (base latency, step latency over NVLink, over the network, bus bandwidth factor). LL sends an 8-byte flag

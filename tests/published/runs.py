@@ -77,14 +77,15 @@ _FOUNDRY_ZERO = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
 # sweep.sh passing none: MPT's Triton port of FlashAttention v1, beside flash-attn 1.0.3 / 1.0.9 (setup.py's gpu
 # extra then); the README keeps "TODO: Update tables with torch 2.0". The large-scale H100 table (5e85bd62d,
 # 2024-01) was measured by sweep.py with flash-attn 2.4.2 installed (pip_install ".[gpu-flash2]"): attn_impl
-# flash (FlashAttention-2) for 1b, 3b, 7b and 70b, attn_impl triton for 13b and 30b.
+# flash (FlashAttention-2's variable-length kernel behind flash-attn's unpad / pad, MPT's flash_attn_fn) for 1b, 3b,
+# 7b and 70b, attn_impl triton for 13b and 30b.
 _FOUNDRY_TRITON = AttentionKernel.flash_attention_1_triton
 _FOUNDRY_LARGE_TRITON = ("13b", "30b")
 
 
 def _foundry_large_kernel(row: Row) -> AttentionKernel:
     """The large-scale table's kernel by model (sweep.py's --attn_impl per model yaml)."""
-    return _FOUNDRY_TRITON if row["model"] in _FOUNDRY_LARGE_TRITON else DEFAULT_ATTENTION_KERNEL
+    return _FOUNDRY_TRITON if row["model"] in _FOUNDRY_LARGE_TRITON else AttentionKernel.flash_attention_2_unpadded
 
 
 # Composer's FSDP as the llm-foundry runs had it: FSDP1 (FullyShardedDataParallel). Its backward prefetch: Composer's

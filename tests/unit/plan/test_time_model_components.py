@@ -199,6 +199,27 @@ def test_the_triton_port_scales_to_hopper_as_flash_attention_2_does():
     assert ratio > FA1_CAUSAL["h100_sxm", 128][16384] / FA1_CAUSAL["a100_sxm", 128][16384] + 0.05
 
 
+def test_mpts_flash_path_adds_flash_attns_unpad_and_pad_copies_to_flash_attention_2():
+    # MPT's attn_impl=flash (llm-foundry 5e85bd62d) unpads q, k and v and pads the output on every call: with
+    # hidden 2048 and 16k tokens, q, k, v and the output hold 2048 x 16384 bf16 elements each. Forward: three
+    # gathers (read + write) and the output's zeros + index_put (3 passes): 9 passes, its 20 ops at the host's
+    # dispatch time (nonzero and .item() drain the device); backward: three zeros + scatter_ (3 passes each) and
+    # one gather (2): 11 passes, 7 ops at the device's op latency
+    fa2, unpadded = HARDWARE["h100_sxm"], kernel_profile("h100_sxm", AttentionKernel.flash_attention_2_unpadded)
+    assert unpadded.attention_efficiency_flash == fa2.attention_efficiency_flash  # the kernel is FA2's
+    spec, tokens, peak = bench_attention(128), 16384, achievable_peak(fa2, "h100_sxm", "bf16")
+    bandwidth = fa2.memory_bandwidth * fa2.memory_efficiency
+    one_pass = 2048 * tokens * 2 / bandwidth
+    forward, backward = (attention_time(spec, tokens, 2048, 1, 2, unpadded, peak, b)
+                         - attention_time(spec, tokens, 2048, 1, 2, fa2, peak, b) for b in (False, True))
+    assert forward == pytest.approx(9 * one_pass + 20 * fa2.host_op_latency_s)
+    assert backward == pytest.approx(11 * one_pass + 7 * fa2.op_latency_s)
+    # tensor parallelism splits the heads and with them the copies
+    split = attention_time(spec, tokens, 2048, 2, 2, unpadded, peak, True) - attention_time(spec, tokens, 2048, 2, 2,
+                                                                                             fa2, peak, True)
+    assert split == pytest.approx(11 * one_pass / 2 + 7 * fa2.op_latency_s)
+
+
 def test_mpt_rows_whose_attention_dominates_agree_with_the_triton_port_on_a100():
     # llm-foundry's A100 rows (MPT, attn_impl=triton) without checkpointing whose attention is over 60% of the
     # predicted step: the kernel's rate alone sets them. With FlashAttention v1's CUDA rates the head dim 128 rows
