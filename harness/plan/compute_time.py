@@ -167,7 +167,7 @@ def unpad_pad_time(spec: ModelSpec, tokens: float, tp: int, dtype_bytes: int, hw
     per_input, per_output, ops = UNPAD_PAD["backward" if backward else "forward"]
     moved = tokens * dtype_bytes * (per_input * (q + 2 * kv) + per_output * q) / tp
     latency = hw.op_latency_s if backward else max(hw.op_latency_s, hw.host_op_latency_s)
-    return ops * latency + moved / (hw.memory_bandwidth * hw.memory_efficiency)
+    return ops * latency + streaming_time(moved, 0, hw)
 
 
 def attention_kernel_efficiency(head_dim: float, seq_len: int, hw: HardwareProfile) -> float:
