@@ -20,9 +20,9 @@ from typing import Dict, List, Optional, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.plan.planner import GIB, make_plan  # noqa: E402
-from tests.published.runs import (TABLES, PublishedRun, gpus_of, label_without_gpus,  # noqa: E402
+from tests.published.runs import (REPEATS, TABLES, PublishedRun, gpus_of, label_without_gpus,  # noqa: E402
                                   predicted_tokens_per_s_per_gpu, prediction_error, published_runs,
-                                  weak_scaling_groups)
+                                  repeated_layouts, weak_scaling_groups)
 
 Result = Tuple[PublishedRun, float, float, Optional[bool], float]  # run, predicted, error, fits, GiB per rank
 
@@ -73,6 +73,26 @@ def weak_scaling(results: List[Result]) -> List[str]:
     return lines
 
 
+def repeats(results: List[Result], worst: int) -> List[str]:
+    """Per table with an earlier campaign by its source (tests.published.runs.REPEATS): how far the two measurements
+    of each layout both measured differ, beside the model's error on each, the pairs that differ most first. A
+    row's error cannot be read more finely than its source repeats it."""
+    error = {(run.table, run.label, run.config.layout.grad_accum): e for run, _, e, _, _ in results}
+    lines = []
+    for table in [t for t in REPEATS if any(run.table == t for run, _, _, _, _ in results)]:
+        pairs = repeated_layouts(table)
+        changes = [row.tokens_per_s_per_gpu / earlier.tokens_per_s_per_gpu - 1 for row, earlier in pairs]
+        absolute = [abs(change) for change in changes]
+        lines.append(f"  {table}: {len(pairs)} layouts measured twice, the pinned campaign over the earlier: median "
+                     f"|change| {statistics.median(absolute):.1%}, max {max(absolute):.1%}, median signed "
+                     f"{statistics.median(changes):+.1%}")
+        for change, (row, earlier) in sorted(zip(changes, pairs), key=lambda c: -abs(c[0]))[:worst]:
+            lines.append(f"  {change:+7.1%}  {row.label}: {earlier.tokens_per_s_per_gpu:.0f} then "
+                         f"{row.tokens_per_s_per_gpu:.0f}; model {prediction_error(earlier):+.1%} then "
+                         f"{error[(table, row.label, row.config.layout.grad_accum)]:+.1%}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", choices=list(TABLES), help="one table only")
@@ -103,6 +123,8 @@ def main() -> None:
     print("\n".join(weak_scaling(results)) or "  (no table repeats a layout at several GPU counts)")
     misfits = [r for r in results if r[3] is False]
     print(f"planned as not fitting though they ran: {len(misfits)} of {len(results)}")
+    print("\nthe sources' own repeat: one layout measured in two campaigns (earlier campaign: tests/data, REPEATS)")
+    print("\n".join(repeats(results, args.worst)) or "  (no table here has an earlier campaign)")
 
     print(f"\nworst {args.worst} rows by |error|")
     for run, predicted, error, _, _ in sorted(results, key=lambda r: -abs(r[2]))[:args.worst]:

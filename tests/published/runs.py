@@ -316,14 +316,32 @@ def published_runs(table: Optional[str] = None) -> List[PublishedRun]:
     """Every row of one table (or of every table), mapped onto harness configs."""
     if table is not None and table not in TABLES:
         raise ValueError(f"table={table!r}: the published tables are {', '.join(TABLES)}")
+    return [run for name in ([table] if table else list(TABLES)) for run in _mapped(name, TABLES[name].path)]
+
+
+def _mapped(table: str, path: Path) -> List[PublishedRun]:
+    """The rows of the CSV at `path`, mapped as `table`'s rows are."""
+    spec, source = TABLES[table], source_of(path)
     runs = []
-    for name in [table] if table else list(TABLES):
-        spec = TABLES[name]
-        source = source_of(spec.path)
-        for row in read_rows(spec.path):
-            label, config, measured, flops, flop_config = spec.mapping(row)
-            runs.append(PublishedRun(name, label, spec.engine, config, measured, source, flops, flop_config))
+    for row in read_rows(path):
+        label, config, measured, flops, flop_config = spec.mapping(row)
+        runs.append(PublishedRun(table, label, spec.engine, config, measured, source, flops, flop_config))
     return runs
+
+
+# A table's earlier campaign by the same source, superseded by the pinned version: the layouts measured in both
+# show how far two measurements of one layout differ, the data's own noise beside the model's error
+REPEATS: Dict[str, Path] = {"llm_foundry_a100_80gb": DATA / "llm_foundry_a100_80gb_2023_05_bf16.csv"}
+
+
+def repeated_layouts(table: str) -> List[Tuple[PublishedRun, PublishedRun]]:
+    """(row, the earlier campaign's row) for each of the table's layouts that its REPEATS campaign measured too. A row
+    the pinned version carried over (the same tokens/s: llm-foundry's 70b A100 rows) is one measurement, not two."""
+    def key(run: PublishedRun) -> Tuple[str, int]:
+        return run.label, run.config.layout.grad_accum
+    earlier = {key(run): run for run in _mapped(table, REPEATS[table])}
+    return [(run, earlier[key(run)]) for run in published_runs(table)
+            if key(run) in earlier and run.tokens_per_s_per_gpu != earlier[key(run)].tokens_per_s_per_gpu]
 
 
 def predicted_tokens_per_s_per_gpu(run: PublishedRun, plan: Optional[Plan] = None) -> float:

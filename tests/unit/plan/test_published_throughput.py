@@ -18,7 +18,7 @@ from harness.plan.hardware import RANK_STALL_SHARE
 from harness.plan.planner import make_plan
 from harness.plan.time_model import lockstep_ranks
 from tests.published.runs import (TABLES, PublishedRun, gpus_of, predicted_tokens_per_s_per_gpu, prediction_error,
-                                  published_runs, weak_scaling_groups)
+                                  published_runs, repeated_layouts, weak_scaling_groups)
 
 # table -> (median |error|, max |error|) bounds: the current state plus headroom, not a target met.
 BOUNDS = {
@@ -134,3 +134,21 @@ def test_the_rank_stall_share_explains_how_fsdp_rows_slow_down_with_their_gpu_co
               f"residual stall share {residuals[-1]:+.1e}")
     print(f"median {statistics.median(residuals):+.1e} against RANK_STALL_SHARE {RANK_STALL_SHARE:.1e}")
     assert abs(statistics.median(residuals)) <= 0.2 * RANK_STALL_SHARE
+
+
+def test_the_model_is_as_near_one_of_a_layouts_two_measurements_as_they_are_to_each_other(capsys):
+    # llm-foundry measured 55 A100 80GB layouts in two campaigns (2023-05 bf16 PURE, 2023-10 amp_bf16): they differ by
+    # a median 1.5% and by up to 19.8% (mpt-760m at 512 tokens: 36,719 then 29,446). Against the nearer of each
+    # layout's two measurements the model misses by a median within a point of that and by at most 6%, but for
+    # mpt-30b at 8k tokens on 8 GPUs, which both campaigns (and the H100 table) measured slower than it predicts
+    pairs = repeated_layouts("llm_foundry_a100_80gb")
+    assert len(pairs) == 55
+    changes = [abs(row.tokens_per_s_per_gpu / earlier.tokens_per_s_per_gpu - 1) for row, earlier in pairs]
+    nearer = {row.label: min(abs(prediction_error(row)), abs(prediction_error(earlier))) for row, earlier in pairs}
+    with capsys.disabled():
+        print(f"\nllm_foundry_a100_80gb, {len(pairs)} layouts measured twice: the campaigns differ by a median "
+              f"{statistics.median(changes):.1%} (max {max(changes):.1%}); the model against the nearer measurement: "
+              f"median {statistics.median(nearer.values()):.1%}, max {max(nearer.values()):.1%}")
+    assert statistics.median(nearer.values()) <= statistics.median(changes) + 0.01
+    outliers = {label for label, error in nearer.items() if error > 0.06}
+    assert outliers == {"mpt-30b T=8192 gpus=8 mb=1 ckpt=full FULL_SHARD"}
