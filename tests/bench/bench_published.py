@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.plan.planner import GIB, make_plan  # noqa: E402
 from tests.published.runs import (REPEATS, TABLES, PublishedRun, gpus_of, label_without_gpus,  # noqa: E402
-                                  predicted_tokens_per_s_per_gpu, prediction_error, published_runs,
+                                  layout_key, predicted_tokens_per_s_per_gpu, prediction_error, published_runs,
                                   repeated_layouts, weak_scaling_groups)
 
 Result = Tuple[PublishedRun, float, float, Optional[bool], float]  # run, predicted, error, fits, GiB per rank
@@ -77,7 +77,7 @@ def repeats(results: List[Result], worst: int) -> List[str]:
     """Per table with an earlier campaign by its source (tests.published.runs.REPEATS): how far the two measurements
     of each layout both measured differ, beside the model's error on each, the pairs that differ most first. A
     row's error cannot be read more finely than its source repeats it."""
-    error = {(run.table, run.label, run.config.layout.grad_accum): e for run, _, e, _, _ in results}
+    error = {layout_key(run): e for run, _, e, _, _ in results}
     lines = []
     for table in [t for t in REPEATS if any(run.table == t for run, _, _, _, _ in results)]:
         pairs = repeated_layouts(table)
@@ -89,7 +89,7 @@ def repeats(results: List[Result], worst: int) -> List[str]:
         for change, (row, earlier) in sorted(zip(changes, pairs), key=lambda c: -abs(c[0]))[:worst]:
             lines.append(f"  {change:+7.1%}  {row.label}: {earlier.tokens_per_s_per_gpu:.0f} then "
                          f"{row.tokens_per_s_per_gpu:.0f}; model {prediction_error(earlier):+.1%} then "
-                         f"{error[(table, row.label, row.config.layout.grad_accum)]:+.1%}")
+                         f"{error[layout_key(row)]:+.1%}")
     return lines
 
 

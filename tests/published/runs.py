@@ -334,14 +334,17 @@ def _mapped(table: str, path: Path) -> List[PublishedRun]:
 REPEATS: Dict[str, Path] = {"llm_foundry_a100_80gb": DATA / "llm_foundry_a100_80gb_2023_05_bf16.csv"}
 
 
+def layout_key(run: PublishedRun) -> Tuple[str, str, int]:
+    """What names a row's layout within its table: the label and the micro-batches per step."""
+    return run.table, run.label, run.config.layout.grad_accum
+
+
 def repeated_layouts(table: str) -> List[Tuple[PublishedRun, PublishedRun]]:
     """(row, the earlier campaign's row) for each of the table's layouts that its REPEATS campaign measured too. A row
     the pinned version carried over (the same tokens/s: llm-foundry's 70b A100 rows) is one measurement, not two."""
-    def key(run: PublishedRun) -> Tuple[str, int]:
-        return run.label, run.config.layout.grad_accum
-    earlier = {key(run): run for run in _mapped(table, REPEATS[table])}
-    return [(run, earlier[key(run)]) for run in published_runs(table)
-            if key(run) in earlier and run.tokens_per_s_per_gpu != earlier[key(run)].tokens_per_s_per_gpu]
+    earlier = {layout_key(run): run for run in _mapped(table, REPEATS[table])}
+    return [(run, earlier[layout_key(run)]) for run in published_runs(table) if layout_key(run) in earlier
+            and run.tokens_per_s_per_gpu != earlier[layout_key(run)].tokens_per_s_per_gpu]
 
 
 def predicted_tokens_per_s_per_gpu(run: PublishedRun, plan: Optional[Plan] = None) -> float:
