@@ -610,9 +610,17 @@ def staged_moments(schedule: str, pp: int, virtual_stages: int, microbatches: in
 @lru_cache(maxsize=4096)
 def distinct_moments(schedule: str, pp: int, virtual_stages: int, microbatches: int,
                      rank: int) -> Tuple[Tuple[Tuple[int, ...], int], ...]:
-    """staged_moments without repeats (the peak is a maximum over them), memoised: a steady
+    """staged_moments without repeats, and without a moment another holds at least as much of everywhere: the
+    peak is a maximum of non-negative weighings of them, which such a moment never sets. Memoised: a steady
     schedule repeats the same holdings once per micro-batch."""
-    return tuple(dict.fromkeys(staged_moments(schedule, pp, virtual_stages, microbatches, rank)))
+    moments = tuple(dict.fromkeys(staged_moments(schedule, pp, virtual_stages, microbatches, rank)))
+    return tuple(moment for moment in moments if not any(other != moment and _holds_at_least(other, moment)
+                                                         for other in moments))
+
+
+def _holds_at_least(other: Tuple[Tuple[int, ...], int], moment: Tuple[Tuple[int, ...], int]) -> bool:
+    """Whether `other` holds at least `moment`'s chunks of every local stage and its loss parts."""
+    return other[1] >= moment[1] and all(a >= b for a, b in zip(other[0], moment[0]))
 
 
 def split_backward_moments(schedule: str, pp: int, virtual_stages: int, microbatches: int,

@@ -64,6 +64,7 @@ def stage_to_rank(stage: int, pp: int, schedule: str) -> int:
     return stage % pp
 
 
+@lru_cache(maxsize=65536)  # asked for every rank of every layout the recommender plans
 def rank_stages(schedule: str, pp: int, virtual_stages: int, rank: int) -> Tuple[int, ...]:
     """Stage indices pipeline rank `rank` runs, in order: looped (r, r+p, ...) or V-shaped (r, 2p-1-r)."""
     if pp == 1:

@@ -185,7 +185,7 @@ def clear_caches() -> None:
     from harness.plan import comm, compute_time, pipeline
 
     for memo in (activations.distinct_moments, comm.collective_time, comm.axis_group, compute_time.layer_time,
-                 compute_time.outside_time, pipeline.rank_layers):
+                 compute_time.outside_time, pipeline.rank_layers, pipeline.rank_stages):
         memo.cache_clear()
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.config.schema import LayoutConfig, engine_config
-from harness.plan.activations import (inflight_microbatches, layer_activations, rank_activation_bytes,
-                                      split_backward_moments, token_activations)
+from harness.plan.activations import (STAGED_SCHEDULES, distinct_moments, inflight_microbatches, layer_activations,
+                                      rank_activation_bytes, split_backward_moments, staged_moments,
+                                      token_activations)
 from harness.plan.conventions import STATE_CONVENTIONS, StateConvention, partition_numel, state_convention
 from harness.plan.conventions import DEEPSPEED_BUCKET_NUMEL
 from harness.plan.memory import Allowance, allowance_bytes, deepspeed_bucket_bytes, memory_per_rank
@@ -265,6 +268,25 @@ def test_split_backward_moments_follow_torch_orders():
     # every rank holds p micro-batches at most, where Interleaved1F1B's rank 0 holds 2.5
     assert [max(sum(c) for c, _ in moments) for moments in ranks] == [4, 4]
     assert inflight_microbatches("InterleavedZeroBubble", 4, 2, 8, 0) == 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(schedule=st.sampled_from(STAGED_SCHEDULES), pp=st.integers(2, 8), virtual=st.integers(1, 3),
+       microbatches=st.integers(1, 24), data=st.data())
+def test_the_kept_moments_set_every_peak_the_replayed_ones_do(schedule, pp, virtual, microbatches, data):
+    # distinct_moments keeps only moments no other holds as much of everywhere: under any non-negative bytes per
+    # chunk of each local stage and per loss part, its peak is the peak over every replayed moment
+    virtual = 2 if schedule in ("ZBVZeroBubble", "DualPipeV") else virtual
+    rank = data.draw(st.integers(0, pp - 1))
+    every = staged_moments(schedule, pp, virtual, microbatches, rank)
+    kept = distinct_moments(schedule, pp, virtual, microbatches, rank)
+    assert set(kept) <= set(every) and len(kept) <= len(set(every))
+    weights = data.draw(st.lists(st.integers(0, 10**6), min_size=len(every[0][0]), max_size=len(every[0][0])))
+    loss = data.draw(st.integers(0, 10**6))
+
+    def peak(moments):
+        return max(sum(n * w for n, w in zip(counts, weights)) + held * loss for counts, held in moments)
+    assert peak(kept) == peak(every)
 
 
 def test_split_backward_bytes_weigh_each_stage():
