@@ -320,16 +320,18 @@ def run_command(args: List[str]) -> int:
         return 2
     from omegaconf import OmegaConf
 
+    from harness.terminal import print_fitted
+
     OmegaConf.register_new_resolver(POINT_NAME_RESOLVER, _point_name, replace=True)
     searchpath, overrides = searchpath_override(overrides)
     sys.argv = [completion_program(flags), *flags, searchpath, POINT_SUBDIR, *overrides]
     try:
         hydra.main(config_path=str(CONFIG_DIR), config_name=PRIMARY_CONFIG, version_base="1.3")(_run_task)()
     except KeyboardInterrupt:
-        print(f"[harness] interrupted: {', '.join(_failed_runs) or 'nothing'} cancelled", file=sys.stderr)
+        print_fitted(f"[harness] interrupted: {', '.join(_failed_runs) or 'nothing'} cancelled", sys.stderr)
         return INTERRUPTED
     if _failed_runs:
-        print(f"[harness] not completed: {', '.join(_failed_runs)}", file=sys.stderr)
+        print_fitted(f"[harness] not completed: {', '.join(_failed_runs)}", sys.stderr)
         return 1
     return 0
 

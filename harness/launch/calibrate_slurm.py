@@ -15,6 +15,7 @@ from harness.launch.sbatch import template
 from harness.launch.slurm_commands import SlurmError, slurm_command
 from harness.plan.hardware import load_profile, profile_path
 from harness.rundir import write_text
+from harness.terminal import print_fitted
 
 # The options slurm/templates/calibrate.sbatch.j2 writes: its files and name (the harness alone) and the
 # job's shape (from --nodes / --tasks-per-node); the short forms are those of OWNED_SBATCH.
@@ -63,15 +64,15 @@ def main(argv: Sequence[str]) -> int:
     script = out.with_name(f"{out.stem}.calibrate.sbatch")
     write_text(script, render_calibrate_script(script, out, args.name, args.nodes, args.tasks_per_node,
                                                args.precision, args.sbatch))
-    print(f"[harness] calibrating on {args.nodes} node(s) x {args.tasks_per_node} task(s): sbatch {script}")
+    print_fitted(f"[harness] calibrating on {args.nodes} node(s) x {args.tasks_per_node} task(s): sbatch {script}")
     try:
         slurm_command(["sbatch", "--parsable", "--wait", str(script)], timeout=WAIT_S)
     except SlurmError as error:
-        print(f"[harness] calibration job failed: {error} (log: {script.with_suffix('.out')})", file=sys.stderr)
+        print_fitted(f"[harness] calibration job failed: {error} (log: {script.with_suffix('.out')})", sys.stderr)
         return 1
     if load_profile(out) is None:
-        print(f"[harness] the job ended but wrote no profile at {out} (log: {script.with_suffix('.out')})",
-              file=sys.stderr)
+        print_fitted(f"[harness] the job ended but wrote no profile at {out} (log: {script.with_suffix('.out')})",
+                     sys.stderr)
         return 1
     print(f"profile written to {out}; use it with cluster.profile={out}")
     return 0

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from harness.plan.hardware import cpu_profile_name, load_profile, profile_path
 from harness.runtime.host_state import CORE_WAIT_SHARE
+from harness.terminal import print_fitted
 
 # A profile is measured on CALIBRATION_RANKS processes (harness.runtime.calibrate's default); load beyond them
 # above this share of the CPUs means its micro-benchmarks shared their cores (runtime.host_state's rule).
@@ -50,8 +51,8 @@ def stale_reason(path: Path, load_now: float, cpus: int) -> Optional[str]:
     if under and not loaded(load_now, cpus):
         return f"it was measured {under} and the load is {load_now:.1f} now"
     if under:
-        print(f"[harness] warning: this host's profile was measured {under}; predicted step times may be too slow "
-              "(`harness calibrate` on a quiet host redoes it)", file=sys.stderr, flush=True)
+        print_fitted(f"[harness] warning: this host's profile was measured {under}; predicted step times may be too "
+                     "slow (`harness calibrate` on a quiet host redoes it)", sys.stderr)
     return None
 
 
@@ -64,13 +65,13 @@ def measure_missing_host_profile() -> bool:
         reason = stale_reason(path, os.getloadavg()[0], len(os.sched_getaffinity(0)))
         if reason is None:
             return False
-        print(f"[harness] warning: measuring this host's profile again: {reason}", file=sys.stderr, flush=True)
-    print("[harness] measuring this host for the time model (once, about 20 s; `harness calibrate` redoes it)",
-          file=sys.stderr, flush=True)
+        print_fitted(f"[harness] warning: measuring this host's profile again: {reason}", sys.stderr)
+    print_fitted("[harness] measuring this host for the time model (once, about 20 s; `harness calibrate` redoes it)",
+                 sys.stderr)
     proc = subprocess.run([sys.executable, "-m", "harness.runtime.calibrate"], capture_output=True, text=True)
     if proc.returncode:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        print(f"[harness] host calibration failed (exit {proc.returncode}: {tail}); step time is not predicted",
-              file=sys.stderr, flush=True)
+        print_fitted(f"[harness] host calibration failed (exit {proc.returncode}: {tail}); step time is not predicted",
+                     sys.stderr)
         return False
     return True

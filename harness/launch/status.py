@@ -49,6 +49,7 @@ from harness.rundir import (
     state_from_files,
     write_status,
 )
+from harness.terminal import print_fitted
 
 # Slurm job states (22.05 names) by what they mean for a run.
 SLURM_WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
@@ -378,7 +379,7 @@ def refresh(run_dirs: Sequence[Path], query_slurm: bool = True, now: Optional[fl
         try:
             index, answered = SlurmIndex(slurm_commands.squeue_jobs(queried_ids(submissions.values()))), True
         except slurm_commands.SlurmError as error:
-            print(f"[harness] squeue failed, showing the run directories' own state: {error}")
+            print_fitted(f"[harness] squeue failed, showing the run directories' own state: {error}")
         missing = [run for run, sub in submissions.items() if sub and answered and index.squeue_view(sub) is None
                    and read_status(run).state not in FINAL_STATES]
         if missing:
@@ -386,7 +387,7 @@ def refresh(run_dirs: Sequence[Path], query_slurm: bool = True, now: Optional[fl
             try:
                 index.add_sacct(slurm_commands.sacct_rows(keys))
             except Exception as error:  # sacct absent or unconfigured: squeue's view is all there is
-                print(f"[harness] sacct failed: {error}")
+                print_fitted(f"[harness] sacct failed: {error}")
     slurm_views = {run: (index.squeue_view(sub) or index.sacct_view(sub, records[run])) if sub and answered else None
                    for run, sub in submissions.items()}
     slurm_views = _judge_unavailable_nodes(slurm_views, submissions, now)
@@ -417,7 +418,7 @@ def _judge_unavailable_nodes(slurm_views: Dict[Path, Optional[SlurmView]], submi
     try:
         nodes = slurm_commands.sinfo_nodes()
     except slurm_commands.SlurmError as error:  # unknown node states: the jobs keep waiting
-        print(f"[harness] sinfo failed, jobs waiting for nodes keep waiting: {error}")
+        print_fitted(f"[harness] sinfo failed, jobs waiting for nodes keep waiting: {error}")
         return slurm_views
     judged = dict(slurm_views)
     for run, view in waiting.items():
@@ -432,7 +433,7 @@ def _cancel(job_key: str) -> None:
     try:
         slurm_commands.scancel([job_key])
     except slurm_commands.SlurmError as error:
-        print(f"[harness] scancel {job_key} failed: {error}")
+        print_fitted(f"[harness] scancel {job_key} failed: {error}")
 
 
 def counts(views: Iterable[RunView]) -> Dict[str, int]:

@@ -24,6 +24,7 @@ import pandas as pd
 
 from harness.report.headline import headline
 from harness.rundir import TIME_PARTS, wandb_file_environment, write_text
+from harness.terminal import print_fitted
 
 PUBLISH_TIMEOUT_S = 120
 # Summary keys the runtime writes (harness/runtime/bench.py `_flat_summary`: the scalar fields of `Measured`).
@@ -214,12 +215,12 @@ def publish_with_timeout(path: Path, timeout_s: float = PUBLISH_TIMEOUT_S, entit
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
-        print(f"[harness] W&B report not published: no answer within {timeout_s:.0f} s; the spec stays at {path}",
-              file=sys.stderr)
+        print_fitted(f"[harness] W&B report not published: no answer within {timeout_s:.0f} s; the spec stays at {path}",
+                     sys.stderr)
         return None
     if process.returncode != 0:
-        print(f"[harness] W&B report not published ({err.strip().splitlines()[-1:] or ['no message']}); "
-              f"the spec stays at {path}", file=sys.stderr)
+        print_fitted(f"[harness] W&B report not published ({err.strip().splitlines()[-1:] or ['no message']}); "
+                     f"the spec stays at {path}", sys.stderr)
         return None
     lines = out.strip().splitlines()
     return lines[-1] if lines else None

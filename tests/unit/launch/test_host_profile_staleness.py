@@ -45,3 +45,16 @@ def test_a_profile_whose_ranks_waited_for_a_core_is_measured_again_though_the_lo
     data["raw"]["core_wait_share"] = 0.02
     path.write_text(json.dumps(data))
     assert stale_reason(path, load_now=1.0, cpus=2) is None
+
+
+def test_the_under_load_warning_fits_the_terminal(tmp_path, capsys, monkeypatch):
+    """Printed before a plan or a recommend table, the warning wraps to COLUMNS as the table does."""
+    path = profile(tmp_path, load=2.8)
+    data = json.loads(path.read_text())
+    data["raw"]["core_wait_share"] = 0.11
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("COLUMNS", "100")
+    assert stale_reason(path, load_now=4.0, cpus=2) is None
+    err = capsys.readouterr().err
+    assert "waited for a core 11% of the time (load 2.8 on 2 CPUs)" in " ".join(err.split())
+    assert max(len(line) for line in err.splitlines()) <= 100 < len(" ".join(err.split()))
