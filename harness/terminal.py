@@ -70,7 +70,24 @@ def fit_text(text: str, width: Optional[int]) -> str:
 def print_fitted(text: str, stream: Any = None) -> None:
     """Print `text` fitted to the width of `stream` (terminal_width: COLUMNS, else the terminal's, else as is)."""
     stream = stream or sys.stdout
-    print(fit_text(text, terminal_width(stream)), file=stream, flush=True)
+    try:
+        print(fit_text(text, terminal_width(stream)), file=stream, flush=True)
+    except BrokenPipeError:
+        silence(stream)
+
+
+def silence(stream: Any) -> None:
+    """After a write to `stream` found its reader gone (`| head`, a closed `less`): its file descriptor points at
+    /dev/null from then on, so later lines and the flush at exit succeed unseen, and a run goes on to write its
+    results to its own files (Python's signal module docs, "Note on SIGPIPE"; rich's Console does the same for
+    the tables it prints, then exits 1). A stream without a descriptor (a test's capture) is left as it is."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _text(cell: Cell) -> Any:
