@@ -215,8 +215,8 @@ def publish_with_timeout(path: Path, timeout_s: float = PUBLISH_TIMEOUT_S, entit
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
-        print_fitted(f"[harness] W&B report not published: no answer within {timeout_s:.0f} s; the spec stays at {path}",
-                     sys.stderr)
+        print_fitted(f"[harness] W&B report not published: no answer within {timeout_s:.0f} s; the spec stays at "
+                     f"{path}", sys.stderr)
         return None
     if process.returncode != 0:
         print_fitted(f"[harness] W&B report not published ({err.strip().splitlines()[-1:] or ['no message']}); "
