@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Dict, NamedTuple, Tuple
+from typing import Any, Dict, List, NamedTuple, Tuple
 
 from harness.plan.conventions import COMPUTE_BYTES
 from harness.plan.model_spec import ModelSpec
@@ -614,8 +614,14 @@ def distinct_moments(schedule: str, pp: int, virtual_stages: int, microbatches: 
     peak is a maximum of non-negative weighings of them, which such a moment never sets. Memoised: a steady
     schedule repeats the same holdings once per micro-batch."""
     moments = tuple(dict.fromkeys(staged_moments(schedule, pp, virtual_stages, microbatches, rank)))
-    return tuple(moment for moment in moments if not any(other != moment and _holds_at_least(other, moment)
-                                                         for other in moments))
+    # Visited by falling total, a moment's holders come before it (a distinct one holds more in all), and any
+    # holder is itself held by a kept one: checking the kept ones alone is enough.
+    kept: List[Tuple[Tuple[int, ...], int]] = []
+    for moment in sorted(moments, key=lambda m: sum(m[0]) + m[1], reverse=True):
+        if not any(_holds_at_least(other, moment) for other in kept):
+            kept.append(moment)
+    kept_set = set(kept)
+    return tuple(moment for moment in moments if moment in kept_set)
 
 
 def _holds_at_least(other: Tuple[Tuple[int, ...], int], moment: Tuple[Tuple[int, ...], int]) -> bool:

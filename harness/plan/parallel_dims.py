@@ -26,7 +26,7 @@ class ParallelDims:
     @classmethod
     def of(cls, layout: Any) -> "ParallelDims":
         """The degrees of a LayoutConfig (or anything with the same fields)."""
-        return cls(**{f.name: getattr(layout, f.name) for f in fields(cls)})
+        return cls(**{name: getattr(layout, name) for name in _DEGREES})
 
     @property
     def world_size(self) -> int:
@@ -92,3 +92,7 @@ class ParallelDims:
             warnings.append(f"tp={self.tp} > cluster.accelerators_per_node={accelerators_per_node}: tensor-parallel "
                             "collectives cross the inter-node network")
         return errors, warnings
+
+
+# ParallelDims' field names, read once (dataclasses.fields builds them anew at every call; `of` runs per plan).
+_DEGREES = tuple(f.name for f in fields(ParallelDims))

@@ -292,16 +292,17 @@ def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: in
     parameters for engine=fsdp; `grad_reduce_in_bf16` Megatron's bf16 gradient buffer (state_convention)."""
     pp = layout.pp
     v = layout.pp_virtual_stages if pp > 1 else 1
-    key = (id(spec), engine_name, layout.precision, layout.zero_stage, layout.tp, layout.ep, pp, v,
-           layout.pp_schedule, tuple(layout.pp_stage_layers), layout.dp_shard, layout.cp,
-           layout.offload_optimizer, layout.offload_params, fsdp_version, grad_reduce_in_bf16,
-           layout.activation_checkpointing)  # recompute changes what DeepSpeed ZeRO-3 keeps gathered
-    hit = _RANK_STATES.get(key)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
     conv = state_convention(engine_name, layout.precision, layout.zero_stage, fsdp_version, grad_reduce_in_bf16)
     if conv is None:
         raise ValueError(f"no state convention for engine={engine_name!r} precision={layout.precision!r}")
+    key = (id(spec), engine_name, layout.precision, layout.zero_stage, layout.tp, layout.ep, pp, v,
+           layout.pp_schedule, tuple(layout.pp_stage_layers), layout.dp_shard, layout.cp,
+           layout.offload_optimizer, layout.offload_params, fsdp_version, grad_reduce_in_bf16,
+           # full recompute changes what DeepSpeed ZeRO-3 keeps gathered (gathered_bytes), and nothing else here
+           conv.kept_by_reuse and layout.activation_checkpointing == "full")
+    hit = _RANK_STATES.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
     counts = stage_layer_counts(spec.num_layers, pp, v, layout.pp_stage_layers)
     result = []
     for rank in candidate_ranks(pp, layout.pp_schedule, bool(layout.pp_stage_layers)):

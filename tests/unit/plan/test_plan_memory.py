@@ -499,3 +499,26 @@ def test_deepspeed_zero3_of_a_model_past_the_reuse_distance_holds_twice_its_larg
     spec = model_spec_from_hf(model, REAL_SHAPES[model])
     largest = spec.lm_head_params
     assert _zero3_gathered(model) == 2 * largest * 2 == _zero3_gathered(model, ckpt="none")
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp", "nd"])
+def test_memoised_states_are_those_of_the_layouts_own_checkpointing(engine):
+    """rank_states is memoised by what the states depend on: checkpointing only where full recompute changes what
+    DeepSpeed ZeRO-3 keeps gathered. Every mode, planned after the others, gives its states planned alone."""
+    from harness.plan.planner import clear_caches
+
+    def gathered(checkpointing):
+        return make_plan(run_config(model="mistral_7b", engine=dict(name=engine), zero_stage=3, dp_shard=8,
+                                    seq_len=2048, activation_checkpointing=checkpointing,
+                                    cluster=dict(accelerator="h100_sxm", accelerators_per_node=8,
+                                                 memory_per_accelerator_gib=None))).memory.gathered_bytes
+
+    modes = ("none", "selective", "full")
+    alone = {}
+    for mode in modes:
+        clear_caches()
+        alone[mode] = gathered(mode)
+    for order in (modes, modes[::-1]):
+        clear_caches()
+        assert {mode: gathered(mode) for mode in order} == alone
+    assert (alone["full"] != alone["none"]) == (engine == "deepspeed"), alone
