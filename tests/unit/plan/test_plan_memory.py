@@ -471,9 +471,9 @@ LLAMA_3_2_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, int
                     max_position_embeddings=131072, tie_word_embeddings=True)
 
 
-def _zero3_gathered(model: str, hf_config=None, ckpt: str = "full"):
+def _zero3_gathered(model: str, hf_config=None, ckpt: str = "full", engine: str = "deepspeed"):
     cluster = dict(accelerator="h200", accelerators_per_node=1, memory_per_accelerator_gib=None)
-    return make_plan(run_config(model=model, hf_config=hf_config, engine=dict(name="deepspeed"), zero_stage=3,
+    return make_plan(run_config(model=model, hf_config=hf_config, engine=dict(name=engine), zero_stage=3,
                                 dp_shard=1, seq_len=1024, micro_batch=1, activation_checkpointing=ckpt,
                                 precision="bf16", cluster=cluster)).memory.gathered_bytes
 
@@ -508,10 +508,7 @@ def test_memoised_states_are_those_of_the_layouts_own_checkpointing(engine):
     from harness.plan.planner import clear_caches
 
     def gathered(checkpointing):
-        return make_plan(run_config(model="mistral_7b", engine=dict(name=engine), zero_stage=3, dp_shard=8,
-                                    seq_len=2048, activation_checkpointing=checkpointing,
-                                    cluster=dict(accelerator="h100_sxm", accelerators_per_node=8,
-                                                 memory_per_accelerator_gib=None))).memory.gathered_bytes
+        return _zero3_gathered("mistral_7b", ckpt=checkpointing, engine=engine)
 
     modes = ("none", "selective", "full")
     alone = {}
