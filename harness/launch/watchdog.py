@@ -33,6 +33,7 @@ from harness.rundir import (
     RankError,
     error_file,
     read_fatal_report,
+    read_fatal_reports,
     write_json,
     write_status,
 )
@@ -75,6 +76,7 @@ class RankSeen:
     cpu_ticks: int = 0  # user + system time so far, in clock ticks
     last_progress: float = 0.0  # when its CPU time last grew (or it was first seen)
     stopped_since: Optional[float] = None  # stopped by a signal (SIGSTOP, SIGTSTP) or a tracer since then
+    seen_gone: Optional[float] = None  # the first sample that found it ended: it died after last_alive, by then
 
     @property
     def stopped(self) -> bool:
@@ -116,7 +118,7 @@ class Tree:
         for pid, seen in list(self.ranks.items()):
             state = _proc_state(pid)
             if state is None or state.letter == "Z":
-                seen.exit_status = state.exit_status if state else None
+                seen.exit_status, seen.seen_gone = (state.exit_status if state else None), now
                 self.gone.append(self.ranks.pop(pid))
                 continue
             seen.observe(now, available, state)
@@ -217,8 +219,9 @@ def _signal(process: psutil.Process, signum: int) -> None:
 
 def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int, oom_kills: int = 0) -> None:
     """errors/rank<N>.json for each rank that died without writing its own (a signal leaves no record),
-    stamped with the last time it was seen alive so the first failure sorts first. `oom_kills`: how far
-    the memory cgroup's oom_kill counter rose during the run (harness.launch.oom decides what is OOM)."""
+    dated so that the first failure sorts first (_death_time). `oom_kills`: how far the memory cgroup's
+    oom_kill counter rose during the run (harness.launch.oom decides what is OOM)."""
+    fatal_times = [report.time for report in read_fatal_reports(run_dir) if report.time is not None]
     for seen in gone:
         path = run_dir / error_file(seen.rank)
         status = seen.exit_status
@@ -235,7 +238,23 @@ def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int,
                     f"rank RSS {seen.rss / 2**30:.2f} GiB at the last sample")
         message = f"{how}{evidence}" + (f"; {oom}" if oom else "")
         write_json(path, RankError(seen.rank, name, message, oom is not None).to_dict())
-        os.utime(path, (seen.last_alive, seen.last_alive))
+        when = _death_time(seen, fatal_times)
+        os.utime(path, (when, when))
+
+
+# How much later than a peer's fatal-signal report a death it may have caused is dated.
+AFTER_THE_CRASH_S = 1e-3
+
+
+def _death_time(seen: RankSeen, fatal_times: List[float]) -> float:
+    """When a rank that left no record of its own died, for ordering: the last time it was seen alive, as it
+    died after that. A peer's fatal-signal report dated between then and the sample that found it gone leaves
+    the order unknown (a loaded host can keep the watchdog off the CPU for that long). A fatal signal is the
+    crashing rank's own fault, while a death without a record is as likely the launcher's cleanup after it:
+    the death is then dated just after the report."""
+    found_gone = seen.seen_gone if seen.seen_gone is not None else seen.last_alive
+    overlapping = [when for when in fatal_times if seen.last_alive < when <= found_gone]
+    return min(overlapping) + AFTER_THE_CRASH_S if overlapping else seen.last_alive
 
 
 def supervise(run_dir: Path, harness_pid: int, timeout_s: float, argv: List[str]) -> int:

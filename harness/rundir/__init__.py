@@ -15,6 +15,7 @@ from harness.rundir.readers import (  # noqa: F401
     rank_failure,
     read_errors,
     read_fatal_report,
+    read_fatal_reports,
     read_metrics,
     read_run,
     read_status,

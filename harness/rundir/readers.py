@@ -64,16 +64,19 @@ def read_errors(run_dir: PathLike) -> List[RankError]:
     A rank's own exception record (rank<N>.json) wins over its fatal-signal report (rank<N>.fatal), which
     then only tells how the failing rank went down; an empty report is a rank that did not die that way."""
     folder = Path(run_dir) / ERRORS_DIR
-    records: Dict[int, RankError] = {}
-    for path in sorted(folder.glob("rank*.fatal")) if folder.is_dir() else []:
-        record = read_fatal_report(run_dir, _rank_of(path))
-        if record is not None:
-            records[record.rank] = record
+    records: Dict[int, RankError] = {record.rank: record for record in read_fatal_reports(run_dir)}
     for path in sorted(folder.glob("rank*.json")) if folder.is_dir() else []:
         record = _record(path, RankError.from_dict)
         if record is not None:
             records[record.rank] = _dated(record, path)
     return [records[rank] for rank in sorted(records)]
+
+
+def read_fatal_reports(run_dir: PathLike) -> List[RankError]:
+    """Every rank's non-empty fatal-signal report as its record, dated."""
+    folder = Path(run_dir) / ERRORS_DIR
+    paths = sorted(folder.glob("rank*.fatal")) if folder.is_dir() else []
+    return [record for record in (read_fatal_report(run_dir, _rank_of(path)) for path in paths) if record is not None]
 
 
 def read_fatal_report(run_dir: PathLike, rank: int) -> Optional[RankError]:

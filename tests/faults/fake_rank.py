@@ -4,7 +4,8 @@ Every rank ties itself to its launcher and arms its fatal-signal report as the r
 starts a short-lived child that inherits its environment (as a real rank's compiler or linker does),
 writes its pid to pids/rank<N> and sleeps. Rank 0 watches rank 1 and, when it disappears, fails the way a
 gloo collective does when its peer dies ("Connection closed by peer"), writing its error record.
-FAKE_RANK_MODE=succeed: every rank ends well instead, rank 0 writing metrics.json.
+FAKE_RANK_MODE=succeed: every rank ends well instead, rank 0 writing metrics.json. FAKE_RANK_MODE=unaware:
+rank 0 does not notice its peer's death (as a GPU rank waiting in an NCCL collective) until the launcher kills it.
 """
 
 import os
@@ -33,7 +34,7 @@ if os.environ.get("FAKE_RANK_MODE") == "succeed":
         (run_dir / METRICS_FILE).write_text("{}")
     sys.exit(0)
 deadline = time.time() + 120
-if rank == 0:
+if rank == 0 and os.environ.get("FAKE_RANK_MODE") != "unaware":
     peer = pids / "rank1"
     while not peer.exists() and time.time() < deadline:
         time.sleep(0.05)

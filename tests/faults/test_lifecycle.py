@@ -15,7 +15,7 @@ from harness.engines.rendered import RenderedRun
 from harness.launch.local import launch_local
 from harness.launch.run_lock import LOCK_FILE, RunLock, live_holder
 from harness.launch.watchdog import RankSeen, record_signal_deaths
-from harness.rundir import rank_failure, read_errors, read_status
+from harness.rundir import error_file, fatal_report_file, rank_failure, read_errors, read_status
 from tests.faults.procs import fake_job, running, wait_for_ranks, wait_until_gone
 
 HARNESS = "import sys; from pathlib import Path; from harness.engines.rendered import RenderedRun; " \
@@ -83,6 +83,40 @@ def test_a_rank_killed_by_sigsegv_is_named_with_its_stack_not_its_peer(fake_run)
     assert wait_until_gone(ranks, timeout_s=10) == []
 
 
+def _watchdog_of_this_process() -> psutil.Process:
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        for child in psutil.Process().children():
+            if "harness.launch.watchdog" in " ".join(child.cmdline()):
+                return child
+        time.sleep(0.05)
+    raise AssertionError("no watchdog started")
+
+
+def test_a_sigsegv_is_named_even_when_the_watchdog_sees_the_peers_cleanup_only_afterwards(fake_run):
+    """A loaded host can keep the watchdog off the CPU while one rank segfaults and the launcher kills its
+    peer: the peer was then last seen alive before the crash. Stopping the watchdog over that stretch makes
+    the overlap certain; the crash, not the cleanup, is still the reason."""
+    result = {}
+    job = fake_job(fake_run, mode="unaware")
+    worker = threading.Thread(target=lambda: result.update(out=launch_local(job, 120, {})))
+    worker.start()
+    ranks = wait_for_ranks(fake_run)
+    watchdog = _watchdog_of_this_process()
+    time.sleep(1.0)
+    watchdog.suspend()
+    try:
+        os.kill(ranks[1], signal.SIGSEGV)
+        assert wait_until_gone(ranks, timeout_s=60) == [], "the launcher did not end the peer"
+    finally:
+        watchdog.resume()
+    worker.join(timeout=90)
+    state, reason = result["out"]
+    assert {error.rank: error.type for error in read_errors(fake_run)} == {0: "killed", 1: "SIGSEGV"}
+    assert state == "FAILED" and reason.startswith("rank 1: SIGSEGV: "), reason
+    assert rank_failure(read_errors(fake_run)) == ("FAILED", reason)
+
+
 def test_sigkill_near_the_memory_limit_reads_as_host_oom(tmp_path):
     total = 24 * 2**30
     near = RankSeen(pid=1, rank=3, last_alive=time.time(), rss=20 * 2**30, available=int(0.02 * total),
@@ -94,6 +128,22 @@ def test_sigkill_near_the_memory_limit_reads_as_host_oom(tmp_path):
     assert errors[3].out_of_memory and "out of memory (host)" in errors[3].message
     assert "host memory available 0.48 of 24.00 GiB" in errors[3].message
     assert not errors[4].out_of_memory and errors[4].type == "SIGKILL"
+
+
+def test_a_death_found_after_a_peers_crash_is_dated_after_it_and_one_found_before_it_is_not(tmp_path):
+    crash = time.time()
+    report = tmp_path / fatal_report_file(1)
+    report.parent.mkdir()
+    report.write_text('Fatal Python error: Segmentation fault\n\nCurrent thread 0x1:\n  File "step.py", line 9\n')
+    os.utime(report, (crash, crash))
+    cleanup = RankSeen(pid=1, rank=0, last_alive=crash - 0.5, seen_gone=crash + 0.5, available=2**33)
+    record_signal_deaths(tmp_path, [cleanup], 24 * 2**30)
+    assert rank_failure(read_errors(tmp_path))[1].startswith("rank 1: SIGSEGV: Segmentation fault"), \
+        "seen alive before the crash and gone after it: the crash is named"
+    (tmp_path / error_file(0)).unlink()
+    first = RankSeen(pid=1, rank=0, last_alive=crash - 0.5, seen_gone=crash - 0.1, available=2**33)
+    record_signal_deaths(tmp_path, [first], 24 * 2**30)
+    assert rank_failure(read_errors(tmp_path))[1].startswith("rank 0: killed: "), "gone before the crash: it died first"
 
 
 def test_a_live_run_is_never_launched_twice(fake_run):
