@@ -79,8 +79,9 @@ test: setup ## run every test (unit, integration on CPU, local Slurm)
 	tools/install_libaio.sh || echo "libaio-dev not installed: the NVMe offload tests will fail and say why"
 	@# The op compiles (minutes, first time only) beside the suite; its tests run last and wait for it.
 	( MAX_JOBS=1 nice -n 10 $(BUILD_OPS) > $(TORCH_EXTENSIONS_DIR)/ops-build.log 2>&1 & )
-	@# The unit tests on TEST_WORKERS processes (pytest-xdist), then the Slurm tests beside the others, which run
-	@# one at a time (tools/run_tests.sh says why). All three parts always run.
+	@# The unit tests on TEST_WORKERS processes (pytest-xdist), then the Slurm tests beside the others: the
+	@# multi-process runs on TEST_WORKERS processes, the faults one at a time (tools/run_tests.sh says why).
+	@# All three parts always run.
 	PY=$(PY) TEST_WORKERS=$(TEST_WORKERS) tools/run_tests.sh
 
 ops: setup ## build the JIT DeepSpeed ops (async_io for NVMe offload) into TORCH_EXTENSIONS_DIR, once per machine

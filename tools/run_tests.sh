@@ -4,8 +4,10 @@
 #   2. the Slurm tests (marker `slurm`: tests/slurm, the README walk, the Slurm faults), in the background
 #      beside part 3: much of their time is jobs waiting on the scheduler, and they share one local cluster,
 #      so they stay in one pytest process;
-#   3. the others one at a time: each runs two or more processes of its own (torchrun ranks), whose start-up
-#      and rendezvous leave cores idle that part 2 uses.
+#   3. the others: the integration and model-family runs on TEST_WORKERS processes, a file to a process (a
+#      file's module fixtures run its reference grids once); they compare losses and bytes, never times, so
+#      a loaded host slows them but does not change them. Then the fault tests one at a time: they time how
+#      ranks die, stall and get cleaned up, and stay off a host their own peers load.
 # Part 2's output is printed once it ends (the two would interleave). Ctrl-C stops both.
 # Env: PY (the venv's python), TEST_WORKERS (processes for the unit tests).
 set -u
@@ -30,7 +32,10 @@ stop_slurm_part() {
 trap stop_slurm_part INT TERM
 echo "[test] the Slurm tests run beside the others; their output follows at the end ($slurm_log)"
 
-"$PY" -m pytest -q -m "not slurm" --ignore=tests/unit; rest=$?
+"$PY" -m pytest -q -n "$TEST_WORKERS" --dist loadfile -m "not slurm" --ignore=tests/unit --ignore=tests/faults
+runs=$?
+"$PY" -m pytest -q -m "not slurm" tests/faults; faults=$?
+rest=$(( runs > faults ? runs : faults ))
 echo "[test] waiting for the Slurm tests"
 wait "$slurm_pid"; slurm=$?
 trap - INT TERM

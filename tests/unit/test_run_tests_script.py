@@ -1,7 +1,8 @@
-"""tools/run_tests.sh (`make test`) with a stand-in for pytest: all three parts run with their selections, the
-Slurm part's output comes after the others', any failing part fails the whole, and an interrupted unit part
-starts nothing more."""
+"""tools/run_tests.sh (`make test`) with a stand-in for pytest: all three parts run with their selections (the
+multi-process runs spread over processes, the faults one at a time after them), the Slurm part's output comes
+after the others', any failing part fails the whole, and an interrupted unit part starts nothing more."""
 
+import json
 import os
 import signal
 import subprocess
@@ -15,14 +16,16 @@ import pytest
 from harness import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "tools" / "run_tests.sh"
-# Records its arguments, then exits with the code FAKE_EXIT names for its part (the marker expression or
-# "unit"); FAKE_SLEEP makes the unit part wait for an interrupt, which pytest answers with exit 2.
+# Records its part (the marker expression, "unit" or "faults") and its arguments, then exits with the code
+# FAKE_EXIT names for its part; FAKE_SLEEP makes a part wait for an interrupt, which pytest answers with exit 2.
 FAKE_PYTEST = f"""#!{sys.executable}
-import os, sys, time
+import json, os, sys, time
 args = sys.argv[1:]
-part = "unit" if "tests/unit" in args else args[args.index("-m", 1) + 1]
+part = next((name for name in ("unit", "faults") if "tests/" + name in args), None) or args[args.index("-m", 1) + 1]
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(part + "\\n")
+with open(os.environ["FAKE_LOG"] + ".args", "a") as log:
+    log.write(json.dumps([part, args]) + "\\n")
 print("output of", part, flush=True)
 try:
     time.sleep(float(os.environ.get("FAKE_SLEEP_" + part.replace(" ", "_"), "0")))
@@ -68,18 +71,30 @@ def test_every_part_runs_and_the_slurm_output_follows_the_others(fake):
     env, log = fake
     proc = _run(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(_started(log)) == ["not slurm", "slurm", "unit"]
+    assert sorted(_started(log)) == ["faults", "not slurm", "slurm", "unit"]
     out = proc.stdout
-    assert out.index("output of unit") < out.index("output of not slurm") < out.index("output of slurm")
+    assert out.index("output of unit") < out.index("output of not slurm") < out.index("output of faults") \
+        < out.index("output of slurm")
     assert "unit tests exit 0, Slurm tests exit 0, the others exit 0" in out
 
 
-@pytest.mark.parametrize("part", ["unit", "slurm", "not_slurm"])
+def test_the_runs_spread_over_the_workers_a_file_each_and_the_faults_run_one_at_a_time(fake):
+    env, log = fake
+    assert _run(env).returncode == 0
+    args = dict(json.loads(line) for line in Path(f"{log}.args").read_text().splitlines())
+    runs = args["not slurm"]
+    assert runs[:runs.index("-m", 1)] == ["-m", "pytest", "-q", "-n", "3", "--dist", "loadfile"]
+    assert "--ignore=tests/faults" in runs and "--ignore=tests/unit" in runs
+    assert "-n" not in args["faults"] and args["faults"][-1] == "tests/faults"
+    assert "-n" not in args["slurm"]
+
+
+@pytest.mark.parametrize("part", ["unit", "slurm", "not_slurm", "faults"])
 def test_one_failing_part_fails_the_whole_and_the_others_still_run(fake, part):
     env, log = fake
     proc = _run(env, **{f"FAKE_EXIT_{part}": "1"})
     assert proc.returncode != 0
-    assert len(_started(log)) == 3
+    assert len(_started(log)) == 4
 
 
 def test_an_interrupted_unit_part_starts_nothing_more(fake):
