@@ -9,7 +9,7 @@
 #      a loaded host slows them but does not change them. Then the fault tests one at a time: they time how
 #      ranks die, stall and get cleaned up, and stay off a host their own peers load.
 # Part 2's output is printed once it ends (the two would interleave). Ctrl-C stops both.
-# Env: PY (the venv's python), TEST_WORKERS (processes for the unit tests).
+# Env: PY (the venv's python), TEST_WORKERS (processes for the unit tests and for the multi-process runs).
 set -u
 PY=${PY:-.venv/bin/python}
 TEST_WORKERS=${TEST_WORKERS:-2}
