@@ -32,7 +32,6 @@ from harness.rundir import (
     TIMEOUT,
     RankError,
     error_file,
-    read_fatal_report,
     read_fatal_reports,
     write_json,
     write_status,
@@ -221,13 +220,14 @@ def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int,
     """errors/rank<N>.json for each rank that died without writing its own (a signal leaves no record),
     dated so that the first failure sorts first (_death_time). `oom_kills`: how far the memory cgroup's
     oom_kill counter rose during the run (harness.launch.oom decides what is OOM)."""
-    fatal_times = [report.time for report in read_fatal_reports(run_dir) if report.time is not None]
+    reports = read_fatal_reports(run_dir)
+    fatal_times = [report.time for report in reports if report.time is not None]
     for seen in gone:
         path = run_dir / error_file(seen.rank)
         status = seen.exit_status
         if path.exists() or (status is not None and os.WIFEXITED(status)):
             continue
-        if read_fatal_report(run_dir, seen.rank) is not None:
+        if any(report.rank == seen.rank for report in reports):
             continue  # the rank wrote its own stack as the signal killed it (harness.runtime.fatal_report)
         signum = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
         name = signal.Signals(signum).name if signum else "killed"
