@@ -7,6 +7,7 @@ by a hash of the config fields and the transformers version, so `harness plan` b
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -51,10 +52,10 @@ def cache_dir() -> Path:
 
 def shape_key(hf_config: Mapping[str, Any]) -> str:
     """The cache key: config fields, transformers' version, and this module's version and source (two checkouts
-    sharing the cache directory with the same SHAPE_VERSION and different code never read each other's JSON)."""
-    import transformers
-
-    payload = json.dumps({"fields": dict(hf_config), "transformers": transformers.__version__,
+    sharing the cache directory with the same SHAPE_VERSION and different code never read each other's JSON).
+    The version is read from the installed package's metadata: importing transformers costs a second of CPU in
+    every command that finds its shape cached."""
+    payload = json.dumps({"fields": dict(hf_config), "transformers": importlib.metadata.version("transformers"),
                           "version": SHAPE_VERSION, "source": _SOURCE_HASH}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 

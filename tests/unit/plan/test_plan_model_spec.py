@@ -181,3 +181,25 @@ def test_an_empty_cache_variable_falls_back_to_the_user_cache(monkeypatch, tmp_p
     assert cache_dir() == tmp_path / "harness" / "model_shapes"
     monkeypatch.setenv("HARNESS_MODEL_CACHE", str(tmp_path / "shapes"))
     assert cache_dir() == Path(tmp_path / "shapes")
+
+
+def test_a_cached_shape_is_found_without_importing_transformers_and_its_version_is_in_the_key(monkeypatch):
+    """Every command plans from the shape cache; the key still changes with the installed transformers, read from
+    its package metadata (importing transformers costs each command a second of CPU)."""
+    import subprocess
+    import sys
+
+    import transformers
+
+    from harness.config import model_shape
+
+    probe = ("import sys; from harness.config.model_shape import shape_key; "
+             "print(shape_key({'model_type': 'llama'})); print('transformers' in sys.modules)")
+    key, imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                   check=True).stdout.split()
+    assert imported == "False"
+    assert key == model_shape.shape_key({"model_type": "llama"})
+    installed = transformers.__version__
+    monkeypatch.setattr(model_shape.importlib.metadata, "version",
+                        lambda name: installed + ".post1" if name == "transformers" else "0")
+    assert model_shape.shape_key({"model_type": "llama"}) != key
