@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 18  # bump when the JSON below changes meaning
+SHAPE_VERSION = 19  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -139,6 +139,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         "architecture": type(model).__name__,
         "fields": fields,
         "experts_per_token": _experts_per_token(config),
+        "tp_plan": tp_plan,
         "tp_plan_source": tp_source,
         "layer_kinds": kinds,
         "layer_pattern": pattern,
@@ -148,6 +149,7 @@ def derive_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         "tied_embeddings": tied,
         "total_params": sum(p.numel() for p in model.parameters()),
         "no_split_modules": list(getattr(model, "_no_split_modules", None) or []),
+        "decoder_layer": decoder_layer_name(model),
         "pp_plan": sorted(getattr(config, "base_model_pp_plan", None) or {}),
         # parameters outside the layers that never get a gradient (HRM's z_L_init, the L stack's initial state)
         "frozen": [name for name, p in model.named_parameters() if not p.requires_grad
@@ -199,6 +201,22 @@ def _recurrent_stacks(model: Any, config: Any) -> Tuple[Tuple[str, ...], List[An
         layers += list(lists[found[0]])
         layer_runs += [list(stack_runs)] * len(lists[found[0]])
     return tuple(names), layers, layer_runs
+
+
+def decoder_layer_name(model: Any) -> Optional[str]:
+    """The repeated block FSDP wraps and checkpoints, read from the model instead of hard-coded: the first module
+    whose class the model names in `_no_split_modules` (transformers' unit never split across devices); None
+    where it names none."""
+    names = getattr(model, "_no_split_modules", None) or []
+    return next((type(module).__name__ for module in model.modules() if type(module).__name__ in names), None)
+
+
+def wrapped_layer(shape: Mapping[str, Any]) -> str:
+    """The shape's decoder layer class name, or why FSDP has none to wrap."""
+    if shape["decoder_layer"] is None:
+        raise ValueError(f"{shape['architecture']} declares no decoder layer class in "
+                         f"_no_split_modules={shape['no_split_modules']}")
+    return shape["decoder_layer"]
 
 
 def _meta_causal_lm(config: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from harness.config.model_shape import model_shape, wrapped_layer
 from harness.config.schema import RunConfig
 from harness.engines.rendered import RenderedRun, render_launch
 from harness.plan.parallel_dims import ParallelDims
@@ -121,16 +122,9 @@ def offloaded(cfg: RunConfig) -> bool:
 
 
 def wrap_class_name(hf_config: Dict[str, Any]) -> str:
-    """The decoder-layer class FSDP wraps and checkpoints, read from the model built on the meta device
-    (torch and transformers imported here only: rendering needs them for this one name)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from harness.modeling.model import decoder_layer_class, hf_config_object
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config_object(hf_config))
-    return decoder_layer_class(model).__name__
+    """The decoder-layer class FSDP wraps and checkpoints, from the model's cached shape (the model built on the
+    meta device once per config; rendering imports neither torch nor transformers)."""
+    return wrapped_layer(model_shape(hf_config))
 
 
 def mesh_shape(cfg: RunConfig) -> Tuple[int, int]:

@@ -12,8 +12,6 @@ Plain data, no torch: the layer's module names come from the shape JSON (harness
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 REPLICATE, SHARD_SEQ = "Replicate()", "Shard(1)"
@@ -39,23 +37,13 @@ def _style(style: str, **kwargs: Any) -> Dict[str, Any]:
     return {"style": style, **kwargs}
 
 
-@lru_cache(maxsize=None)
-def _transformers_plan(hf_config_json: str) -> Tuple[Tuple[Tuple[str, str], ...], str]:
-    """(path inside a layer, style) pairs of the family's plan, and where it comes from."""
-    from harness.config.model_shape import HARNESS_TP_PLANS, hf_config_object
-
-    config = hf_config_object(json.loads(hf_config_json))
-    plan = getattr(config, "base_model_tp_plan", None) or {}
-    source = "transformers" if plan else ("harness" if config.model_type in HARNESS_TP_PLANS else "none")
-    plan = plan or HARNESS_TP_PLANS.get(config.model_type, {})
-    return tuple((key.split("*.", 1)[1], style) for key, style in plan.items() if "*." in key), source
-
-
 def family_tp_plan(hf_config: Mapping[str, Any]) -> Tuple[Dict[str, str], str]:
     """The family's per-layer plan keyed by path inside a decoder layer, and its source
-    ("transformers", "harness" for what transformers lacks, or "none")."""
-    pairs, source = _transformers_plan(json.dumps(dict(hf_config), sort_keys=True, default=str))
-    return dict(pairs), source
+    ("transformers", "harness" for what transformers lacks, or "none"), as the model's shape records them."""
+    from harness.config.model_shape import model_shape
+
+    shape = model_shape(hf_config)
+    return dict(shape["tp_plan"]), shape["tp_plan_source"]
 
 
 def _layer_modules(hf_config: Mapping[str, Any]) -> Tuple[List[List[str]], List[str]]:

@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 import torch
 
-from harness.config.model_shape import hf_config_object
+from harness.config.model_shape import decoder_layer_name, hf_config_object, wrapped_layer
 
 
 def build_model(fields: Dict[str, Any], seed: int, on_meta: bool = False) -> torch.nn.Module:
@@ -25,9 +25,7 @@ def build_model(fields: Dict[str, Any], seed: int, on_meta: bool = False) -> tor
 
 
 def decoder_layer_class(model: torch.nn.Module) -> type:
-    """The repeated block (wrap / checkpoint unit), read from the model instead of hard-coded."""
-    names = getattr(model, "_no_split_modules", None) or []
-    for module in model.modules():
-        if type(module).__name__ in names:
-            return type(module)
-    raise ValueError(f"{type(model).__name__} declares no decoder layer class in _no_split_modules={names}")
+    """The repeated block (wrap / checkpoint unit): the class `model_shape.decoder_layer_name` finds."""
+    name = wrapped_layer({"decoder_layer": decoder_layer_name(model), "architecture": type(model).__name__,
+                          "no_split_modules": list(getattr(model, "_no_split_modules", None) or [])})
+    return next(type(module) for module in model.modules() if type(module).__name__ == name)

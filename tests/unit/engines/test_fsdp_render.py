@@ -194,6 +194,23 @@ def test_wrap_class_comes_from_the_model(model, layer):
     assert fsdp.wrap_class_name(cfg.model.hf_config) == layer
 
 
+@pytest.mark.parametrize("model", ["tiny_llama", "gpt2", "mixtral_8x7b"])
+def test_the_cached_wrap_class_is_the_one_the_built_model_holds(model):
+    """The shape records the class `decoder_layer_class` finds in the model the ranks build."""
+    from harness.modeling.model import build_model, decoder_layer_class
+
+    cfg = compose_run_config(["engine=fsdp", f"model={model}"])
+    built = build_model(cfg.model.hf_config, seed=0, on_meta=True)
+    assert fsdp.wrap_class_name(cfg.model.hf_config) == decoder_layer_class(built).__name__
+
+
+def test_a_model_without_a_decoder_layer_class_is_refused_by_name():
+    from harness.config.model_shape import wrapped_layer
+
+    with pytest.raises(ValueError, match=r"Odd declares no decoder layer class in _no_split_modules=\[\]"):
+        wrapped_layer({"decoder_layer": None, "architecture": "Odd", "no_split_modules": []})
+
+
 REFUSED = [
     (["layout.zero_stage=1"], "does not support zero_stage=1 (FSDP has no optimizer-only sharding level)"),
     (["layout.tp=2", "layout.dp_shard=1"], "runs tp=2 on GPU only"),

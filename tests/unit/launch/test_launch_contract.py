@@ -154,3 +154,24 @@ def test_a_local_launch_records_and_prints_the_line_it_ran(tmp_path, monkeypatch
     saved = json.loads((tmp_path / "run" / RENDERED_FILE).read_text())["argv"]
     assert parse_launcher(saved)["port"] == 31234 and not PLACEHOLDER.search(" ".join(saved))
     assert printed == [shlex.join(saved)] and started["argv"] == saved
+
+
+CPU_RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes").glob("cpu_*.yaml"))
+
+
+def test_preparing_any_engines_run_imports_neither_torch_nor_the_model_libraries(tmp_path):
+    """The controller plans and renders every engine's run from the cached model shape (FSDP's wrapped layer
+    class, the nd engine's TP plan): importing torch and transformers would cost every command seconds of CPU
+    that only the ranks need."""
+    import sys
+
+    recipes = CPU_RECIPES + ["gpu_llama70b_megatron_tp8_pp4", "gpu_llama8b_fsdp_tp2_8gpu"]
+    probe = ("import sys, pathlib; from harness.config.compose import compose_run_config; "
+             "from harness.launch.prepare import prepare_run; "
+             f"[prepare_run(compose_run_config(['recipes=' + r]), pathlib.Path({str(tmp_path)!r}) / r) "
+             f"for r in {recipes!r}]; "
+             "print(sorted({'torch', 'transformers', 'deepspeed', 'accelerate'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[-2] == "[]", done.stdout
+    assert len(list(tmp_path.glob("*/rendered.json"))) == len(recipes)
