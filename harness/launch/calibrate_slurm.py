@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from harness.config.arguments import OneLineParser, slug, unwritable_file, whole_number
 from harness.config.checks import OWNED_SBATCH, sbatch_option_problems
@@ -58,6 +58,21 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def file_identity(path: Path) -> Optional[Tuple[int, int]]:
+    """(inode, mtime in ns) of a file, None where there is none: the profile is written by an atomic rename, so a
+    new one has a new identity whatever the clocks of the node that wrote it and of this host."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns
+
+
+def written_by_the_job(out: Path, before: Optional[Tuple[int, int]]) -> bool:
+    """A whole profile at `out` that was not there, as it was, when the job was submitted."""
+    return file_identity(out) not in (None, before) and load_profile(out) is not None
+
+
 def main(argv: Sequence[str]) -> int:
     args = parse(argv)
     out = Path(args.out) if args.out else profile_path(args.name)
@@ -65,11 +80,18 @@ def main(argv: Sequence[str]) -> int:
     write_text(script, render_calibrate_script(script, out, args.name, args.nodes, args.tasks_per_node,
                                                args.precision, args.sbatch))
     print_fitted(f"[harness] calibrating on {args.nodes} node(s) x {args.tasks_per_node} task(s): sbatch {script}")
+    before = file_identity(out)
     try:
         slurm_command(["sbatch", "--parsable", "--wait", str(script)], timeout=WAIT_S)
     except SlurmError as error:
-        print_fitted(f"[harness] calibration job failed: {error} (log: {script.with_suffix('.out')})", sys.stderr)
-        return 1
+        reason = str(error).strip().rstrip(":")  # sbatch's stderr follows the colon, and may be empty
+        if not written_by_the_job(out, before):
+            print_fitted(f"[harness] calibration job failed: {reason} (log: {script.with_suffix('.out')})", sys.stderr)
+            return 1
+        # Rank 0 writes the profile once every rank's measurements are gathered, before the group's teardown,
+        # where a peer's exit can abort another (pytorch/gloo#168) and srun --kill-on-bad-exit then ends the job.
+        print_fitted(f"[harness] the calibration job ended with {reason} after it wrote the profile; it is kept "
+                     f"(log: {script.with_suffix('.out')})", sys.stderr)
     if load_profile(out) is None:
         print_fitted(f"[harness] the job ended but wrote no profile at {out} (log: {script.with_suffix('.out')})",
                      sys.stderr)

@@ -288,12 +288,12 @@ def profile_path(name: str) -> Path:
     return PROFILE_DIR / f"{name}.json"
 
 
-def save_profile(profile: HardwareProfile, path: Optional[Path] = None) -> Path:
-    """Write a calibrated profile as JSON (atomic rename)."""
+def save_profile(profile: HardwareProfile, path: Optional[Path] = None, raw: Optional[Dict[str, Any]] = None) -> Path:
+    """Write a calibrated profile as JSON, with the measurements it came from under "raw" (one atomic rename)."""
     path = Path(path) if path else profile_path(profile.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile.to_dict(), indent=2))
+    tmp.write_text(json.dumps({**profile.to_dict(), **({"raw": raw} if raw is not None else {})}, indent=2))
     tmp.replace(path)
     return path
 

@@ -260,7 +260,7 @@ Records = List[Dict[str, object]]
 def _measure_in_group(rank: int, world: int, init_method: str, precision: str,
                       keep: Callable[[Records], None] = lambda records: None) -> Records:
     """Every rank's measurements, taken at once in one gloo group (each rank gets them all); `keep` receives them
-    once every rank has passed the barrier, before the group is torn down."""
+    once every rank has passed the barrier, and every rank waits for it to return before the group is torn down."""
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several ranks per node
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
@@ -271,6 +271,7 @@ def _measure_in_group(rank: int, world: int, init_method: str, precision: str,
     dist.all_gather_object(records, record)
     dist.barrier()  # no rank tears its gloo pairs down while a peer still reads the gather
     keep(records)
+    dist.barrier()  # nor while rank 0 keeps them: a peer dying in teardown would cut the keeping short
     dist.destroy_process_group()
     return records
 
@@ -323,11 +324,7 @@ def write_profile(records: List[Dict[str, object]], world: int, name: str, out: 
                   cores: int = 0) -> Path:
     """The profile of these measurements, with them kept under `raw`, at `out` (default: the cache file)."""
     profile, raw = profile_from(records, world, name, disk_bandwidth(tempfile.gettempdir()), ranks_per_node, cores)
-    path = save_profile(profile, Path(out) if out else profile_path(name))
-    data = json.loads(path.read_text())
-    data["raw"] = raw
-    path.write_text(json.dumps(data, indent=2))
-    return path
+    return save_profile(profile, Path(out) if out else profile_path(name), raw)
 
 
 def calibrate(ranks: int = 2, precision: str = "bf16", name: str = "", out: str = "") -> Path:
@@ -343,11 +340,16 @@ def slurm_task(precision: str, name: str, out: str) -> int:
     env = os.environ
     rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
     nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
-    records = _measure_in_group(rank, world, f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}", precision)
-    if rank == 0:
-        cores = int(env.get("SLURM_CPUS_ON_NODE") or 0)
+    cores = int(env.get("SLURM_CPUS_ON_NODE") or 0)
+
+    def keep(records: Records) -> None:
+        # Written before the group's teardown: a peer dying there (pytorch/gloo#168) makes srun
+        # --kill-on-bad-exit end this rank too, and `harness calibrate --slurm` keeps a profile the job wrote.
         path = write_profile(records, world, name, out, ranks_per_node=max(1, world // nodes), cores=cores)
         print(f"profile written to {path}")
+
+    _measure_in_group(rank, world, f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}", precision,
+                      keep=keep if rank == 0 else lambda records: None)
     return 0
 
 

@@ -22,12 +22,22 @@ def _exit_status(raw: int) -> tuple[int, int]:
     return (raw >> 8) & 0xFF, raw & 0x7F
 
 
-def test_two_idle_nodes_with_gpu_gres(slurm_cli):
+def _nodes(slurm_cli):
     out = slurm_cli.run("sinfo", "-h", "-N", "-p", "debug", "-o", "%N|%t|%G|%c|%o").stdout
     nodes = {}
     for line in out.splitlines():
         name, state, gres, cpus, addr = line.split("|")
         nodes[name] = (state, gres, int(cpus), addr)
+    return out, nodes
+
+
+def test_two_idle_nodes_with_gpu_gres(slurm_cli):
+    out, nodes = _nodes(slurm_cli)
+    deadline = time.monotonic() + 120
+    # A node still completing another test's job ("comp": slurmd ending its processes) comes back idle.
+    while any(state == "comp" for state, *_ in nodes.values()) and time.monotonic() < deadline:
+        time.sleep(1)
+        out, nodes = _nodes(slurm_cli)
     assert sorted(nodes) == ["n1", "n2"], out
     for name, (state, gres, cpus, addr) in nodes.items():
         assert state == "idle", f"{name}: {state}\n{out}"

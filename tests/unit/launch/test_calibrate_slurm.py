@@ -57,3 +57,74 @@ def test_the_cli_routes_slurm_calibration_without_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def _measured(name="local-slurm"):
+    from dataclasses import replace
+
+    from harness.plan.hardware import HARDWARE, PROFILE_VERSION
+
+    return replace(HARDWARE["h100_sxm"], name=name, source=f"measured:{name}", version=PROFILE_VERSION)
+
+
+def _submit_then(monkeypatch, outcome):
+    from harness.launch import calibrate_slurm
+    from harness.launch.slurm_commands import SlurmError
+
+    def fake_sbatch(argv, timeout):
+        outcome()
+        raise SlurmError("sbatch --parsable --wait x.sbatch exited 143: ")
+
+    monkeypatch.setattr(calibrate_slurm, "slurm_command", fake_sbatch)
+    return calibrate_slurm
+
+
+def test_a_job_ended_by_a_peers_teardown_keeps_the_profile_it_wrote(monkeypatch, tmp_path, capsys):
+    """Rank 0 writes the profile before the gloo group's teardown; a peer aborting there (pytorch/gloo#168) makes
+    srun --kill-on-bad-exit fail the job, and the profile it wrote is still the calibration's result."""
+    from harness.plan.hardware import save_profile
+
+    out = tmp_path / "local-slurm.json"
+    save_profile(_measured("earlier"), out)  # an earlier calibration's profile, replaced by the job's
+    calibrate_slurm = _submit_then(monkeypatch, lambda: save_profile(_measured(), out))
+    assert calibrate_slurm.main(["--slurm", "--out", str(out)]) == 0
+    assert "exited 143 after it wrote the profile; it is kept" in capsys.readouterr().err
+
+
+def test_a_failed_job_never_passes_off_an_earlier_profile_as_its_own(monkeypatch, tmp_path, capsys):
+    from harness.plan.hardware import save_profile
+
+    out = tmp_path / "local-slurm.json"
+    save_profile(_measured("earlier"), out)
+    calibrate_slurm = _submit_then(monkeypatch, lambda: None)
+    assert calibrate_slurm.main(["--slurm", "--out", str(out)]) == 1
+    assert "[harness] calibration job failed: sbatch --parsable --wait x.sbatch exited 143" in capsys.readouterr().err
+
+
+def test_rank_zero_writes_the_profile_before_the_group_is_torn_down(monkeypatch, tmp_path):
+    """What rank 0 keeps is written inside the group (`keep`), so a death in the teardown after it loses nothing."""
+    from harness.plan.hardware import load_profile
+    from harness.runtime import calibrate
+
+    sizes = [(1 << 10, 1e-4), (1 << 20, 1e-2)]
+    record = {"matmul": {"512x512x512": 1e11}, "linear_flops": 5e9, "streaming_bandwidth": 1e9,
+              "memory_bandwidth": 2e9, "op_latency_s": 1e-5, "adam_params_per_s": 1e7,
+              "attention": {"flops": 1e9, "backward_ratio": 2.0, "head_latency_s": 1e-5,
+                            "backward_head_latency_s": 1e-5},
+              "collectives": {k: sizes for k in ("all_reduce", "all_gather", "reduce_scatter", "p2p")},
+              "core_wait_share": None}
+
+    def group_that_dies_in_teardown(rank, world, init_method, precision, keep=lambda records: None):
+        keep([record, record])
+        raise RuntimeError("Connection reset by peer")
+
+    monkeypatch.setattr(calibrate, "_measure_in_group", group_that_dies_in_teardown)
+    monkeypatch.setattr(calibrate, "disk_bandwidth", lambda directory: 1e9)
+    for key, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "cluster.json"
+    with pytest.raises(RuntimeError, match="Connection reset"):
+        calibrate.slurm_task("bf16", "cluster", str(out))
+    profile = load_profile(out)
+    assert profile is not None and profile.name == "cluster" and profile.gpus_per_node == 1
