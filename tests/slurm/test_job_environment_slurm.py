@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from harness.config.compose import compose_run_config
 from harness.engines.rendered import RenderedRun
 from harness.launch.sbatch import render_job_script
+from tests.slurm.conftest import SlurmCLI
 from tests.unit.launch.test_job_environment import PROBE
 
 pytestmark = pytest.mark.slurm
@@ -34,12 +34,12 @@ def test_a_job_from_a_bare_shell_sees_the_venv_and_the_op_cache(slurm_cluster, t
     (run_dir / "job.sbatch").write_text(render_job_script(cfg, rendered))
     bare = {"PATH": "/usr/bin:/bin", "HOME": str(home), "SLURM_CONF": slurm_cluster["SLURM_CONF"],
             "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    subprocess.run(["sbatch", str(run_dir / "job.sbatch")], env=bare, check=True, capture_output=True, text=True)
-    deadline = time.time() + 180
-    while not (run_dir / "seen.json").exists():
-        assert time.time() < deadline, [p.read_text() for p in run_dir.glob("slurm-*.out")]
-        time.sleep(1)
-    time.sleep(0.5)
+    submitted = subprocess.run(["sbatch", "--parsable", str(run_dir / "job.sbatch")], env=bare, check=True,
+                               capture_output=True, text=True)
+    job_id = int(submitted.stdout.strip().split(";")[0])
+    # The job ends before the next test looks at the cluster (whose nodes it expects idle).
+    SlurmCLI(slurm_cluster).wait_state(job_id, timeout=180)
+    assert (run_dir / "seen.json").exists(), [p.read_text() for p in run_dir.glob("slurm-*.out")]
     seen = json.loads((run_dir / "seen.json").read_text())
     expected = home / ".cache" / "harness" / "torch_extensions"
     assert seen == {"ninja": f"{Path(sys.executable).parent}/ninja", "ext": str(expected), "writable": True}
