@@ -105,17 +105,10 @@ def test_rank_zero_writes_the_profile_before_the_group_is_torn_down(monkeypatch,
     """What rank 0 keeps is written inside the group (`keep`), so a death in the teardown after it loses nothing."""
     from harness.plan.hardware import load_profile
     from harness.runtime import calibrate
-
-    sizes = [(1 << 10, 1e-4), (1 << 20, 1e-2)]
-    record = {"matmul": {"512x512x512": 1e11}, "linear_flops": 5e9, "streaming_bandwidth": 1e9,
-              "memory_bandwidth": 2e9, "op_latency_s": 1e-5, "adam_params_per_s": 1e7,
-              "attention": {"flops": 1e9, "backward_ratio": 2.0, "head_latency_s": 1e-5,
-                            "backward_head_latency_s": 1e-5},
-              "collectives": {k: sizes for k in ("all_reduce", "all_gather", "reduce_scatter", "p2p")},
-              "core_wait_share": None}
+    from tests.unit.runtime.test_calibrate import record
 
     def group_that_dies_in_teardown(rank, world, init_method, precision, keep=lambda records: None):
-        keep([record, record])
+        keep([record(), record()])
         raise RuntimeError("Connection reset by peer")
 
     monkeypatch.setattr(calibrate, "_measure_in_group", group_that_dies_in_teardown)

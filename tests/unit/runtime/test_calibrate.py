@@ -55,17 +55,19 @@ def test_a_profile_from_an_older_calibration_is_measured_again(tmp_path):
     assert loaded.version == PROFILE_VERSION and tuple(loaded.collective_links["all_reduce"]) == (1e-4, 1e9)
 
 
+def record(wait=None):
+    """One rank's measurements as `measure_rank` returns them, with round numbers."""
+    sizes = [(1 << 10, 1e-4), (1 << 20, 1e-2)]
+    return {"matmul": {"512x512x512": 1e11}, "linear_flops": 5e9, "streaming_bandwidth": 1e9,
+            "memory_bandwidth": 2e9, "op_latency_s": 1e-5, "adam_params_per_s": 1e7,
+            "attention": {"flops": 1e9, "backward_ratio": 2.0, "head_latency_s": 1e-5,
+                          "backward_head_latency_s": 1e-5},
+            "collectives": {k: sizes for k in ("all_reduce", "all_gather", "reduce_scatter", "p2p")},
+            "core_wait_share": wait}
+
+
 def test_the_profile_records_how_long_the_calibrating_ranks_waited_for_a_core():
     from harness.runtime.calibrate import profile_from
-
-    def record(wait):
-        sizes = [(1 << 10, 1e-4), (1 << 20, 1e-2)]
-        return {"matmul": {"512x512x512": 1e11}, "linear_flops": 5e9, "streaming_bandwidth": 1e9,
-                "memory_bandwidth": 2e9, "op_latency_s": 1e-5, "adam_params_per_s": 1e7,
-                "attention": {"flops": 1e9, "backward_ratio": 2.0, "head_latency_s": 1e-5,
-                              "backward_head_latency_s": 1e-5},
-                "collectives": {k: sizes for k in ("all_reduce", "all_gather", "reduce_scatter", "p2p")},
-                "core_wait_share": wait}
 
     _, raw = profile_from([record(0.05), record(0.4)], 2, "x", 1e9)
     assert raw["core_wait_share"] == 0.4  # the most-delayed rank
