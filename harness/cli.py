@@ -72,19 +72,21 @@ def _run_task(cfg) -> None:
 
 def _follow_claim(cfg, run_dir: Path) -> Path:
     """Hydra's record of this composition (.hydra/) and the cli.log handler go to the run directory this
-    process claimed (another `harness run` may have claimed the folder Hydra composed, in the same second)."""
+    process claimed. Hydra's own write of that record is off (hydra.output_subdir: null in the primary
+    config): it would land in the folder Hydra composed, which another `harness run` of the same second may hold."""
     import logging
 
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from harness.rundir.files import HYDRA_RECORD_DIR
+    from harness.rundir.writer import write_text
+
     hydra = HydraConfig.get()
-    if hydra.output_subdir is not None:
-        record = run_dir / hydra.output_subdir
-        record.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, record / "config.yaml", resolve=False)
-        OmegaConf.save(OmegaConf.create({"hydra": hydra}), record / "hydra.yaml", resolve=False)
-        OmegaConf.save(OmegaConf.create(list(hydra.overrides.task)), record / "overrides.yaml")
+    record = {"config.yaml": cfg, "hydra.yaml": OmegaConf.create({"hydra": hydra}),
+              "overrides.yaml": OmegaConf.create(list(hydra.overrides.task))}
+    for name, node in record.items():
+        write_text(run_dir / HYDRA_RECORD_DIR / name, OmegaConf.to_yaml(node, resolve=False))
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent != run_dir:
             handler.close()

@@ -19,6 +19,7 @@ JOB_SCRIPT = "job.sbatch"  # the Slurm batch script of the run
 SUBMISSION_FILE = "slurm.json"  # written by the submitter: which job the sweep submitted
 JOB_RECORD_FILE = "slurm_job.json"  # written inside the job: which job actually ran it
 ATTEMPTS_DIR = "attempts"  # earlier attempts' files, kept by resume
+HYDRA_RECORD_DIR = ".hydra"  # Hydra's record of the composition (its default name), written by `harness run`
 
 # Engine files, rendered beside the run's config.
 DS_CONFIG_FILE = "ds_config.json"

@@ -43,3 +43,23 @@ def test_two_runs_into_one_folder_in_the_same_second_keep_their_own_files(tmp_pa
         assert launched, output
         argv = json.loads((stages[stage] / "rendered.json").read_text())["argv"]
         assert argv[argv.index("--master_port") + 1] == launched.group(1)
+
+
+def test_a_run_composed_into_a_folder_another_process_holds_writes_nothing_there(tmp_path):
+    """The other `harness run` of the same second is stood in for by its claim and its files: Hydra composes
+    the same folder for this run, which must leave them as they were and keep its own record in its claim."""
+    held = tmp_path / "sweep" / "same-second"
+    (held / ".hydra").mkdir(parents=True)
+    claim_run_dir(held)
+    theirs = {held / ".hydra" / "overrides.yaml": "- layout.zero_stage=1\n", held / "cli.log": "their log\n"}
+    for path, text in theirs.items():
+        path.write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    subprocess.run([*HARNESS, "run", "recipes=cpu_zero2", "layout.zero_stage=2", "launcher.timeout_s=3",
+                    "tracking=disabled", f"hydra.run.dir={held}"], cwd=REPO_ROOT, env=env, capture_output=True,
+                   timeout=120)
+    assert {path: path.read_text() for path in theirs} == theirs
+    assert sorted(path.name for path in held.iterdir()) == [".hydra", "claim.json", "cli.log"]
+    ours = held.with_name("same-second-1")
+    assert "layout.zero_stage=2" in (ours / ".hydra" / "overrides.yaml").read_text()
+    assert f"[harness] {ours}: " in (ours / "cli.log").read_text()

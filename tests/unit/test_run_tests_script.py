@@ -17,17 +17,19 @@ from harness import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "tools" / "run_tests.sh"
 # Records its part (the marker expression, "unit" or "faults") and its arguments, then exits with the code
-# FAKE_EXIT names for its part; FAKE_SLEEP makes a part wait for an interrupt, which pytest answers with exit 2.
+# FAKE_EXIT names for its part; FAKE_SLEEP makes a part wait for an interrupt, which pytest answers with exit 2
+# from the moment its session starts: here, before the part is recorded as started.
 FAKE_PYTEST = f"""#!{sys.executable}
 import json, os, sys, time
-args = sys.argv[1:]
-part = next((name for name in ("unit", "faults") if "tests/" + name in args), None) or args[args.index("-m", 1) + 1]
-with open(os.environ["FAKE_LOG"], "a") as log:
-    log.write(part + "\\n")
-with open(os.environ["FAKE_LOG"] + ".args", "a") as log:
-    log.write(json.dumps([part, args]) + "\\n")
-print("output of", part, flush=True)
 try:
+    args = sys.argv[1:]
+    part = next((name for name in ("unit", "faults") if "tests/" + name in args), None) \\
+        or args[args.index("-m", 1) + 1]
+    with open(os.environ["FAKE_LOG"] + ".args", "a") as log:
+        log.write(json.dumps([part, args]) + "\\n")
+    print("output of", part, flush=True)
+    with open(os.environ["FAKE_LOG"], "a") as log:
+        log.write(part + "\\n")
     time.sleep(float(os.environ.get("FAKE_SLEEP_" + part.replace(" ", "_"), "0")))
 except KeyboardInterrupt:
     sys.exit(2)

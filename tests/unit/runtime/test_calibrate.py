@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -75,10 +76,9 @@ def test_the_profile_records_how_long_the_calibrating_ranks_waited_for_a_core():
     assert raw["core_wait_share"] is None
 
 
-def test_a_micro_benchmark_times_its_own_work_whatever_else_shares_the_core():
-    """Pinned to one core with a spinner, a fixed piece of work takes about twice the wall time (more under the
-    host's other load), yet best_time, less the waits for the core, gives what it gives without the spinner."""
-    import os
+def _timed_alone_then_beside_a_spinner(cpu: int):
+    """best_time of a fixed piece of work pinned to `cpu`, then again with a busy loop pinned beside it, and
+    the wall time per call of the second."""
     import subprocess
     import sys
     import time
@@ -90,20 +90,33 @@ def test_a_micro_benchmark_times_its_own_work_whatever_else_shares_the_core():
         for i in range(200_000):
             total += i * i
 
+    alone = best_time(work, repeats=3, inner=10)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        os.sched_setaffinity(spinner.pid, {cpu})
+        time.sleep(0.2)
+        start = time.perf_counter()
+        shared = best_time(work, repeats=3, inner=10)
+        wall = (time.perf_counter() - start) / 31  # best_time's calls: one to size it, then 3 x 10
+    finally:
+        spinner.kill()
+        spinner.wait()
+    return alone, shared, wall
+
+
+def test_a_micro_benchmark_times_its_own_work_whatever_else_shares_the_core():
+    """Pinned to one core with a spinner, a fixed piece of work takes about twice the wall time (more under the
+    host's other load), yet best_time, less the waits for the core, gives what it gives without the spinner.
+    What the guest kernel cannot see (a hypervisor's steal, another tenant's cache) can still move one pair of
+    timings by a third on a shared host, so up to three pairs are taken; without the subtraction every pair
+    would differ by the spinner's factor of two."""
     cpu, before = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
     os.sched_setaffinity(0, {cpu})
     try:
-        alone = best_time(work, repeats=3, inner=10)
-        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-        try:
-            os.sched_setaffinity(spinner.pid, {cpu})
-            time.sleep(0.2)
-            start = time.perf_counter()
-            shared = best_time(work, repeats=3, inner=10)
-            wall = (time.perf_counter() - start) / 31  # best_time's calls: one to size it, then 3 x 10
-        finally:
-            spinner.kill()
-            spinner.wait()
+        for _ in range(3):
+            alone, shared, wall = _timed_alone_then_beside_a_spinner(cpu)
+            if shared == pytest.approx(alone, rel=0.3):
+                break
     finally:
         os.sched_setaffinity(0, before)
     assert wall > 1.5 * shared  # the core was shared ...
