@@ -81,32 +81,41 @@ def own_time(work: int):
     return wall, host_state.core_wait_share(host_state.core_wait_s() - wait, wall)
 
 
+def _alone_then_beside_a_spinner(cpu: int, work: int):
+    """own_time of the work pinned to `cpu`, then again with a busy loop pinned beside it."""
+    alone = own_time(work)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        os.sched_setaffinity(spinner.pid, {cpu})
+        time.sleep(0.2)
+        return alone, own_time(work)
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def test_a_contender_on_the_same_core_shows_as_core_wait_and_the_rule_recovers_the_own_time():
     """Pinned with a spinner to one core, this thread waits for it about half the time, and the wall time less
     the waits (time_model.under_core_wait's rule) is the work's own time, as without the contender; on a shared
-    host other load adds waits to both measurements, which the rule removes alike."""
+    host other load adds waits to both measurements, which the rule removes alike. What the guest kernel cannot
+    see (a hypervisor's steal) can still move one pair by a third, so up to three pairs are taken; without the
+    rule every pair would differ by the spinner's factor of two."""
     from harness.plan.time_model import under_core_wait
 
     if host_state.core_wait_s() is None:
         raise AssertionError(f"{host_state.SCHEDSTAT} is unreadable on this Linux host")
     cpu = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
-    work = 3_000_000
     os.sched_setaffinity(0, {cpu})
     try:
-        alone, alone_share = own_time(work)
-        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-        try:
-            os.sched_setaffinity(spinner.pid, {cpu})
-            time.sleep(0.2)
-            shared, shared_share = own_time(work)
-        finally:
-            spinner.kill()
-            spinner.wait()
+        for _ in range(3):
+            (alone, alone_share), (shared, shared_share) = _alone_then_beside_a_spinner(cpu, 3_000_000)
+            own_alone, own_shared = alone * (1 - alone_share), shared * (1 - shared_share)
+            if own_shared == pytest.approx(own_alone, rel=0.3):
+                break
     finally:
         os.sched_setaffinity(0, before)
     assert shared_share > 0.3
-    own_alone, own_shared = alone * (1 - alone_share), shared * (1 - shared_share)
     assert own_shared == pytest.approx(own_alone, rel=0.3)
     assert under_core_wait(own_shared, [shared_share]) == pytest.approx(shared)
 
