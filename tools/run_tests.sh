@@ -8,7 +8,8 @@
 #      file's module fixtures run its reference grids once); they compare losses and bytes, never times, so
 #      a loaded host slows them but does not change them. Then the fault tests one at a time: they time how
 #      ranks die, stall and get cleaned up, and stay off a host their own peers load.
-# Part 2's output is printed once it ends (the two would interleave). Ctrl-C stops both.
+# Part 2's output is printed once it ends (the two would interleave). Ctrl-C stops both. The two long parts list
+# their ten slowest tests (--durations), where the suite's time goes.
 # Env: PY (the venv's python), TEST_WORKERS (processes for the unit tests and for the multi-process runs).
 set -u
 PY=${PY:-.venv/bin/python}
@@ -21,7 +22,7 @@ TEST_WORKERS=${TEST_WORKERS:-2}
 # script without it ignores SIGINT, and pytest would then not stop on the interrupt forwarded below).
 set -m
 slurm_log=$(mktemp -t harness-slurm-tests.XXXXXX)
-"$PY" -m pytest -q -m slurm --ignore=tests/unit >"$slurm_log" 2>&1 &
+"$PY" -m pytest -q -m slurm --ignore=tests/unit --durations=10 >"$slurm_log" 2>&1 &
 slurm_pid=$!
 set +m
 stop_slurm_part() {
@@ -32,7 +33,8 @@ stop_slurm_part() {
 trap stop_slurm_part INT TERM
 echo "[test] the Slurm tests run beside the others; their output follows at the end ($slurm_log)"
 
-"$PY" -m pytest -q -n "$TEST_WORKERS" --dist loadfile -m "not slurm" --ignore=tests/unit --ignore=tests/faults
+"$PY" -m pytest -q -n "$TEST_WORKERS" --dist loadfile -m "not slurm" --ignore=tests/unit --ignore=tests/faults \
+  --durations=10
 runs=$?
 "$PY" -m pytest -q -m "not slurm" tests/faults; faults=$?
 rest=$(( runs > faults ? runs : faults ))
