@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from harness.config.schema import DEFAULT_ATTENTION_KERNEL
 from harness.plan.peak import peak_flops
+from harness.rundir.writer import write_text
 
 GB = 1e9
 US = 1e-6
@@ -291,11 +292,7 @@ def profile_path(name: str) -> Path:
 def save_profile(profile: HardwareProfile, path: Optional[Path] = None, raw: Optional[Dict[str, Any]] = None) -> Path:
     """Write a calibrated profile as JSON, with the measurements it came from under "raw" (one atomic rename)."""
     path = Path(path) if path else profile_path(profile.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**profile.to_dict(), **({"raw": raw} if raw is not None else {})}, indent=2))
-    tmp.replace(path)
-    return path
+    return write_text(path, json.dumps({**profile.to_dict(), **({"raw": raw} if raw is not None else {})}, indent=2))
 
 
 def load_profile(path: Path) -> Optional[HardwareProfile]:
