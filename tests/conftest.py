@@ -18,11 +18,8 @@ def no_wandb_key(monkeypatch):
 
 
 def pytest_collection_modifyitems(items):
-    """Tests that load a JIT-built DeepSpeed op go last (stable order otherwise): `make test` compiles the op
-    in the background from the start, so its minutes of compile overlap the rest of the suite."""
-    items.sort(key=lambda item: item.get_closest_marker("jit_ops") is not None)
-    # `make test` runs the `slurm` tests beside the others (tools/run_tests.sh): a test on the local cluster
-    # without the marker would start the cluster a second time, concurrently.
+    """`make test` runs the `slurm` tests beside the others (tools/run_tests.sh): a test on the local cluster
+    without the marker would start the cluster a second time, concurrently."""
     unmarked = [item.nodeid for item in items
                 if "slurm_cluster" in item.fixturenames and item.get_closest_marker("slurm") is None]
     if unmarked:
