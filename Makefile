@@ -79,7 +79,10 @@ test: setup ## run every test (unit, integration on CPU, local Slurm)
 	tools/install_libaio.sh || echo "libaio-dev not installed: the NVMe offload tests will fail and say why"
 	@# The op compiles once per machine, before the suite (111 s on 2 quiet cores; a 3 s load afterwards).
 	@# Built beside the suite, which keeps every core busy, it took over 25 minutes and the NVMe tests timed out.
-	MAX_JOBS=$$(nproc) $(BUILD_OPS) || echo "async_io op not built: the NVMe offload tests will fail and say why"
+	@# A build waits without a word on the lock file a killed build left: stopped (SIGINT, which releases its own
+	@# lock) after 20 minutes, the suite goes on.
+	MAX_JOBS=$$(nproc) timeout -s INT 1200 $(BUILD_OPS) || echo "async_io op not built (failed, or waited \
+	20 minutes on a lock a killed build left: $(TORCH_EXTENSIONS_DIR)/*/lock): the NVMe offload tests will fail and say why"
 	@# The unit tests on TEST_WORKERS processes (pytest-xdist), then the Slurm tests beside the others: the
 	@# multi-process runs on TEST_WORKERS processes, the faults one at a time (tools/run_tests.sh says why).
 	@# All three parts always run.
