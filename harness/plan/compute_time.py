@@ -174,10 +174,18 @@ def attention_kernel_efficiency(head_dim: float, seq_len: int, hw: HardwareProfi
     """A fused attention kernel's rate at this head dim and sequence length over its rate at head dim 128 and
     long sequences: FlashAttention-2's measured forward + backward TFLOP/s fit R_d / (1 + T0 / T) (hardware.py
     cites the tables): a fixed cost per query block that long sequences amortise, and head dim 64 running at
-    attention_small_head_ratio of 128 (linear between; outside 64-128 the nearer end)."""
-    d = min(max(head_dim, 64.0), 128.0)
+    attention_small_head_ratio of 128 (linear between; outside 64-128 the nearer end). A head dim the kernel is
+    not built for runs the next one's kernel (kernel_head_dim) in its time: head_dim / kernel of it is useful."""
+    kernel = kernel_head_dim(head_dim, hw)
+    d = min(max(kernel, 64.0), 128.0)
     head = hw.attention_small_head_ratio + (1.0 - hw.attention_small_head_ratio) * (d - 64.0) / 64.0
-    return head / (1.0 + hw.attention_half_rate_tokens / max(1, seq_len))
+    return head * (head_dim / kernel) / (1.0 + hw.attention_half_rate_tokens / max(1, seq_len))
+
+
+def kernel_head_dim(head_dim: float, hw: HardwareProfile) -> float:
+    """The head dim whose kernel runs `head_dim`: the least the kernel is built for at or above it
+    (HardwareProfile.attention_head_dims), else `head_dim` itself."""
+    return next((float(d) for d in sorted(hw.attention_head_dims) if d >= head_dim - 1e-9), head_dim)
 
 
 def attention_share(spec: ModelSpec) -> float:

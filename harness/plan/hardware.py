@@ -49,6 +49,9 @@ class HardwareProfile:
     # sequence length T it is 1 / (1 + attention_half_rate_tokens / T) of it (1.0 / 0: no shape dependence).
     attention_small_head_ratio: float = 1.0
     attention_half_rate_tokens: float = 0.0
+    # The head dims the fused kernel is built for: a head dim between two runs the larger one's kernel on
+    # zero-padded q, k and v (compute_time.kernel_head_dim); empty: any head dim runs as itself.
+    attention_head_dims: Tuple[int, ...] = ()
     # the kernel runs behind flash-attn's bert_padding unpad / pad (compute_time.unpad_pad_time; MPT's attn_impl=flash)
     attention_unpad: bool = False
     # fixed seconds per (sequence, head) of a fused attention call, forward and backward (0: FLOPs dominate)
@@ -101,6 +104,13 @@ class HardwareProfile:
 #         utilization on H100"). T0 ~ 500 is a fixed cost per query block (the diagonal block of the causal mask,
 #         the softmax rescale and output write) that long sequences amortise. attn_implementation flash_attention_2
 #         and torch SDPA both run FA2 kernels. H200 computes as H100.
+#   Attention head dims: a fused kernel is compiled for a few head dims and runs a head dim between two as the
+#         larger (zero-padded: its time is the larger's, its useful FLOPs the head dim's). FlashAttention-2 (and
+#         torch SDPA's copy of it): 32 / 64 / 96 / 128 / 160 / 192 / 256 (flash-attn csrc/flash_attn/src/
+#         static_switch.h, HEADDIM_SWITCH: "if (HEADDIM <= 32) ... else if (HEADDIM <= 64) ..."); FlashAttention v1:
+#         32 / 64 / 128 (flash-attn 1.x csrc/flash_attn/fmha_api.cpp, run_fmha_fwd: d <= 32, <= 64, <= 128); its
+#         Triton port: powers of two from 16 (flash_attn_triton.py: BLOCK_HEADDIM = max(next_power_of_2(d), 16),
+#         d <= 128). MPT-30B's head dim 112 runs the 128 kernel in all three.
 #   FlashAttention v1 (cluster.attention_kernel=flash_attention_1): the same two charts' FlashAttention bars
 #         (orange), causal, T = 512 / 1k / 2k / 4k / 8k / 16k. A100 head dim 128: 55 / 62 / 69 / 76 / 80 / 83
 #         TFLOP/s, head dim 64: 58 / 70 / 77 / 87 / 92 / 97; H100 head dim 128: 98 / 109 / 108 / 126 / 135 / 137,
@@ -159,8 +169,11 @@ class HardwareProfile:
 #   CPU Adam: DeepSpeed ZeRO-Offload (Ren et al. 2021, table 2): CPU-Adam updates 1B parameters in 0.22 s
 #         on a 2x20-core host, 4.5e9 params/s per host, shared by 8 ranks -> 5.6e8 per rank.
 #   NVMe: ZeRO-Infinity (Rajbhandari et al. 2021, sec. 7): ~25 GB/s read per DGX-2 node over 8 ranks (3.1 GB/s each).
-_A100 = dict(sm_count=108, attention_small_head_ratio=0.91, attention_half_rate_tokens=495)
-_H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_tokens=540, gemm_half_rate_dim=320)
+FA2_HEAD_DIMS, FA1_HEAD_DIMS, FA1_TRITON_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256), (32, 64, 128), (16, 32, 64, 128)
+_A100 = dict(sm_count=108, attention_small_head_ratio=0.91, attention_half_rate_tokens=495,
+             attention_head_dims=FA2_HEAD_DIMS)
+_H100 = dict(sm_count=132, attention_small_head_ratio=0.88, attention_half_rate_tokens=540, gemm_half_rate_dim=320,
+             attention_head_dims=FA2_HEAD_DIMS)
 _A100_FA2, _H100_FA2 = 0.622, 0.338  # FlashAttention-2's forward + backward rate over the dense peak ("Attention")
 # An attention kernel generation's rates per accelerator, replacing the profile's own (FlashAttention-2's, the
 # default kernel, which needs no entry); an accelerator missing from a kernel's row has no measured rate for it.
@@ -183,12 +196,13 @@ def forward_rate_of(combined_efficiency: float, backward_ratio: float) -> float:
     return combined_efficiency * (1.0 + backward_ratio) / (1.0 + ATTENTION_BACKWARD_FLOPS_RATIO)
 
 
-def _fa1(combined_efficiency: float, small_head_ratio: float, half_rate_tokens: float) -> Dict[str, float]:
+def _fa1(combined_efficiency: float, small_head_ratio: float, half_rate_tokens: float,
+         head_dims: Tuple[int, ...] = FA1_HEAD_DIMS) -> Dict[str, Any]:
     backward_ratio = ATTENTION_BACKWARD_FLOPS_RATIO * FA1_FORWARD_UTILISATION / FA1_BACKWARD_UTILISATION
     forward = forward_rate_of(combined_efficiency, backward_ratio)
     return dict(attention_efficiency_sdpa=forward, attention_efficiency_flash=forward,
                 attention_backward_ratio=backward_ratio, attention_small_head_ratio=small_head_ratio,
-                attention_half_rate_tokens=half_rate_tokens)
+                attention_half_rate_tokens=half_rate_tokens, attention_head_dims=head_dims)
 
 
 _A100_FA1, _H100_FA1 = _fa1(*_A100_FA1_FIT), _fa1(*_H100_FA1_FIT)
@@ -202,10 +216,11 @@ _A100_FA1, _H100_FA1 = _fa1(*_A100_FA1_FIT), _fa1(*_H100_FA1_FIT)
 # one program per query block looping over the keys (flash_attn_triton.py's launch grid, seqlen_q / BLOCK_M x
 # batch x heads), FA2's partitioning (Dao 2023, sec. 3.2), where FA1 looped over key blocks outside.
 _A100_FA1_TRITON_EFFICIENCY = _A100_FA1_FIT[0] * _A100_FA1_FIT[1]
-_A100_FA1_TRITON = _fa1(_A100_FA1_TRITON_EFFICIENCY, 1.0, _A100_FA1_FIT[2])
+_A100_FA1_TRITON = _fa1(_A100_FA1_TRITON_EFFICIENCY, 1.0, _A100_FA1_FIT[2], FA1_TRITON_HEAD_DIMS)
 # the rate in TFLOP/s times FA2's H100 / A100 TFLOP/s, over the H100's peak: the peaks cancel
-_H100_FA1_TRITON = _fa1(_A100_FA1_TRITON_EFFICIENCY * _H100_FA2 / _A100_FA2, 1.0, _H100_FA1_FIT[2])
-ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, float]]] = {
+_H100_FA1_TRITON = _fa1(_A100_FA1_TRITON_EFFICIENCY * _H100_FA2 / _A100_FA2, 1.0, _H100_FA1_FIT[2],
+                        FA1_TRITON_HEAD_DIMS)
+ATTENTION_KERNEL_RATES: Dict[str, Dict[str, Dict[str, Any]]] = {
     "flash_attention_1": {"a100_sxm": _A100_FA1, "a100_sxm_40gb": _A100_FA1, "h100_sxm": _H100_FA1,
                           "h200": _H100_FA1},
     "flash_attention_1_triton": {"a100_sxm": _A100_FA1_TRITON, "a100_sxm_40gb": _A100_FA1_TRITON,
@@ -344,7 +359,7 @@ def hardware_profile(cluster: Any) -> Optional[HardwareProfile]:
     return replace(base, **changes)
 
 
-def attention_kernel_rates(kernel: str, accelerator: str) -> Optional[Dict[str, float]]:
+def attention_kernel_rates(kernel: str, accelerator: str) -> Optional[Dict[str, Any]]:
     """The attention constants `kernel` runs at on `accelerator` (ATTENTION_KERNEL_RATES); {} for the default
     kernel, whose rates every profile holds; None: not measured there."""
     if kernel == DEFAULT_ATTENTION_KERNEL:

@@ -199,6 +199,39 @@ def test_the_triton_port_scales_to_hopper_as_flash_attention_2_does():
     assert ratio > FA1_CAUSAL["h100_sxm", 128][16384] / FA1_CAUSAL["a100_sxm", 128][16384] + 0.05
 
 
+def head_dim_attention_time(hw, head_dim: int) -> float:
+    """One A100 layer's fused attention forward + backward over 16 heads of `head_dim`, 16k tokens of 4k."""
+    spec = model_spec_from_hf("heads", dict(model_type="llama", vocab_size=256, hidden_size=2048, intermediate_size=256,
+                                            num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=16,
+                                            head_dim=head_dim, attn_implementation="sdpa"))
+    peak = achievable_peak(hw, "a100_sxm", "bf16")
+    return sum(attention_time(spec, 16384, 4096, 1, 2, hw, peak, backward) for backward in (False, True))
+
+
+@pytest.mark.parametrize("kernel, head_dim, runs_as", [
+    (AttentionKernel.flash_attention_2, 112, 128), (AttentionKernel.flash_attention_2, 80, 96),
+    (AttentionKernel.flash_attention_2, 200, 256), (AttentionKernel.flash_attention_1, 96, 128),
+    (AttentionKernel.flash_attention_1_triton, 96, 128), (AttentionKernel.flash_attention_1_triton, 48, 64)])
+def test_a_head_dim_between_the_kernels_runs_the_next_ones_kernel_in_its_time(kernel, head_dim, runs_as):
+    # flash-attn rounds a head dim up to a kernel it is built for and runs it on zero-padded q, k and v (FA2's
+    # HEADDIM_SWITCH, FA1's run_fmha_fwd, the Triton port's BLOCK_HEADDIM; hardware.py): the larger one's time
+    hw = kernel_profile("a100_sxm", kernel)
+    assert head_dim_attention_time(hw, head_dim) == pytest.approx(head_dim_attention_time(hw, runs_as), rel=1e-9)
+
+
+def test_a_head_dim_a_kernel_is_built_for_runs_as_itself():
+    # FlashAttention-2 has a head dim 96 kernel, FA1 does not: 96 costs FA2 its FLOPs at the rate between the
+    # charts' 64 and 128, FA1 the whole 128 call; a profile without kernel sizes (a CPU's) pads nothing
+    fa2, fa1 = HARDWARE["a100_sxm"], fa1_profile("a100_sxm")
+    ratio = 0.91 + 0.09 * (96 - 64) / 64  # the A100's head dim 64 / 128 rate ratio, linear between
+    # (within the call's fixed launch cost)
+    assert head_dim_attention_time(fa2, 96) == pytest.approx(head_dim_attention_time(fa2, 128) * 96 / 128 / ratio,
+                                                             rel=0.005)
+    assert head_dim_attention_time(fa1, 96) == pytest.approx(head_dim_attention_time(fa1, 128))
+    unpadded = replace(fa2, attention_head_dims=())
+    assert head_dim_attention_time(unpadded, 112) < head_dim_attention_time(fa2, 112) * 0.9
+
+
 def test_mpts_flash_path_adds_flash_attns_unpad_and_pad_copies_to_flash_attention_2():
     # MPT's attn_impl=flash (llm-foundry 5e85bd62d) unpads q, k and v and pads the output on every call: with
     # hidden 2048 and 16k tokens, q, k, v and the output hold 2048 x 16384 bf16 elements each. Forward: three
