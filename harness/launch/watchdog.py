@@ -236,7 +236,8 @@ def record_signal_deaths(run_dir: Path, gone: List[RankSeen], total_memory: int,
         how = f"exit signal {signum} ({name})" if signum else "ended without an error record or exit status"
         evidence = (f"; host memory available {seen.available / 2**30:.2f} of {total_memory / 2**30:.2f} GiB, "
                     f"rank RSS {seen.rss / 2**30:.2f} GiB at the last sample")
-        message = f"{how}{evidence}" + (f"; {oom}" if oom else "")
+        # the verdict first: a status reason keeps the first 300 characters (RankError.reason)
+        message = (f"{oom}; " if oom else "") + f"{how}{evidence}"
         write_json(path, RankError(seen.rank, name, message, oom is not None).to_dict())
         when = _death_time(seen, fatal_times)
         os.utime(path, (when, when))
