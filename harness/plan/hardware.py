@@ -106,11 +106,11 @@ class HardwareProfile:
 #         and torch SDPA both run FA2 kernels. H200 computes as H100.
 #   Attention head dims: a fused kernel is compiled for a few head dims and runs a head dim between two as the
 #         larger (zero-padded: its time is the larger's, its useful FLOPs the head dim's). FlashAttention-2 (and
-#         torch SDPA's copy of it): 32 / 64 / 96 / 128 / 160 / 192 / 256 (flash-attn csrc/flash_attn/src/
-#         static_switch.h, HEADDIM_SWITCH: "if (HEADDIM <= 32) ... else if (HEADDIM <= 64) ..."); FlashAttention v1:
-#         32 / 64 / 128 (flash-attn 1.x csrc/flash_attn/fmha_api.cpp, run_fmha_fwd: d <= 32, <= 64, <= 128); its
-#         Triton port: powers of two from 16 (flash_attn_triton.py: BLOCK_HEADDIM = max(next_power_of_2(d), 16),
-#         d <= 128). MPT-30B's head dim 112 runs the 128 kernel in all three.
+#         torch SDPA's copy of it): 32 / 64 / 96 / 128 / 160 / 192 / 256, some releases 224 too (flash-attn
+#         csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH: "if (HEADDIM <= 32) ... else if (HEADDIM <= 64)
+#         ..."); FlashAttention v1: 32 / 64 / 128 (flash-attn 1.x csrc/flash_attn/fmha_api.cpp, run_fmha_fwd: d <= 32,
+#         <= 64, <= 128); its Triton port: powers of two from 16 (flash_attn_triton.py: BLOCK_HEADDIM =
+#         max(next_power_of_2(d), 16), d <= 128). Phi-2's head dim 80 runs FA2's 96 kernel, FA1's 128.
 #   FlashAttention v1 (cluster.attention_kernel=flash_attention_1): the same two charts' FlashAttention bars
 #         (orange), causal, T = 512 / 1k / 2k / 4k / 8k / 16k. A100 head dim 128: 55 / 62 / 69 / 76 / 80 / 83
 #         TFLOP/s, head dim 64: 58 / 70 / 77 / 87 / 92 / 97; H100 head dim 128: 98 / 109 / 108 / 126 / 135 / 137,
