@@ -11,6 +11,7 @@ entry point to show the same from a shell. The case id starts with its category,
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from harness import REPO_ROOT, cli
 from harness.config.checks import OWNED_SBATCH
 from harness.config.compose import CONFIG_DIR
-from harness.plan.hardware import PROFILE_DIR
+from harness.plan import hardware
 
 Case = Tuple[str, List[str]]  # (id, arguments after `harness`); {tmp} is the case's working folder
 CASES: List[Case] = []
@@ -181,9 +182,17 @@ def _tree(folder: Path) -> List[Tuple[str, int]]:
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch) -> Path:
+def workdir(tmp_path, tmp_path_factory, monkeypatch) -> Path:
     """The case's working folder: a file, an empty folder, a folder without runs, a sweep folder without runs,
-    a broken YAML preset; and every way to start a process refused."""
+    a broken YAML preset; the profile cache as a private copy (the Slurm tests, running beside these, write
+    profiles in the shared one); and every way to start a process refused."""
+    profiles = tmp_path_factory.mktemp("profiles")
+    for cached in hardware.PROFILE_DIR.glob("*.json"):  # a profile another test removes meanwhile is skipped
+        try:
+            shutil.copy2(cached, profiles / cached.name)
+        except FileNotFoundError:
+            pass
+    monkeypatch.setattr(hardware, "PROFILE_DIR", profiles)
     (tmp_path / "afile").write_text("not a folder\n")
     (tmp_path / "empty").mkdir()
     (tmp_path / "notresults").mkdir()
@@ -209,7 +218,7 @@ def workdir(tmp_path, monkeypatch) -> Path:
 @pytest.mark.parametrize("case, args", CASES, ids=[case for case, _ in CASES])
 def test_bad_command_line_is_one_line_and_changes_nothing(case, args, workdir, monkeypatch, capsys):
     argv = [arg.replace("{tmp}", str(workdir)) for arg in args]
-    before = _tree(workdir), _tree(CONFIG_DIR), _tree(PROFILE_DIR)
+    before = _tree(workdir), _tree(CONFIG_DIR), _tree(hardware.PROFILE_DIR)
     monkeypatch.setattr(sys, "argv", ["harness", *argv])
     try:
         code = cli.main()
@@ -220,7 +229,7 @@ def test_bad_command_line_is_one_line_and_changes_nothing(case, args, workdir, m
     assert code in (1, 2), f"{case}: exit {code}\n{out.out[-1500:]}\n{out.err[-1500:]}"
     assert "Traceback" not in out.out + out.err
     assert len(lines) == 1 and lines[0].startswith("harness"), out.err
-    assert (_tree(workdir), _tree(CONFIG_DIR), _tree(PROFILE_DIR)) == before, "something was written"
+    assert (_tree(workdir), _tree(CONFIG_DIR), _tree(hardware.PROFILE_DIR)) == before, "something was written"
 
 
 def test_the_grid_covers_every_command_and_kind_with_at_least_250_cases():
