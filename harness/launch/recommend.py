@@ -92,19 +92,22 @@ def label(plan: Plan) -> str:
     """The layout in one short line."""
     l = plan.layout
     sched = f" {l.pp_schedule}x{l.pp_virtual_stages}" if l.pp > 1 else ""
-    off = f" offload={l.offload_optimizer}" if l.offload_optimizer != "none" else ""
+    off = "".join(f" offload_{what}={where}" for what, where in (("optimizer", l.offload_optimizer),
+                                                                  ("params", l.offload_params)) if where != "none")
     regime = (" fp8" if l.precision == "fp8" else "") + (" compile" if plan.engine.compile else "")
     return (f"tp{l.tp} cp{l.cp} pp{l.pp}{sched} ep{l.ep} dp{l.dp_replicate}x{l.dp_shard} zero{l.zero_stage} "
             f"mb{l.micro_batch} ga{l.grad_accum} ckpt={l.activation_checkpointing}{off}{regime}")
 
 
 def breakdown(plan: Plan) -> str:
-    """The predicted step by part, in seconds: compute, exposed communication per axis, bubble, optimizer,
-    offload (axes with nothing exposed are left out)."""
+    """The predicted step by part, in seconds: compute, exposed communication per axis (axes with nothing
+    exposed are left out; "offload" is the host-link traffic of each micro-batch), bubble, optimizer, and the
+    optimizer offload's traffic once a step (gradients down, parameters up, NVMe)."""
     t = plan.time
     comm = ", ".join(f"{axis} {c['exposed']:.3g} s" for axis, c in t.comm_s.items() if c["exposed"] > 0)
     return (f"step {t.step_time_s:.3g} s: compute {sum(t.compute_s.values()):.3g} s, exposed communication "
-            f"{comm or '0 s'}, bubble {t.bubble_s:.3g} s, optimizer {t.optimizer_s:.3g} s, offload {t.offload_s:.3g} s")
+            f"{comm or '0 s'}, bubble {t.bubble_s:.3g} s, optimizer {t.optimizer_s:.3g} s, "
+            f"optimizer offload {t.offload_s:.3g} s")
 
 
 def row(index: int, choice: Choice) -> str:

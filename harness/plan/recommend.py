@@ -224,11 +224,11 @@ def _axes(layout: Any) -> Tuple[int, int]:
 
 def step_parts(plan: Plan) -> Dict[str, float]:
     """The predicted step in seconds by part: compute per operation class, exposed communication per axis,
-    pipeline bubble, optimizer, offload (harness.plan.time_model.StepTime)."""
+    pipeline bubble, optimizer, the optimizer offload's traffic (harness.plan.time_model.StepTime)."""
     t = plan.time
     parts = {f"compute {k}": v for k, v in t.compute_s.items()}
     parts.update({f"exposed {k} communication": v["exposed"] for k, v in t.comm_s.items()})
-    parts.update({"pipeline bubble": t.bubble_s, "optimizer": t.optimizer_s, "offload": t.offload_s})
+    parts.update({"pipeline bubble": t.bubble_s, "optimizer": t.optimizer_s, "optimizer offload": t.offload_s})
     return parts
 
 

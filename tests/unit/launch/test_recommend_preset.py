@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from harness import REPO_ROOT
 from harness.launch.points import expand
-from harness.launch.recommend import recommend_main
+from harness.launch.recommend import label, recommend_main
 from harness.plan.recommend import RESOLUTION, choices
 
 
@@ -51,7 +51,8 @@ def test_the_table_gives_every_part_with_its_unit_and_the_why_compares_part_by_p
     assert first.startswith("engine=nd ")
     assert re.search(r"[\d,]+ tokens/s \(±\d+%(, uncalibrated)?\), MFU [\d.]+%, step [\d.]+ s: compute [\d.]+ s, "
                      r"exposed communication "
-                     r"(\w+ [\d.e-]+ s(, )?)+, bubble [\d.e-]+ s, optimizer [\d.e-]+ s, offload [\d.e-]+ s", first)
+                     r"(\w+ [\d.e-]+ s(, )?)+, bubble [\d.e-]+ s, optimizer [\d.e-]+ s, "
+                     r"optimizer offload [\d.e-]+ s", first)
     assert re.search(r"memory [\d.]+ GiB per rank of 80.00 GiB \(margin [\d.]+ (GiB|MiB)\)", first)
     assert re.search(r"why #1 over #2: [\d.]+x the tokens/s \([\d,]+ -> [\d,]+\)\n   \w.* [\d.e-]+ s -> [\d.e-]+ s", out)
     versus = out.split("why #1 over gpu_llama70b_nd_tp8_pp4: ", 1)[1]
@@ -84,3 +85,17 @@ def test_a_run_setting_the_sweep_would_refuse_is_refused_before_ranking(capsys, 
     err = capsys.readouterr().err
     assert code == 2 and "bench.warmup_steps=1 must be >= 2" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "config").exists()
+
+
+def test_a_layout_line_names_each_offload_so_two_layouts_never_print_alike():
+    def plan(optimizer: str, params: str) -> SimpleNamespace:
+        layout = SimpleNamespace(tp=1, cp=1, pp=1, ep=1, dp_replicate=1, dp_shard=8, zero_stage=3, micro_batch=1,
+                                 grad_accum=4, activation_checkpointing="full", precision="bf16",
+                                 offload_optimizer=optimizer, offload_params=params)
+        return SimpleNamespace(layout=layout, engine=SimpleNamespace(compile=False))
+
+    lines = {(o, p): label(plan(o, p)) for o in ("none", "cpu", "nvme") for p in ("none", "cpu", "nvme")}
+    assert len(set(lines.values())) == len(lines)
+    assert lines[("cpu", "none")].endswith("ckpt=full offload_optimizer=cpu")
+    assert lines[("cpu", "nvme")].endswith("offload_optimizer=cpu offload_params=nvme")
+    assert lines[("none", "none")].endswith("ckpt=full")
