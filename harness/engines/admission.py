@@ -47,13 +47,23 @@ def judge(cfg: Any, plan: Optional[Plan] = None) -> Verdict:
 
 
 def memory_problems(plan: Plan) -> List[str]:
-    """The predicted per-rank total over the device's memory (harness.plan.memory: states, activations and
-    the cluster's allowance) is an out-of-memory run."""
-    if plan.fits is not False:
-        return []
-    need, have = plan.memory.total_bytes / GIB, plan.device_memory_bytes / GIB
-    return [f"predicted {need:.2f} GiB per rank > {have:.2f} GiB of device memory ({plan.device_memory_source}): "
-            "would run out of memory"]
+    """Out of memory, on the device or the host:
+    - the predicted per-rank total over the device's memory (harness.plan.memory: states, activations and the
+      cluster's allowance);
+    - the states a node's ranks offload (harness.plan.memory's host_bytes per rank, times the ranks per node)
+      over the node's host memory (cluster.host_memory_gib): CPU optimizer and parameter offload hold them in
+      host RAM for the whole run."""
+    problems = []
+    if plan.fits is False:
+        need, have = plan.memory.total_bytes / GIB, plan.device_memory_bytes / GIB
+        problems.append(f"predicted {need:.2f} GiB per rank > {have:.2f} GiB of device memory "
+                        f"({plan.device_memory_source}): would run out of memory")
+    cluster = plan.cluster
+    node_host = (plan.memory.host_bytes if plan.memory is not None else 0) * cluster.accelerators_per_node
+    if node_host and cluster.host_memory_gib and node_host > cluster.host_memory_gib * GIB:
+        problems.append(f"offloaded states need {node_host / GIB:.1f} GiB of host memory per node > "
+                        f"cluster.host_memory_gib={cluster.host_memory_gib}: would run out of host memory")
+    return problems
 
 
 def launcher_problems(cfg: Any) -> List[str]:

@@ -19,6 +19,7 @@ from harness.config.errors import explain as explain_error
 from harness.engines.admission import judge, launcher_to_add
 from harness.launch.host_profile import measure_host_profile
 from harness.launch.prepare import launch_problems
+from harness.launch.refusals import Refusals
 from harness.plan.planner import GIB, Plan
 from harness.plan.recommend import REGIME_FIELDS, Choice, band_ties, compare, rank
 from harness.plan.uncertainty import describe, overlaps
@@ -42,19 +43,33 @@ def admit(cfg: Any, plan: Plan) -> Sequence[str]:
 
 
 def ranked(cfg: Any, global_batch: int, top_k: int, constraint: Optional[Dict[str, str]] = None,
-           pinned: Sequence[str] = ()) -> Tuple[List[Choice], int]:
+           pinned: Sequence[str] = (), refusals: Optional[Refusals] = None) -> Tuple[List[Choice], int]:
     """The top `top_k` choices among the layouts judge admits (and, given a constraint, whose layout fields
-    have its values: `{"tp": "8"}`), and how many it admits; `pinned` regime fields keep the config's value.
+    have its values: `{"tp": "8"}`), and how many it admits; `pinned` regime fields keep the config's value;
+    `refusals`, when given, collects why the others were refused.
     A cluster timed by this host's profile (cluster.profile=host) has it measured first when it is missing or
     stale, as a run does: without it no layout has a predicted time to rank by."""
     measure_host_profile(cfg)
-    if not constraint:
-        return rank(cfg, global_batch, admit, top_k, pinned)
 
     def admit_constrained(point: Any, plan: Plan) -> Sequence[str]:
-        return unmet(plan.layout, constraint) or admit(point, plan)
+        unmatched = unmet(plan.layout, constraint) if constraint else []
+        if unmatched:
+            return unmatched
+        reasons = admit(point, plan)
+        if refusals is not None:
+            refusals.add(plan, reasons)
+        return reasons
 
     return rank(cfg, global_batch, admit_constrained, top_k, pinned)
+
+
+def no_layout_message(refusals: Refusals, global_batch: int) -> str:
+    """Why the search admitted nothing: the refusals' reasons, or that no candidate was there to judge."""
+    if not refusals.candidates:
+        return (f"harness recommend: no layout fits: no candidate layout has the --constrain values and makes "
+                f"--global-batch {global_batch} sequences as data-parallel degree x micro-batch x accumulation")
+    first, *rest = refusals.summary(label)
+    return "\n".join([f"harness recommend: no layout fits: {first}", *rest])
 
 
 def pinned_regime(overrides: Sequence[str]) -> Tuple[str, ...]:
@@ -275,10 +290,11 @@ def recommend_main(argv: Sequence[str]) -> int:
     if launcher:
         print(f"cluster.nodes={cfg.cluster.nodes}: ranked for launcher={launcher} (a Slurm job across the nodes)")
     start = time.process_time()
-    top, admitted = ranked(cfg, args.global_batch, args.top, constraint, pinned_regime(overrides))
+    refusals = Refusals()
+    top, admitted = ranked(cfg, args.global_batch, args.top, constraint, pinned_regime(overrides), refusals)
     print(f"{admitted} admitted layouts ranked in {time.process_time() - start:.2f} s CPU")
     if not top:
-        print("no layout fits", file=sys.stderr)
+        print(no_layout_message(refusals, args.global_batch), file=sys.stderr)
         return 1
     print_fitted("\n".join(row(i, choice) for i, choice in enumerate(top, 1)))
     measure = (f"harness sweep sweep={args.name}" if not args.no_write

@@ -283,11 +283,6 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
     else:
         margin = device_bytes - memory.total_bytes
         fits = margin >= 0
-    if memory.host_bytes and cluster.host_memory_gib:
-        node_host = memory.host_bytes * cluster.accelerators_per_node
-        if node_host > cluster.host_memory_gib * GIB:
-            warnings.append(f"offloaded states need {node_host / GIB:.1f} GiB of host memory per node > "
-                            f"cluster.host_memory_gib={cluster.host_memory_gib}")
     step, time_source, measured_peak = (_predict_time(spec, cfg, warnings) if tokens_per_s is None and predict_time
                                         else (None, "none", None))
     if step is not None:

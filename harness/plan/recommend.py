@@ -138,6 +138,7 @@ def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit) -> Iterato
                                                 activation_checkpointing=checkpointing))
             plan = make_plan(point, predict_time=False)
             if plan.valid and not plan.fits:
+                admit(point, plan)  # refused for memory; asked anyway, so that a caller's admit sees why
                 break
             if admit(point, plan):
                 continue

@@ -32,10 +32,12 @@ class PlannedPoint:
 
     @property
     def fit(self) -> str:
-        # a layout refused only for its memory (admission.memory_problems: its one error) is an OOM, not invalid
-        oom_only = self.plan is not None and self.plan.fits is False and len(self.errors) == 1
-        if self.errors and not oom_only:
-            return "invalid"
+        from harness.engines.admission import memory_problems
+
+        if self.errors:
+            # refused only for memory (admission.memory_problems: device or host) is an OOM, not invalid
+            oom_only = self.plan is not None and set(self.errors) <= set(memory_problems(self.plan))
+            return "OOM" if oom_only else "invalid"
         return {True: "fits", False: "OOM"}.get(self.plan.fits, "fit?")
 
     @property

@@ -1,0 +1,49 @@
+"""Why a layout search admitted nothing: every refused candidate's reasons, grouped where they differ only in
+their numbers, most common first, and the candidate that came closest to fitting in memory."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from harness.plan.planner import Plan
+from harness.plan.units import format_bytes
+
+# A reason's numbers (degrees, sizes, counts) vary between candidates; the rule behind it does not.
+_NUMBER = re.compile(r"\d[\d.,]*")
+
+
+@dataclass
+class Refusals:
+    """Reasons counted per rule (a reason with its numbers blanked), the first wording of each kept as its
+    example; a reason shared by every candidate is the one that blocks them all."""
+
+    candidates: int = 0
+    counts: Counter = field(default_factory=Counter)
+    examples: Dict[str, str] = field(default_factory=dict)
+    closest: Optional[Plan] = None  # of the plans refused for device memory alone, the one over it by the least
+
+    def add(self, plan: Plan, reasons: Sequence[str]) -> None:
+        if not reasons:
+            return
+        self.candidates += 1
+        for rule, reason in {_NUMBER.sub("#", reason): reason for reason in reasons}.items():
+            self.counts[rule] += 1
+            self.examples.setdefault(rule, reason)
+        over_device_only = plan.fits is False and len(reasons) == 1  # the device-memory reason alone
+        if over_device_only and (self.closest is None or plan.margin_bytes > self.closest.margin_bytes):
+            self.closest = plan
+
+    def summary(self, label: Any, shown: int = 3) -> List[str]:
+        """Lines for the user: how many were refused, the `shown` most common reasons with their counts and an
+        example, and the closest to fitting (`label` names a plan's layout)."""
+        lines = [f"{self.candidates:,} candidate layouts refused; the most common reasons:"]
+        lines += [f"  {count:,}x {self.examples[rule]}" for rule, count in self.counts.most_common(shown)]
+        if self.closest is not None:
+            plan = self.closest
+            lines.append(f"  closest to fitting: {label(plan)} needs {format_bytes(plan.memory.total_bytes)} per "
+                         f"rank of {format_bytes(plan.device_memory_bytes)} (over by "
+                         f"{format_bytes(-plan.margin_bytes)})")
+        return lines

@@ -1,0 +1,55 @@
+"""When nothing can run, `harness recommend` says why: the refusals' most common reasons with their counts, and the
+layout that came closest to fitting; and offloaded states a node cannot hold in its host memory are a refusal, in
+every command, not a note."""
+
+from __future__ import annotations
+
+import re
+
+from harness.config.compose import compose_run_config
+from harness.engines.admission import judge
+from harness.launch.recommend import recommend_main
+
+OFFLOADED_405B = ["model=llama3_1_405b", "cluster=gpu_h100_1x8", "engine=fsdp", "layout.seq_len=8192",
+                  "layout.dp_shard=8", "layout.zero_stage=3", "layout.micro_batch=1", "layout.grad_accum=8",
+                  "layout.activation_checkpointing=full", "layout.offload_optimizer=cpu", "layout.offload_params=cpu"]
+
+
+def test_offloaded_states_over_the_nodes_host_memory_are_refused_naming_both_sizes():
+    # 405.85e9 parameters: fp32 master + two moments (12 B) and bf16 parameters (2 B) on the host, /8 ranks x 8
+    # ranks per node = 14 B x 405.85e9 = 5,292 GiB per node before the gradients' buffers: far over 2 TiB.
+    verdict = judge(compose_run_config(OFFLOADED_405B))
+    assert verdict.plan.fits is True  # its device memory fits: only the host refuses it
+    host = [e for e in verdict.errors if "host memory" in e]
+    assert len(host) == 1 and verdict.errors == tuple(host), verdict.errors
+    need = float(re.search(r"need ([\d.]+) GiB of host memory per node", host[0]).group(1))
+    assert need > 14 * 405e9 / 2**30 and "> cluster.host_memory_gib=2048.0: would run out of host memory" in host[0]
+    roomy = judge(compose_run_config([*OFFLOADED_405B, "cluster.host_memory_gib=8192"]))
+    assert roomy.admitted, roomy.errors
+
+
+def test_nothing_admitted_prints_the_reasons_by_count_and_the_closest_layout(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_CONFIG_DIR", str(tmp_path))
+    argv = ["--global-batch", "64", "model=llama3_1_405b", "cluster=gpu_h100_1x8", "engine=fsdp",
+            "layout.seq_len=8192"]
+    assert recommend_main(argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    head = re.match(r"harness recommend: no layout fits: ([\d,]+) candidate layouts refused; the most common "
+                    r"reasons:$", err[0])
+    assert head, err
+    counts = [int(re.match(r"  ([\d,]+)x \S", line).group(1).replace(",", "")) for line in err[1:4]]
+    assert counts == sorted(counts, reverse=True) and counts[0] <= int(head.group(1).replace(",", ""))
+    assert any("would run out of host memory" in line for line in err[1:4])
+    closest = re.match(r"  closest to fitting: tp\d.* needs ([\d.]+) GiB per rank of 80\.00 GiB \(over by ([\d.]+) "
+                       r"(GiB|MiB)\)$", err[4])
+    assert closest and float(closest.group(1)) > 80, err
+    assert not any(tmp_path.iterdir())  # no preset written
+
+
+def test_a_constraint_no_candidate_has_is_said_as_such(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_CONFIG_DIR", str(tmp_path))
+    assert recommend_main(["--global-batch", "64", "--constrain", "tp=3", "model=llama3_1_8b",
+                           "cluster=gpu_h100_1x8"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("harness recommend: no layout fits: no candidate layout has the --constrain values and makes "
+                   "--global-batch 64 sequences as data-parallel degree x micro-batch x accumulation")
