@@ -63,13 +63,14 @@ def ranked(cfg: Any, global_batch: int, top_k: int, constraint: Optional[Dict[st
     return rank(cfg, global_batch, admit_constrained, top_k, pinned)
 
 
-def no_layout_message(refusals: Refusals, global_batch: int) -> str:
+def no_layout_message(prog: str, refusals: Refusals, global_batch: int, constrained: bool = False) -> str:
     """Why the search admitted nothing: the refusals' reasons, or that no candidate was there to judge."""
     if not refusals.candidates:
-        return (f"harness recommend: no layout fits: no candidate layout has the --constrain values and makes "
-                f"--global-batch {global_batch} sequences as data-parallel degree x micro-batch x accumulation")
+        has = "has the --constrain values and " if constrained else ""
+        return (f"{prog}: no layout fits: no candidate layout {has}makes --global-batch {global_batch} sequences as "
+                "data-parallel degree x micro-batch x accumulation")
     first, *rest = refusals.summary(label)
-    return "\n".join([f"harness recommend: no layout fits: {first}", *rest])
+    return "\n".join([f"{prog}: no layout fits: {first}", *rest])
 
 
 def pinned_regime(overrides: Sequence[str]) -> Tuple[str, ...]:
@@ -294,7 +295,7 @@ def recommend_main(argv: Sequence[str]) -> int:
     top, admitted = ranked(cfg, args.global_batch, args.top, constraint, pinned_regime(overrides), refusals)
     print(f"{admitted} admitted layouts ranked in {time.process_time() - start:.2f} s CPU")
     if not top:
-        print(no_layout_message(refusals, args.global_batch), file=sys.stderr)
+        print(no_layout_message("harness recommend", refusals, args.global_batch, bool(constraint)), file=sys.stderr)
         return 1
     print_fitted("\n".join(row(i, choice) for i, choice in enumerate(top, 1)))
     measure = (f"harness sweep sweep={args.name}" if not args.no_write

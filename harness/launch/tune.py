@@ -18,7 +18,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_number
 from harness.config.compose import compose_run_config, user_config_dir
 from harness.config.errors import explain as explain_error
-from harness.launch.recommend import label, preset_files, ranked, recommend_overrides, write_preset
+from harness.launch.recommend import (label, no_layout_message, preset_files, ranked, recommend_overrides,
+                                      write_preset)
+from harness.launch.refusals import Refusals
 from harness.plan.engine_factors import UNIT, Sample, median_error, parts, refit, relative, scaled
 from harness.plan.hardware import PROFILE_VERSION, hardware_profile, profile_path, save_profile
 from harness.plan.planner import Plan
@@ -49,11 +51,14 @@ def key(plan: Plan) -> Key:
     return plan.engine.name, label(plan)
 
 
-def top_k(spaces: Sequence[Space], global_batch: int, k: int) -> List[Tuple[Space, Plan]]:
+def top_k(spaces: Sequence[Space], global_batch: int, k: int,
+          refusals: Optional[Refusals] = None) -> List[Tuple[Space, Plan]]:
     """K layouts by predicted tokens/s: each engine's best K // engines (at least one) first, so that every engine
-    is measured and gets its own factors, then the rest by predicted tokens/s over all engines."""
+    is measured and gets its own factors, then the rest by predicted tokens/s over all engines (`refusals`, when
+    given, collects why the others were refused)."""
     tokens = lambda item: -(item[1].tokens_per_s or 0.0)  # noqa: E731
-    per_space = [[(space, choice.plan) for choice in ranked(space.cfg, global_batch, k)[0]] for space in spaces]
+    per_space = [[(space, choice.plan) for choice in ranked(space.cfg, global_batch, k, refusals=refusals)[0]]
+                 for space in spaces]
     quota = max(1, k // max(1, len(spaces)))
     chosen = [item for pool in per_space for item in pool[:quota]]
     rest = sorted((item for pool in per_space for item in pool[quota:]), key=tokens)
@@ -148,10 +153,13 @@ def new_profile_path(base_name: str, name: str) -> Path:
 
 
 def tune(spaces: Sequence[Space], global_batch: int, k: int, name: str, measure: Measure,
-         profile_name: Optional[str] = None) -> Tuned:
+         profile_name: Optional[str] = None, refusals: Optional[Refusals] = None) -> Tuned:
     """The loop (see the module docstring). `spaces` share one cluster and profile; `name` prefixes the rounds'
-    presets, `profile_name` (default `name`) suffixes the refitted profile's."""
-    recommended = top_k(spaces, global_batch, k)
+    presets, `profile_name` (default `name`) suffixes the refitted profile's; with no layout admitted nothing
+    runs (`refusals` says why)."""
+    recommended = top_k(spaces, global_batch, k, refusals)
+    if not recommended:
+        return Tuned([], {}, {}, {}, {}, [], None)
     measured = dict(measure(recommended, f"{name}_r1"))
     predicted = {key(plan): plan for _, plan in recommended}
     hw = hardware_profile(spaces[0].cfg.cluster)
@@ -254,8 +262,11 @@ def tune_main(argv: Sequence[str]) -> int:
         print(f"cluster.nodes={cfg.cluster.nodes}: running with launcher={launcher}")
     start = time.monotonic()
     name = f"tune_{args.name}_{time.strftime('%Y%m%d_%H%M%S')}"
-    tuned = tune(spaces, args.global_batch, args.top, name,
-                 sweep_measure(Path(cfg.results_dir)), args.name)
+    refusals = Refusals()
+    tuned = tune(spaces, args.global_batch, args.top, name, sweep_measure(Path(cfg.results_dir)), args.name, refusals)
+    if not tuned.recommended:
+        print(no_layout_message("harness tune", refusals, args.global_batch), file=sys.stderr)
+        return 1
     print("\n".join(report(tuned)))
     print(f"tune took {time.monotonic() - start:.0f} s")
     return 0 if tuned.measured else 1

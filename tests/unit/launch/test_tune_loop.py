@@ -118,3 +118,16 @@ def test_a_bad_engine_list_is_refused_in_one_line(value, said, capsys):
     code = tune_module.tune_main(["--global-batch", "8", "model=tiny_llama", f"engine={value}"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and said in err and f"engine={value}" in err
+
+
+def test_tune_with_no_layout_admitted_runs_nothing_and_says_why(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hardware, "PROFILE_DIR", tmp_path)
+    monkeypatch.setenv("HARNESS_CONFIG_DIR", str(tmp_path / "config"))
+    started = []
+    monkeypatch.setattr(tune_module, "sweep_measure", lambda results: lambda round_, name: started.append(name))
+    code = tune_module.tune_main(["--global-batch", "64", "--top", "2", "model=llama3_1_405b", "cluster=gpu_h100_1x8",
+                                  "engine=fsdp", "layout.seq_len=8192", f"results_dir={tmp_path / 'results'}"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("harness tune: no layout fits: ") and started == []
+    assert "would run out of host memory" in err and "closest to fitting: " in err
+    assert not (tmp_path / "config").exists() and not (tmp_path / "results").exists()
