@@ -9,7 +9,7 @@ import re
 from dataclasses import replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from harness.config.schema import RunConfig
+from harness.config.schema import RunConfig, sharded_zero_stage
 
 FILLABLE = ("dp_replicate", "dp_shard")
 FIXED = ("tp", "pp", "cp")
@@ -44,7 +44,7 @@ def fill_layout(run: RunConfig) -> Tuple[RunConfig, Dict[str, Tuple[Any, str]]]:
     layout_fields = {key: getattr(run.layout, key) for key in (*FILLABLE, *FIXED, *OPEN_FIELDS[1:])}
     model = {"name": run.model.name, "hub_id": run.model.hub_id, "train_seq_len": run.model.train_seq_len}
     filled = open_field_values(layout_fields, run.cluster.nodes, run.cluster.accelerators_per_node,
-                               run.cluster.accelerator, model)
+                               run.cluster.accelerator, model, sharded_zero_stage(run.engine.name))
     values = {key: value for key, (value, _) in filled.items()}
     if run.layout.name is None or GENERATED_NAME.fullmatch(run.layout.name):
         name = layout_name({**layout_fields, **values})
@@ -56,8 +56,10 @@ def fill_layout(run: RunConfig) -> Tuple[RunConfig, Dict[str, Tuple[Any, str]]]:
 
 
 def open_field_values(layout: Mapping[str, Any], nodes: int, per_node: int, accelerator: str,
-                      model: Mapping[str, Any]) -> Dict[str, Tuple[Any, str]]:
-    """{field: (value, source)} for the layout's open fields: -1 degrees and the `default` preset's nulls."""
+                      model: Mapping[str, Any], zero_stage_default: int = 3) -> Dict[str, Tuple[Any, str]]:
+    """{field: (value, source)} for the layout's open fields: -1 degrees and the `default` preset's nulls. On
+    accelerators zero_stage takes the engine's most sharded stage (harness.config.schema.SHARDED_ZERO_STAGE:
+    torchtitan's ZeRO-3, or the distributed optimizer of the Megatron-LM export)."""
     filled: Dict[str, Tuple[Any, str]] = {}
     on_cpu = accelerator == "cpu"
     label = None
@@ -78,6 +80,8 @@ def open_field_values(layout: Mapping[str, Any], nodes: int, per_node: int, acce
             continue
         if on_cpu:
             filled[key] = (CPU_TOY[key], CPU_SOURCE)
+        elif key == "zero_stage" and zero_stage_default != ACCELERATOR_FIXED[key]:
+            filled[key] = (zero_stage_default, "the engine's sharded optimizer")
         elif key in ACCELERATOR_FIXED:
             filled[key] = (ACCELERATOR_FIXED[key], "torchtitan's defaults")
         else:
@@ -139,7 +143,8 @@ def default_layout_name(*, _root_: Any) -> str:
     try:
         filled = open_field_values(fields, cluster.nodes, cluster.accelerators_per_node, cluster.accelerator,
                                    {"name": model.name, "hub_id": model.hub_id,
-                                    "train_seq_len": model.get("train_seq_len")})
+                                    "train_seq_len": model.get("train_seq_len")},
+                                   sharded_zero_stage(_root_.engine.name))
     except DegreeFillError:
         return "default"
     return layout_name({**fields, **{key: value for key, (value, _) in filled.items()}})

@@ -274,6 +274,16 @@ ENGINE_OPTIONS: Dict[EngineName, Type[EngineConfig]] = {
 }
 
 
+# The ZeRO stage an open layout.zero_stage takes on accelerators (harness.config.fill): each engine's most sharded
+# one, which harness.plan.support admits (tests/unit/config/test_fill.py holds them together): ZeRO-3, but the
+# Megatron-LM export shards only the optimizer (--use-distributed-optimizer, zero_stage 1).
+SHARDED_ZERO_STAGE: Dict[str, int] = {EngineName.megatron_lm.value: 1}
+
+
+def sharded_zero_stage(engine: str) -> int:
+    return SHARDED_ZERO_STAGE.get(str(getattr(engine, "value", engine)), 3)
+
+
 def engine_config(name: str = EngineName.deepspeed.value, **options: Any) -> EngineConfig:
     """The option dataclass of engine `name` holding `options` (the base class for an unknown name)."""
     return ENGINE_OPTIONS.get(name, EngineConfig)(name=name, **options)

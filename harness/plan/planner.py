@@ -393,6 +393,8 @@ def plan_rows(plans: Iterable[Plan]) -> List[Dict[str, Any]]:
         layout, memory = plan.layout, plan.memory
         rows.append({
             "model": plan.model.name if plan.model else None,
+            "params": plan.model.total_params if plan.model else None,
+            "active_params": plan.model.active_params if plan.model else None,
             "engine": plan.engine.name,
             "accelerator": plan.cluster.accelerator,
             "world": plan.world_size,
@@ -419,7 +421,9 @@ def plan_rows(plans: Iterable[Plan]) -> List[Dict[str, Any]]:
             "fits": plan.fits,
             "margin(GiB)": _gib(plan.margin_bytes),
             "host_per_rank(GiB)": _gib(memory.host_bytes) if memory else None,
-            "flops_per_token(GFLOP)": None if plan.flops_per_token is None else round(plan.flops_per_token / 1e9, 3),
+            # six significant digits: a fixed number of decimals turns a small model's 0.000592 into 0.001
+            "flops_per_token(GFLOP)": (None if plan.flops_per_token is None
+                                       else float(f"{plan.flops_per_token / 1e9:.6g}")),
             "flop_convention": plan.flop_convention,
             "tokens_per_step": plan.tokens_per_step,
             "mfu": plan.predicted_mfu,

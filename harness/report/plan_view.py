@@ -179,10 +179,23 @@ def print_messages(points: Sequence[PlannedPoint], why: bool, out: Callable[[str
         out(f"{hidden} more message(s): add --why to see every error and warning")
 
 
+# What a refused layout has no value for in the export: it never runs, so a file sorted by throughput must not
+# rank it (the table shows "-" there too); its memory stays, which says by how much an OOM misses.
+PREDICTION_COLUMNS = ("mfu", "mfu(bf16 peak)", "step_time(s)", "tokens_per_s", "tokens_per_s_band", "band_regime",
+                      "band_source", "band_rows", "job_time_min")
+
+
 def export_rows(points: Sequence[PlannedPoint]) -> List[Dict[str, Any]]:
-    """Every column of every point (for --json / --csv), in the table's order."""
-    return [{"label": point.label, "fit": point.fit, **point.row, "errors": "; ".join(point.errors),
-             "warnings": "; ".join(point.warnings)} for point in points]
+    """Every column of every point (for --json / --csv), in the table's order. `valid` is the admission's
+    verdict (an engine's refusal included; a layout refused for memory alone is valid and OOM)."""
+    rows = []
+    for point in points:
+        row = {"label": point.label, "fit": point.fit, **point.row}
+        if point.errors:
+            row.update({column: None for column in PREDICTION_COLUMNS if column in row})
+            row["valid"] = point.fit == "OOM"
+        rows.append({**row, "errors": "; ".join(point.errors), "warnings": "; ".join(point.warnings)})
+    return rows
 
 
 def write_export(rows: List[Dict[str, Any]], kind: str, stream: Any) -> None:

@@ -24,6 +24,20 @@ def test_gpu_cluster_without_a_layout_fills_the_world_and_the_models_length():
         assert text in note
 
 
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp", "fsdp1", "nd", "megatron_lm"])
+def test_every_engine_plans_its_filled_layout_as_valid(engine):
+    """The open ZeRO stage takes the engine's most sharded one: ZeRO-3, or the Megatron-LM export's distributed
+    optimizer (ZeRO-3 there was refused, so every Megatron-LM plan without a layout was invalid)."""
+    from harness.plan.planner import make_plan
+
+    run, note = compose_noting_fills(["model=llama3_1_8b", "cluster=gpu_h100_1x8", f"engine={engine}"])
+    plan = make_plan(run)
+    assert plan.valid, plan.errors
+    assert run.layout.zero_stage == (1 if engine == "megatron_lm" else 3)
+    assert f"layout.zero_stage={run.layout.zero_stage}" in note and run.layout.name.endswith(
+        f"zero{run.layout.zero_stage}")
+
+
 def test_fields_the_user_sets_win_over_the_fill():
     run, note = compose_noting_fills(["model=llama3_1_8b", "cluster=gpu_h100_1x8", "layout.seq_len=2048",
                                       "layout.micro_batch=4", "layout.activation_checkpointing=none", "layout.tp=2"])

@@ -129,3 +129,18 @@ def test_a_multi_node_cluster_is_planned_as_the_slurm_job_it_needs_unless_a_laun
     named = harness_plan("model=llama3_1_70b", "cluster=h100_8x8", "launcher=local", columns=400)
     assert named.returncode == 1 and "launcher.backend=local starts one node, but cluster.nodes=8" in named.stdout
     assert "planned with launcher" not in named.stderr
+
+
+def test_a_refused_layout_exports_no_prediction_and_is_not_valid():
+    """An engine's refusal (fsdp has no selective checkpointing) came out of --csv / --json with valid=True and a
+    tokens/s that a file sorted by throughput would rank; an OOM keeps its memory."""
+    from harness.report.plan_view import PREDICTION_COLUMNS, export_rows, plan_points
+
+    rows = export_rows(plan_points(["model=llama3_2_1b", "cluster=gpu_h100_1x8", "engine=fsdp",
+                                    "layout.activation_checkpointing=selective,full"]))
+    refused, admitted = sorted(rows, key=lambda row: row["fit"] == "fits")
+    assert refused["fit"] == "invalid" and refused["valid"] is False and "selective" in refused["errors"]
+    assert all(refused[column] is None for column in PREDICTION_COLUMNS if column in refused)
+    assert admitted["valid"] is True and admitted["tokens_per_s"] > 0
+    assert admitted["params"] == 1_235_814_400 and admitted["flops_per_token(GFLOP)"] == float(
+        f"{admitted['flops_per_token(GFLOP)']:.6g}")
