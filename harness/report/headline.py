@@ -11,7 +11,7 @@ import pandas as pd
 from harness.report.repeats import pool_repeats
 from harness.report.verdict import Verdict, comparable, verdict
 from harness.rundir import COMPLETED, FINAL_STATES
-from harness.rundir.vocabulary import format_gib, format_percent, format_seconds, sharding_words
+from harness.rundir.vocabulary import ci_words, format_gib, format_percent, format_seconds, sharding_words
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def _answer(best: Dict[str, Any], across: bool = False, settled: bool = True) ->
             + (f" on {world:.0f} device{'s' if world != 1 else ''}" if world else "")
             + f" ({best['tokens_per_s_per_device']:,.0f} per device)")
     if _num(best.get("tokens_per_s_ci_low")) is not None:
-        text += f" [95% CI {best['tokens_per_s_ci_low']:,.0f}–{best['tokens_per_s_ci_high']:,.0f}]"
+        text += f" [{ci_words(best)} {best['tokens_per_s_ci_low']:,.0f}–{best['tokens_per_s_ci_high']:,.0f}]"
     if _num(best.get("mfu")) is not None:
         text += f", MFU {format_percent(best['mfu'])}"
     if _num(best.get("step_time_s")) is not None:

@@ -10,7 +10,8 @@ import pandas as pd
 
 from harness.report.headline import layout_summary
 from harness.rundir import COMPLETED, PLOTLY_JS, TIME_PARTS, write_bytes
-from harness.rundir.vocabulary import format_band, format_bytes, format_gib, format_seconds, memory_unit, time_unit
+from harness.rundir.vocabulary import (ci_words, format_band, format_bytes, format_gib, format_seconds, memory_unit,
+                                      time_unit)
 
 MEASURED, RECOMMENDED, PREDICTED = "#4e79a7", "#59a14f", "#e15759"
 MEMORY_PARTS = (("param_bytes", "parameters", "#4e79a7"), ("grad_bytes", "gradients", "#f28e2b"),
@@ -74,7 +75,8 @@ def hover_text(row: pd.Series) -> str:
              ("MFU", num(row.get("mfu")), "{:.2%}"), ("MFU predicted", num(row.get("mfu_predicted")), "{:.2%}"))
     for name, value, pattern in pairs:
         if name == "tokens/s 95% CI" and num(row.get("tokens_per_s_ci_low")) is not None:
-            lines.append(f"tokens/s 95% CI: {row['tokens_per_s_ci_low']:,.0f}–{row['tokens_per_s_ci_high']:,.0f}"
+            low, high = row["tokens_per_s_ci_low"], row["tokens_per_s_ci_high"]
+            lines.append(f"tokens/s {ci_words(row)}: {low:,.0f}–{high:,.0f}"
                          + (f" ({row['repeats']:.0f} repeats pooled)" if (num(row.get("repeats")) or 1) > 1 else ""))
         elif name == "step min / max" and num(row.get("step_time_min_s")) is not None:
             lines.append(f"step min / max: {format_seconds(row['step_time_min_s'])} / "

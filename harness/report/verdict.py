@@ -26,7 +26,8 @@ class Verdict:
 
     @property
     def significant(self) -> bool:
-        return self.difference.significant
+        """A winner is named: the interval excludes zero and neither run was disturbed."""
+        return self.faster is not None
 
 
 def repeats_of(row: Mapping[str, Any]) -> List[List[float]]:
@@ -51,6 +52,12 @@ def caveats(a: Mapping[str, Any], b: Mapping[str, Any]) -> List[str]:
     return found
 
 
+def disturbed(row: Mapping[str, Any]) -> bool:
+    """Whether runtime.host_state flagged the run: other processes took the host's cores while it measured."""
+    flag = row.get("host_disturbed")
+    return bool(flag.item() if hasattr(flag, "item") else flag) if flag is not None and flag == flag else False
+
+
 def _percent(value: float) -> str:
     return f"{value * 100:.1f}%"
 
@@ -62,14 +69,23 @@ def verdict(a: Mapping[str, Any], b: Mapping[str, Any], name_a: str, name_b: str
     "A is faster than B by X% (95% CI a%–b%)" only when the interval of the ratio excludes zero; otherwise "no
     significant difference ... run with bench.repeats=N", N from the observed spread (stats.repeats_to_separate).
     Different global batches, sequence lengths or models are named: tokens/s still compares them, but a
-    layout's batch is then part of what differs.
+    layout's batch is then part of what differs. A run measured on a disturbed host names no winner: contention
+    slows a whole run at once, a shift the step-to-step interval cannot see (two runs of one layout on a busy
+    2-core host came out "faster by 110% (95% CI 59%-139%)"), so the verdict asks for a rerun on a quiet host.
     """
     diff = throughput_difference(repeats_of(a), float(a["tokens_per_step"]), repeats_of(b), float(b["tokens_per_step"]),
                                  confidence)
     notes = caveats(a, b)
     level = f"{confidence:.0%} CI"
     single = len(repeats_of(a)) == 1 and len(repeats_of(b)) == 1
-    if diff.significant:
+    busy = [name for row, name in ((a, name_a), (b, name_b)) if disturbed(row)]
+    if busy:
+        text = (f"{name_a} and {name_b} cannot be ranked: {' and '.join(busy)} ran while other processes took the "
+                f"host's cores (host DISTURBED), which slows a whole run, not single steps "
+                f"({_percent(diff.estimate)}, {level} {_percent(diff.low)}–{_percent(diff.high)}); "
+                f"rerun {'them' if len(busy) > 1 else 'it'} on a quiet host")
+        needed, faster = None, None
+    elif diff.significant:
         first, second, d = (name_a, name_b, diff) if diff.estimate > 0 else (name_b, name_a, _flip(diff))
         text = (f"{first} is faster than {second} by {_percent(d.estimate)} in tokens/s "
                 f"({level} {_percent(d.low)}–{_percent(d.high)}"

@@ -84,6 +84,16 @@ format_ratio = _numeric("{:.2f}×")
 format_float = _numeric("{:.4g}")
 
 
+def ci_words(row: Mapping[str, Any]) -> str:
+    """"95% CI", or the coverage a run's interval really has (step_time_ci_level: two timed steps give 50%)."""
+    level = row.get("step_time_ci_level")
+    try:
+        level = float(level)
+    except (TypeError, ValueError):
+        return "95% CI"
+    return "95% CI" if math.isnan(level) else f"{level:.0%} CI"
+
+
 def format_band(value: Any) -> str:
     """A prediction band's half-width (a fraction, 0.09) as `±9%`; `-` when there is none."""
     number = _number(value)

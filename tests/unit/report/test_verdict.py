@@ -11,7 +11,7 @@ import pandas as pd
 from harness.launch.points import interleaved
 from harness.report.headline import headline
 from harness.report.repeats import pool_repeats
-from harness.report.verdict import verdict
+from harness.report.verdict import disturbed, verdict
 
 
 def row(median_s: float, seed: int, noise: float = 0.02, n: int = 10, tokens: int = 1024, **extra):
@@ -33,6 +33,22 @@ def test_no_winner_without_significance_and_the_repeats_to_separate_them():
     assert not judged.significant and judged.faster is None
     assert judged.text.startswith("no significant difference between A and B at this sample size (")
     assert ("run with bench.repeats=" in judged.text) or ("more than 50 repeats" in judged.text)
+
+
+def test_a_disturbed_run_names_no_winner_however_narrow_its_interval():
+    """Host contention slows a whole run: a 2x gap with a tight step-to-step interval is no evidence then."""
+    import numpy as np
+
+    for flag in (True, np.bool_(True)):
+        judged = verdict(row(0.200, 7, host_disturbed=flag), row(0.100, 8, host_disturbed=False), "zero1", "zero2")
+        assert judged.difference.significant and not judged.significant and judged.faster is None
+        assert judged.text.startswith("zero1 and zero2 cannot be ranked: zero1 ran while other processes")
+        assert "rerun it on a quiet host" in judged.text and judged.repeats_needed is None
+    quiet = verdict(row(0.200, 7, host_disturbed=False), row(0.100, 8, host_disturbed=float("nan")), "a", "b")
+    assert quiet.faster == "b"
+    frame = pd.DataFrame([{**row(0.1, 9, host_disturbed=False), "label": "fast", "series": "s"},
+                          {**row(0.2, 10, host_disturbed=True), "label": "slow", "series": "s"}])
+    assert disturbed(frame.iloc[1].to_dict()) and not disturbed(frame.iloc[0].to_dict())
 
 
 def test_different_global_batches_are_flagged():
@@ -74,3 +90,16 @@ def test_the_headline_pools_repeats_before_it_judges():
 def test_repeats_run_interleaved_each_round_reversed():
     assert interleaved(3, [3, 3, 3]) == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1), (0, 2), (1, 2), (2, 2)]
     assert interleaved(2, [1, 2]) == [(0, 0), (1, 0), (1, 1)]
+
+
+def test_the_headline_names_the_coverage_its_interval_really_has():
+    """Two timed steps give a 50% interval of the median: it was printed as "95% CI"."""
+    from harness.rundir.vocabulary import ci_words
+
+    assert ci_words({"step_time_ci_level": 0.5}) == "50% CI" and ci_words({"step_time_ci_level": 0.961}) == "96% CI"
+    assert ci_words({}) == ci_words({"step_time_ci_level": float("nan")}) == "95% CI"
+    best = {**row(0.1, 11), "label": "zero2", "series": "s", "status": "COMPLETED", "tokens_per_s": 10240.0,
+            "tokens_per_s_per_device": 5120.0, "tokens_per_s_ci_low": 9000.0, "tokens_per_s_ci_high": 11000.0,
+            "step_time_ci_level": 0.5, "fits": True, "world_size": 2, "run_dir": "a"}
+    answer = headline(pd.DataFrame([best])).text
+    assert "[50% CI 9,000–11,000]" in answer and "95% CI" not in answer
