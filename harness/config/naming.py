@@ -10,17 +10,34 @@ from harness.config.schema import RunConfig
 _SLUG_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def stage_layers_words(layers: Sequence[int]) -> str:
+    """An uneven pipeline split, each run of equal stages as layers*stages: [2]*8 + [3]*16 + [2]*8 is
+    `2*8,3*16,2*8` ("" for the even split)."""
+    runs: List[List[int]] = []
+    for count in layers:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ",".join(f"{count}*{times}" if times > 1 else str(count) for count, times in runs)
+
+
 def run_label(run: RunConfig) -> str:
-    """e.g. `deepspeed dp2 z2 mb2x1 s64 bf16`: the engine, every degree above 1, and the batch shape."""
+    """e.g. `deepspeed dp2 z2 mb2x1 s64 bf16`: the engine (`fsdp1` for FSDP1), every degree above 1, the
+    pipeline's schedule, virtual stages and uneven split, the batch shape, and `compile` when compiled: two
+    layouts that run differently never share a label."""
     layout = run.layout
-    parts = [run.engine.name]
+    engine = run.engine.name
+    parts = [f"{getattr(engine, 'value', engine)}{'1' if run.engine.fsdp_version == 1 else ''}"]
     for axis in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"):
         degree = getattr(layout, axis)
         if degree > 1:
             parts.append(f"{'dp' if axis == 'dp_shard' else 'rep' if axis == 'dp_replicate' else axis}{degree}")
     parts.append(f"z{layout.zero_stage}")
     if layout.pp > 1:
-        parts.append(layout.pp_schedule)
+        parts.append(layout.pp_schedule + (f" vpp{layout.pp_virtual_stages}" if layout.pp_virtual_stages > 1 else ""))
+        if layout.pp_stage_layers:
+            parts.append(f"split={stage_layers_words(layout.pp_stage_layers)}")
     for kind, target in (("opt", layout.offload_optimizer), ("param", layout.offload_params)):
         if target != "none":
             parts.append(f"{kind}->{target}")
@@ -29,6 +46,8 @@ def run_label(run: RunConfig) -> str:
     if layout.activation_checkpointing != "none":
         parts.append(f"ckpt-{layout.activation_checkpointing}")
     parts.append(layout.precision)
+    if run.engine.compile:
+        parts.append("compile")
     return " ".join(parts)
 
 

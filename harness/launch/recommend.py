@@ -16,6 +16,7 @@ import yaml
 from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_number
 from harness.config.compose import compose_config, compose_run_config, run_config_to_dict, user_config_dir
 from harness.config.errors import explain as explain_error
+from harness.config.naming import stage_layers_words
 from harness.engines.admission import judge, launcher_to_add
 from harness.launch.host_profile import measure_host_profile
 from harness.launch.prepare import launch_problems
@@ -108,6 +109,8 @@ def label(plan: Plan) -> str:
     """The layout in one short line."""
     l = plan.layout
     sched = f" {l.pp_schedule}x{l.pp_virtual_stages}" if l.pp > 1 else ""
+    if l.pp > 1 and l.pp_stage_layers:  # the uneven split the layout needs (pp x virtual stages not dividing L)
+        sched += f" split={stage_layers_words(l.pp_stage_layers)}"
     off = "".join(f" offload_{what}={where}" for what, where in (("optimizer", l.offload_optimizer),
                                                                   ("params", l.offload_params)) if where != "none")
     regime = (" fp8" if l.precision == "fp8" else "") + (" compile" if plan.engine.compile else "")

@@ -65,6 +65,7 @@ def point_labels(runs: Sequence[Any]) -> List[str]:
     frame = pd.DataFrame([{
         "engine": run.engine.name, "model": run.model.name, "cluster": run.cluster.name,
         **{column: getattr(run.layout, column) for column, _ in LABEL_AXES if hasattr(run.layout, column)},
+        "fsdp_version": run.engine.fsdp_version if run.engine.name == "fsdp" else None, "compile": run.engine.compile,
         "layout": run_label(run), "run": run_label(run),
     } for run in runs])
     return layout_labels(frame, engine_words=False).tolist()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import replace
 from types import SimpleNamespace
 
 from harness import REPO_ROOT
@@ -99,3 +100,24 @@ def test_a_layout_line_names_each_offload_so_two_layouts_never_print_alike():
     assert lines[("cpu", "none")].endswith("ckpt=full offload_optimizer=cpu")
     assert lines[("cpu", "nvme")].endswith("offload_optimizer=cpu offload_params=nvme")
     assert lines[("none", "none")].endswith("ckpt=full")
+
+
+def test_a_recommended_uneven_split_is_printed_and_plans_as_printed():
+    """Llama-3.1-70B's 80 layers over pp16 x 2 virtual stages split unevenly: the line left the split out, and the
+    layout it named (planned without it) was refused."""
+    from harness.config.compose import compose_run_config
+    from harness.config.naming import run_label, stage_layers_words
+    from harness.launch.recommend import pinned_regime, ranked, recommend_overrides
+    from harness.plan.planner import make_plan
+
+    assert stage_layers_words([2] * 8 + [3] * 16 + [2] * 8) == "2*8,3*16,2*8" and stage_layers_words([]) == ""
+    assert stage_layers_words([5, 4, 4, 5]) == "5,4*2,5"
+    overrides, _ = recommend_overrides(["model=llama3_1_70b", "cluster=h100_8x8", "engine=nd", "layout.seq_len=8192",
+                                        "layout.precision=bf16", "engine.compile=false"])
+    base = compose_run_config(overrides)
+    top, _ = ranked(base, 512, 1, constraint={"pp": "16", "pp_virtual_stages": "2", "tp": "1"},
+                    pinned=pinned_regime(overrides))
+    plan = top[0].plan
+    assert plan.layout.pp_stage_layers and f"split={stage_layers_words(plan.layout.pp_stage_layers)}" in label(plan)
+    assert "split=2*8,3*16,2*8" in run_label(replace(base, layout=plan.layout))
+    assert make_plan(replace(base, layout=plan.layout)).valid

@@ -144,3 +144,22 @@ def test_a_refused_layout_exports_no_prediction_and_is_not_valid():
     assert admitted["valid"] is True and admitted["tokens_per_s"] > 0
     assert admitted["params"] == 1_235_814_400 and admitted["flops_per_token(GFLOP)"] == float(
         f"{admitted['flops_per_token(GFLOP)']:.6g}")
+
+
+def test_layouts_that_run_differently_never_share_a_label():
+    """compile, FSDP1 against FSDP2 and virtual stages ran differently under one label (207,422 against 60,176
+    tokens/s for `fsdp dp8 z3 mb1x1 s1024 ckpt-full bf16`)."""
+    from harness.config.compose import compose_run_config
+    from harness.config.naming import run_label
+    from harness.report.plan_view import plan_points
+
+    for grid in (["model=gpt2", "engine=fsdp", "engine.compile=true,false"],
+                 ["model=llama3_1_8b", "engine=fsdp,fsdp1"]):
+        labels = [point.label for point in plan_points([*grid, "cluster=gpu_h100_1x8"])]
+        assert len(set(labels)) == 2, labels
+    layout = ["model=llama3_1_70b", "cluster=h100_8x8", "engine=nd", "layout.tp=8", "layout.pp=4", "layout.dp_shard=2",
+              "layout.pp_schedule=Interleaved1F1B", "layout.grad_accum=8", "launcher=slurm"]
+    two, four = (run_label(compose_run_config([*layout, f"layout.pp_virtual_stages={v}"])) for v in (2, 4))
+    assert "Interleaved1F1B vpp2" in two and "Interleaved1F1B vpp4" in four
+    assert run_label(compose_run_config(["model=gpt2", "engine=fsdp1", "cluster=gpu_h100_1x8",
+                                         "engine.compile=true"])).startswith("fsdp1 ")
