@@ -140,7 +140,13 @@ def largest_param_partition(cfg: RunConfig) -> int:
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     """(errors, warnings) for engine=deepspeed beyond the planner's support table (which already limits
     pp > 1 to ZeRO 0-1 and DeepSpeed's own 1F1B schedule)."""
-    return (pipeline_problems(cfg) if cfg.layout.pp > 1 else []), []
+    errors = pipeline_problems(cfg) if cfg.layout.pp > 1 else []
+    if cfg.layout.activation_checkpointing == "selective":
+        # deepspeed_session.apply checkpoints whole decoder layers (transformers' gradient checkpointing) or
+        # nothing: a selective plan would predict a recompute and a saving the run never has.
+        errors.append("layout.activation_checkpointing='selective': engine=deepspeed checkpoints whole decoder "
+                      "layers (none or full)")
+    return errors, []
 
 
 def pipeline_problems(cfg: RunConfig) -> List[str]:

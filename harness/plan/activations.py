@@ -502,6 +502,43 @@ def moe_and_mlp_activations(spec: ModelSpec, hf: bool, e: int) -> Tuple[float, f
     return routing / len(mlps), mlp / len(mlps)
 
 
+def op_policy_activations(spec: ModelSpec, e: int, on_cpu: bool) -> Tuple[float, float, float]:
+    """(replicated, sharded by heads / ffn columns, sharded per token and key) bytes per token one decoder layer
+    keeps under the `nd` engine's selective checkpointing (nd_session._selective_policy: torch's op-level
+    selective checkpointing, as torchtitan's "op" mode): the output of every matmul and of the attention kernel
+    is kept, everything else (norms, activation, rotary, residual adds) is recomputed in backward. Kept: the
+    q / k / v projections (sharded), flash SDPA's output and fp32 log-sum-exp per head, or with eager / math
+    attention the score and AV matmuls' outputs (the scores per key), the output projection and each down
+    projection (row-parallel: a full-width partial sum on every TP rank), the up projections (gate and up, or
+    fc1: sharded) and a router's logits. Measured on a 4-layer Llama (hidden 256, 4 heads, 2 KV heads, ffn 512,
+    fp32): 9,232 bytes per token a layer above full recomputation's, this sum exactly. The layer's input, which
+    full recomputation keeps too, is apart (LayerActivations.checkpoint)."""
+    h = spec.hidden_size
+    a, kv_heads, q_width, kv_width = spec.mean_attention()
+    qd, vd = (spec.qk_head_dim or spec.head_dim), (spec.v_head_dim or spec.head_dim)
+    if spec.attention_heads:
+        q, out, k_width, v_width = q_width, q_width, kv_width, kv_width
+    else:
+        q, out, k_width, v_width = a * qd, a * vd, kv_heads * qd, kv_heads * vd
+    sharded = e * (q + k_width + v_width)
+    if spec.attn_implementation == "eager" or sdpa_kernel(spec, on_cpu) == "math":
+        per_key = (e if spec.attn_implementation == "eager" else 4) * a  # the score matmul's output
+        sharded += e * out
+    else:
+        per_key = 0.0
+        sharded += e * out + 4 * a
+    mlps = spec.layer_mlps or ((spec.num_experts, spec.ffn_size if spec.is_moe else 0,
+                                spec.shared_ffn_size if spec.is_moe else spec.ffn_size),)
+    ups = 2 if spec.mlp_kind == "swiglu" else 1
+    mlp_sharded = mlp_replicated = 0.0
+    for experts, expert_ffn, always_on in mlps:
+        k = spec.experts_per_token if experts else 0
+        mlp_sharded += e * ups * (k * expert_ffn + always_on)
+        mlp_replicated += e * h * (k + (1 if always_on else 0)) + (e * experts if experts else 0)
+    replicated = e * h + mlp_replicated / len(mlps)
+    return replicated, sharded + mlp_sharded / len(mlps), per_key
+
+
 def sp_saved_divisor(profile: str, tp: int, sequence_parallel: bool) -> int:
     """What sequence parallelism divides a column-parallel projection's saved input by. Megatron saves the
     sequence shard and all-gathers it again in backward (Korthikanti et al. 2022, sec. 4.2.2): / tp.
@@ -693,7 +730,8 @@ def token_activations(spec: ModelSpec, profile: str, precision: str, on_cpu: boo
                       cp: int) -> TokenActivations:
     """Per token: boundary / (tp if sequence parallel) + (sharded + quadratic x seq) / tp per layer
     (Korthikanti et al. 2022, sec. 4.2.2, TP + SP); selective recomputation drops the quadratic term
-    (sec. 4.2.1); full recomputation keeps only each layer's input (sec. 5) and rebuilds one layer."""
+    (sec. 4.2.1) on Megatron, and keeps the matmul and attention outputs on the torch engines
+    (op_policy_activations); full recomputation keeps only each layer's input (sec. 5) and rebuilds one layer."""
     key = (id(spec), profile, precision, on_cpu, tp, sequence_parallel, loss_parallel, checkpointing, seq_len, cp)
     hit = _TOKEN_ACTIVATIONS.get(key)
     if hit is not None and hit[0] is spec:
@@ -709,6 +747,11 @@ def token_activations(spec: ModelSpec, profile: str, precision: str, on_cpu: boo
     full = ends + (act.sharded + act.quadratic * seq_len) / tp + act.mask * seq_len
     if checkpointing == "full":
         layer, recompute = act.checkpoint / sp, full
+    elif checkpointing == "selective" and profile == "hf":
+        # torch's op-level policy (op_policy_activations); the backward rebuilds the rest of one layer at a time
+        replicated, sharded, per_key = op_policy_activations(spec, e, on_cpu)
+        layer = act.checkpoint / sp + replicated + (sharded + per_key * seq_len) / tp
+        recompute = max(0.0, full - layer)
     elif checkpointing == "selective":
         layer, recompute = ends + act.sharded / tp, 0.0
     else:
@@ -716,7 +759,7 @@ def token_activations(spec: ModelSpec, profile: str, precision: str, on_cpu: boo
     loss_divisor = tp if (profile == "megatron" or loss_parallel) else 1
     outside = outside_layer_activations(spec, profile, e, e if on_cpu else 1, seq_len // cp, sp,
                                         sp_saved_divisor(profile, tp, sequence_parallel), loss_divisor,
-                                        checkpointing == "full")
+                                        checkpointing != "none")  # selective wraps the layers too
     result = TokenActivations(layer, recompute, outside)
     if len(_TOKEN_ACTIVATIONS) > 1_000_000:
         _TOKEN_ACTIVATIONS.clear()

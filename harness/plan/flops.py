@@ -405,15 +405,17 @@ def flops_per_token(spec: ModelSpec, seq_len: int, convention: FlopConvention) -
 
 
 def recompute_flops_per_token(
-    spec: ModelSpec, seq_len: int, convention: FlopConvention, checkpointing: str
+    spec: ModelSpec, seq_len: int, convention: FlopConvention, checkpointing: str, profile: str = "megatron"
 ) -> float:
     """Extra forward FLOPs activation checkpointing spends (HFU counts them, MFU does not).
 
     full: every checkpointed decoder layer runs its forward again in the backward (Korthikanti et al.
     2022, sec. 5: 4 passes instead of 3; a forward-only indexer runs again too; a weight-shared layer's runs with
     gradient each run again, its no_grad runs not); selective: only the
-    attention core (QK^T, softmax, AV) is recomputed (Korthikanti et al. 2022, sec. 4.2). Embedding, final
-    norm and lm_head are not recomputed.
+    attention core (QK^T, softmax, AV) is recomputed (Korthikanti et al. 2022, sec. 4.2) on Megatron (`profile`
+    "megatron"); the torch engines' op-level policy ("hf", harness.plan.activations.op_policy_activations) keeps
+    every matmul and attention output and reruns elementwise work only, which no convention counts. Embedding,
+    final norm and lm_head are not recomputed.
     """
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"activation_checkpointing={checkpointing!r} must be one of {CHECKPOINTING}")
@@ -421,5 +423,5 @@ def recompute_flops_per_token(
         return 0.0
     forward = forward_flops_per_token(spec, seq_len, convention)
     if checkpointing == "selective":
-        return forward.attention_core
+        return forward.attention_core if profile == "megatron" else 0.0
     return forward.layers + forward.attention_core + forward.forward_only

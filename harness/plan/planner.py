@@ -15,6 +15,7 @@ from harness.plan.peak import Peak, device_memory_gib, peak_flops
 from harness.plan.records import build
 from harness.plan.regime import compute_precision, fp8_gemm_speedup, mfu_by_peak
 from harness.plan.time_model import StepTime, predict_step_time
+from harness.plan.support import ENGINE_SUPPORT
 from harness.plan.uncertainty import Band, band, regime_of
 from harness.plan.utilization import hfu, mfu, tokens_per_step
 from harness.plan.validate import validate
@@ -160,13 +161,15 @@ def spec_for(model_cfg: Any) -> ModelSpec:
     return spec
 
 
-def _flops(spec: ModelSpec, seq_len: int, convention: FlopConvention, checkpointing: str) -> Tuple[float, float]:
-    # (model FLOPs, + recomputation) per token, memoised per (model, seq_len, convention, checkpointing)
-    key = (id(spec), seq_len, convention, checkpointing)
+def _flops(spec: ModelSpec, seq_len: int, convention: FlopConvention, checkpointing: str,
+           profile: str) -> Tuple[float, float]:
+    # (model FLOPs, + recomputation) per token, memoised per (model, seq_len, convention, checkpointing, profile)
+    key = (id(spec), seq_len, convention, checkpointing, profile)
     hit = _FLOPS.get(key)
     if hit is None or hit[0] is not spec:
         model = flops_per_token(spec, seq_len, convention)
-        hit = _FLOPS[key] = (spec, model, model + recompute_flops_per_token(spec, seq_len, convention, checkpointing))
+        hit = _FLOPS[key] = (spec, model,
+                             model + recompute_flops_per_token(spec, seq_len, convention, checkpointing, profile))
     return hit[1], hit[2]
 
 
@@ -271,7 +274,8 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
         warnings.append(peak.warning)
     if errors or convention is None:
         return _invalid(cfg, spec, world, tokens, errors, warnings, convention, peak)
-    model_flops, hardware_flops = _flops(spec, layout.seq_len, convention, layout.activation_checkpointing)
+    model_flops, hardware_flops = _flops(spec, layout.seq_len, convention, layout.activation_checkpointing,
+                                         ENGINE_SUPPORT[engine.name].activation_profile)
     if allowance is None:
         allowance = _allowance(cluster)
     memory = memory_per_rank(spec, layout, engine, cluster.accelerator, allowance)

@@ -241,7 +241,10 @@ def _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, firs
                                else (layers, layers))
     if layout.activation_checkpointing == "full":
         recompute = fwd.scaled(grad_runs)
-    elif layout.activation_checkpointing == "selective":
+    elif layout.activation_checkpointing == "selective" and ENGINE_SUPPORT[engine.name].activation_profile == "hf":
+        # torch's op-level policy keeps every matmul and attention output: the elementwise work runs again
+        recompute = OpTime(elementwise=fwd.elementwise * grad_runs)
+    elif layout.activation_checkpointing == "selective":  # Megatron: the attention core runs again
         recompute = OpTime(attention=fwd.attention * grad_runs)
     else:
         recompute = OpTime()
@@ -312,13 +315,15 @@ def tp_comm(spec, layout, engine, hw, group, activation, tokens, layers, first, 
     matrix on its own in backward (no fused f): q, k, v, gate and up each, five for a Llama layer. DTensor
     also all-reduces each replicated (norm) weight's gradient once per step, the final norm's, and under loss
     parallelism three scalars per token (max, sum of exponentials, target logit: torch loss_parallel). Full
-    checkpointing reruns the forward's collectives."""
+    checkpointing reruns the forward's collectives; so does the torch engines' selective policy, which keeps
+    matmul and attention outputs only (nd_session._selective_policy: a collective's output is recomputed)."""
     counts = tp_counts(spec)
     ag = lambda b: collective_time("all_gather", b, group, hw)  # noqa: E731
     rs = lambda b: collective_time("reduce_scatter", b, group, hw)  # noqa: E731
     ar = lambda b: collective_time("all_reduce", b, group, hw)  # noqa: E731
     block = ag(activation) + rs(activation) if engine.sequence_parallel else ar(activation)
-    rerun = layout.activation_checkpointing == "full"
+    rerun = layout.activation_checkpointing == "full" or (
+        layout.activation_checkpointing == "selective" and ENGINE_SUPPORT[engine.name].activation_profile == "hf")
     forward = counts.row * block * (2 if rerun else 1)
     if engine.name == "megatron_lm":
         return layers * (forward + counts.row * block), 0.0

@@ -58,14 +58,15 @@ def sort_points(points: Sequence[PlannedPoint]) -> List[PlannedPoint]:
 def point_labels(runs: Sequence[Any]) -> List[str]:
     """Each layout named by the values that differ across the grid (one layout: all of its values)."""
     from harness.config.naming import run_label
-    from harness.report.table import LABEL_AXES, layout_labels
+    from harness.report.table import LABEL_AXES, engine_columns, layout_labels
 
     if len(runs) == 1:
         return [run_label(runs[0])]
     frame = pd.DataFrame([{
         "engine": run.engine.name, "model": run.model.name, "cluster": run.cluster.name,
         **{column: getattr(run.layout, column) for column, _ in LABEL_AXES if hasattr(run.layout, column)},
-        "fsdp_version": run.engine.fsdp_version if run.engine.name == "fsdp" else None, "compile": run.engine.compile,
+        **engine_columns({"name": run.engine.name, "fsdp_version": run.engine.fsdp_version,
+                          "compile": run.engine.compile}),
         "layout": run_label(run), "run": run_label(run),
     } for run in runs])
     return layout_labels(frame, engine_words=False).tolist()

@@ -40,16 +40,14 @@ from harness.rundir.stats import RATE_FIGURES, StepStats, figure_intervals, step
 LAYOUT_COLUMNS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "zero_stage", "micro_batch",
                   "grad_accum", "seq_len", "activation_checkpointing", "precision")
 # Layout fields beyond the degrees that change what a run measures.
-EXTRA_LAYOUT_COLUMNS = ("offload_optimizer", "offload_params", "pp_schedule", "pp_virtual_stages", "pp_stage_layers")
-# Engine options that change what a run measures (each engine's own; others leave them empty).
-ENGINE_COLUMNS = ("fsdp_version", "compile")
+EXTRA_LAYOUT_COLUMNS = ("offload_optimizer", "offload_params", "pp_schedule", "pp_virtual_stages")
 # Short names for the layout label, in label order; columns that are the same for every run are left out.
 LABEL_AXES = (("engine", ""), ("model", ""), ("cluster", ""), ("dp_replicate", "dpr"), ("dp_shard", "dp"),
               ("tp", "tp"), ("pp", "pp"), ("pp_schedule", ""), ("pp_virtual_stages", "vpp"), ("cp", "cp"),
               ("ep", "ep"), ("zero_stage", "zero"), ("offload_optimizer", "offload_opt="),
               ("offload_params", "offload_param="), ("micro_batch", "mb"), ("grad_accum", "ga"),
               ("seq_len", "seq"), ("activation_checkpointing", "ac="), ("precision", ""),
-              ("pp_stage_layers", "split="), ("fsdp_version", "fsdp"), ("compile", "compile="))
+              ("pp_stage_layers", "split="), ("fsdp_version", "FSDP"), ("compile", "compile="))
 # Columns holding lists: kept in Parquet, left out of the CSV.
 LIST_COLUMNS = ("step_times_s", "step_times_by_repeat")
 # Order in which statuses are listed: what needs attention first.
@@ -133,8 +131,17 @@ def _identity_columns(files: RunFiles, layout: Mapping[str, Any], cluster: Mappi
         "world_size": world,
         "layout": layout.get("name"),
         **{column: layout.get(column) for column in (*LAYOUT_COLUMNS, *EXTRA_LAYOUT_COLUMNS)},
-        **{column: (config.get("engine") or {}).get(column) for column in ENGINE_COLUMNS},
+        # an uneven pipeline split in short (`2*8,3*16,2*8`), empty for the even one
+        "pp_stage_layers": stage_layers_words(layout.get("pp_stage_layers") or []) or None,
+        **engine_columns(config.get("engine") or {}),
     }
+
+
+def engine_columns(engine: Mapping[str, Any]) -> Dict[str, Any]:
+    """The engine options that change what a run measures: `fsdp_version` only where it is FSDP1 (FSDP2 is the
+    default, and other engines have none: a label names the exception), `compile` as set."""
+    return {"fsdp_version": 1 if engine.get("name") == "fsdp" and engine.get("fsdp_version") == 1 else None,
+            "compile": engine.get("compile")}
 
 
 def _measured_columns(files: RunFiles) -> Dict[str, Any]:
@@ -293,10 +300,12 @@ def layout_labels(frame: pd.DataFrame, engine_words: bool = True) -> pd.Series:
             value = row[col]
             if value is None or (isinstance(value, float) and pd.isna(value)):
                 continue
-            if col == "pp_stage_layers":  # a list: the uneven split in short, nothing for the even one
-                value = stage_layers_words(list(value)) if hasattr(value, "__len__") else ""
-                if not value:
-                    continue
+            if isinstance(value, (list, tuple)):  # plan grids: the layout's list, in short
+                value = stage_layers_words(value)
+            if isinstance(value, float) and value.is_integer():  # an int column with gaps reads back as float
+                value = int(value)
+            if col == "pp_stage_layers" and not value:  # the even split
+                continue
             words = col == "zero_stage" and engine_words
             parts.append(_sharding_label(row, value) if words else f"{short}{value}")
         return " ".join(parts)

@@ -168,6 +168,8 @@ FIGURES: Tuple[Figure, ...] = tuple([
         ("activation_checkpointing", "checkpointing", "text"), ("precision", "precision", "text"),
         ("offload_optimizer", "optimizer offload", "text"), ("offload_params", "param offload", "text"),
         ("pp_schedule", "pp schedule", "text"), ("pp_virtual_stages", "pp virtual stages", "count"),
+        ("pp_stage_layers", "pp split (layers*stages)", "text"), ("fsdp_version", "FSDP version", "count"),
+        ("compile", "compiled", "text"),
     )),
     *_figures(MEASURED, (
         ("tokens_per_s", "tokens/s", "tokens/s", True), ("tokens_per_s_ci_low", "tokens/s CI low", "tokens/s"),

@@ -27,7 +27,7 @@ HARNESS = [sys.executable, "-m", "harness.cli"]
 # (label, overrides): every cpu_* recipe, then the spread the recipes do not cover.
 SPREAD = [
     ("zero2 ckpt=full", ["recipes=cpu_zero2", "layout.activation_checkpointing=full"]),
-    ("zero3 ckpt=selective", ["recipes=cpu_zero3", "layout.activation_checkpointing=selective"]),
+    ("nd tp2 ckpt=selective", ["recipes=cpu_nd_tp2", "layout.activation_checkpointing=selective"]),
     ("nd tp2 ckpt=full", ["recipes=cpu_nd_tp2", "layout.activation_checkpointing=full"]),
     ("nd pp2 ga4", ["recipes=cpu_nd_pp2", "layout.grad_accum=4"]),
     ("zero2 mb8", ["recipes=cpu_zero2", "layout.micro_batch=8"]),

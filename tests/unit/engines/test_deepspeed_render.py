@@ -183,3 +183,18 @@ def test_compile_with_a_pipeline_is_refused_before_launch(tmp_path):
 
     with pytest.raises(RunRejected, match="engine.compile=true with pp=2: engine=deepspeed"):
         prepare_run(compose_run_config([*PP2, "engine.compile=true"]), tmp_path)
+
+
+def test_selective_checkpointing_is_refused_as_deepspeed_runs_none_of_it():
+    """deepspeed_session.apply checkpoints whole decoder layers or none: `selective` ran as none while the plan
+    predicted a recompute, and the recommender offered it as a separate, slower choice."""
+    from harness.engines.admission import judge
+    from harness.engines.deepspeed import check
+
+    for pp in (1, 2):
+        cfg = compose_run_config(["recipes=cpu_zero1_pp2" if pp > 1 else "recipes=cpu_zero2",
+                                  "layout.activation_checkpointing=selective"])
+        errors, _ = check(cfg)
+        assert any("engine=deepspeed checkpoints whole decoder layers" in error for error in errors), errors
+        assert not judge(cfg).admitted
+    assert not check(compose_run_config(["recipes=cpu_zero2", "layout.activation_checkpointing=full"]))[0]
