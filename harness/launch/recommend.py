@@ -22,7 +22,7 @@ from harness.launch.host_profile import measure_host_profile
 from harness.launch.prepare import launch_problems
 from harness.launch.refusals import Refusals
 from harness.plan.planner import GIB, Plan
-from harness.plan.recommend import REGIME_FIELDS, Choice, band_ties, compare, rank
+from harness.plan.recommend import REGIME_FIELDS, SEARCHED_LAYOUT_FIELDS, Choice, band_ties, compare, rank
 from harness.plan.uncertainty import describe, overlaps
 from harness.plan.units import format_bytes
 from harness.rundir import write_text
@@ -100,7 +100,16 @@ def parse_constraint(items: Sequence[str]) -> Dict[str, str]:
 
 def recommend_overrides(overrides: Sequence[str]) -> Tuple[List[str], Optional[str]]:
     """The user's overrides plus the launcher the cluster needs (harness.engines.admission.launcher_to_add)
-    where the user chose none; (overrides, the launcher added or None)."""
+    where the user chose none; (overrides, the launcher added or None). A layout field the search sets
+    (SEARCHED_LAYOUT_FIELDS) is refused, naming the --constrain that keeps it: it was silently ignored."""
+    searched = [item for item in overrides
+                if item.partition("=")[0].lstrip("+~").partition("layout.")[2] in SEARCHED_LAYOUT_FIELDS
+                and item.lstrip("+~").startswith("layout.")]
+    if searched:
+        constrain = " ".join(f"--constrain {item.lstrip('+~').partition('layout.')[2]}" for item in searched)
+        raise ValueError(f"{', '.join(searched)}: the search sets {'this field' if len(searched) == 1 else 'these'}"
+                         f" for every candidate and would ignore the value; `harness recommend {constrain}` ranks "
+                         "only layouts that have it")
     launcher = launcher_to_add(overrides, compose_run_config(list(overrides)))
     return ([*overrides, f"launcher={launcher}"] if launcher else list(overrides)), launcher
 

@@ -88,6 +88,11 @@ Admit = Callable[[Any, Plan], Sequence[str]]
 
 # The regime fields the search varies unless the command line sets them (harness.launch.recommend).
 REGIME_FIELDS = ("layout.precision", "engine.compile")
+# The layout fields every candidate sets (structures, _sharding, _batch_shapes): a value given for one on the
+# command line would be overwritten; `--constrain` keeps only the candidates that have it.
+SEARCHED_LAYOUT_FIELDS = ("dp_replicate", "dp_shard", "tp", "cp", "pp", "ep", "pp_schedule", "pp_virtual_stages",
+                          "pp_stage_layers", "zero_stage", "offload_optimizer", "offload_params", "micro_batch",
+                          "grad_accum", "activation_checkpointing")
 
 
 def regimes(cfg: Any, pinned: Sequence[str] = ()) -> List[Tuple[str, bool]]:

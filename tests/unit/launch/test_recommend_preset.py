@@ -121,3 +121,13 @@ def test_a_recommended_uneven_split_is_printed_and_plans_as_printed():
     assert plan.layout.pp_stage_layers and f"split={stage_layers_words(plan.layout.pp_stage_layers)}" in label(plan)
     assert "split=2*8,3*16,2*8" in run_label(replace(base, layout=plan.layout))
     assert make_plan(replace(base, layout=plan.layout)).valid
+
+
+def test_a_layout_field_the_search_sets_is_refused_with_the_constraint_that_keeps_it(capsys):
+    """layout.tp=2 layout.zero_stage=1 were silently overwritten: the answer had tp1 and ZeRO-3."""
+    code = recommend_main(["--global-batch", "64", "--no-write", "model=llama3_1_8b", "cluster=gpu_h100_1x8",
+                           "engine=fsdp", "layout.seq_len=4096", "layout.zero_stage=1", "layout.tp=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "layout.zero_stage=1, layout.tp=2: the search sets these for every candidate" in err
+    assert "`harness recommend --constrain zero_stage=1 --constrain tp=2` ranks only layouts that have it" in err
+    assert err.count("\n") == 1  # one line, no traceback
