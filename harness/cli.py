@@ -208,8 +208,12 @@ def check_points(command: str, flags: List[str], overrides: List[str], writes: b
             problem = unwritable_folder(Path(run.results_dir)) if writes else None
             if problem:
                 raise ConfigRejected("results_dir", run.results_dir, problem)
+        refusal = _single_run_refusal(command, writes, points, run)
     except Exception as error:  # every composition and value error becomes one line
         print(f"harness {command}: {explain(error)}", file=sys.stderr)
+        return False
+    if refusal:
+        print(f"harness {command}: the run was not launched: {'; '.join(refusal)}", file=sys.stderr)
         return False
     from harness.terminal import print_fitted
 
@@ -217,6 +221,18 @@ def check_points(command: str, flags: List[str], overrides: List[str], writes: b
         print_fitted(note, sys.stderr)
     _grid_points[:] = points
     return True
+
+
+def _single_run_refusal(command: str, writes: bool, points: List[List[str]], run) -> List[str]:
+    """Why `harness run` of one point would be refused (harness.engines.admission.judge), found before Hydra
+    makes its run folder: a refused single run wrote a PRUNED folder that a later report took for a sweep. A grid
+    keeps its PRUNED records (a status per point); a stand-in and a hub model are judged after their resolution."""
+    if command != "run" or not writes or len(points) != 1 or run.model.hub_id or run.standin.of or any(
+            item.lstrip("+~").startswith("standin=") for item in points[0]):
+        return []
+    from harness.engines.admission import judge
+
+    return list(judge(run).errors)
 
 
 def config_dirs(flags: List[str]) -> List[str]:

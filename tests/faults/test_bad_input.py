@@ -57,6 +57,9 @@ CASES = [
     ("unknown accelerator", ["plan", "cluster.accelerator=h999"], "cluster.accelerator='h999'"),
     ("misspelled accelerator", ["run", "cluster.accelerator=h100_sxn"], "did you mean 'h100_sxm'"),
     ("lr nan", ["run", "bench.lr=nan"], "bench.lr"),
+    # a refused single run writes nothing (it left a PRUNED folder a later report took for a sweep)
+    ("run beyond the world", ["run", "recipes=cpu_zero2", "layout.dp_shard=3"], "must equal cluster.nodes=1"),
+    ("run with tp over the heads", ["run", "recipes=cpu_zero2", "layout.tp=4", "layout.dp_shard=1"], "tp=4"),
     ("lr zero", ["plan", "bench.lr=0"], "bench.lr"),
     ("lr negative", ["plan", "bench.lr=-1e-3"], "bench.lr"),
     ("negative weight decay", ["plan", "bench.weight_decay=-0.1"], "bench.weight_decay"),
@@ -183,3 +186,16 @@ def test_help_works_in_every_subcommand(command, capsys, monkeypatch):
     assert cli.main() == 0
     out = capsys.readouterr()
     assert out.out.startswith("usage:") and f"harness {command}" in out.out and out.err == ""
+
+
+def test_a_refused_single_run_writes_no_folder(tmp_path, monkeypatch, capsys, no_launch):
+    """`harness run` of one refused layout is judged before Hydra makes its folder: exit 2, one line, nothing on
+    disk (a PRUNED folder was left, and `harness report` then called it a sweep with one pruned run)."""
+    results = tmp_path / "results"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["harness", "run", "recipes=cpu_zero2", "layout.dp_shard=3",
+                                      f"results_dir={results}"])
+    code = cli.main()
+    err = capsys.readouterr().err
+    assert code == 2 and not results.exists()
+    assert err.startswith("harness run: the run was not launched: dp_replicate=1 x dp_shard=3")
