@@ -164,11 +164,13 @@ def ties_line(top: Sequence[Choice], measure: str) -> str:
     band = top[0].plan.prediction_band
     width = format_band(band.half_width) if band else "±0%"
     if not tied:
-        return f"#2 to #{len(top)} lie outside the model's {width} band of #1: the prediction separates them"
+        return (f"#2 to #{len(top)} lie beyond the model's error of #1 (no {width} band overlaps #1's): the "
+                "prediction separates them")
     names = _and([f"#{rank}" for rank in tied])
     verb = "is" if len(tied) == 1 else "are"
-    return (f"{names} {verb} within the model's {width} band of #1: a tie the prediction cannot break; "
-            f"measure them ({measure})")
+    # overlapping bands, not one inside the other's: #2 may lie up to two band widths below #1
+    return (f"{names} {verb} within the model's error of #1 (the {width} bands overlap): a tie the prediction "
+            f"cannot break; measure them ({measure})")
 
 
 def _and(items: Sequence[str]) -> str:
@@ -191,7 +193,7 @@ def why(title: str, best: Plan, other: Plan) -> str:
     head, *parts = compare(best, other)
     if overlaps(best.tokens_per_s, best.prediction_band, other.tokens_per_s, other.prediction_band):
         width = format_band(best.prediction_band.half_width) if best.prediction_band else ""
-        parts.append(f"both within the model's {width} band: a tie on the prediction; the parts above say where "
+        parts.append(f"their {width} bands overlap: a tie on the prediction; the parts above say where "
                      "the model puts the difference, a measurement decides it")
     return f"why #1 over {title}: {head}\n" + "\n".join(f"   {line}" for line in parts)
 

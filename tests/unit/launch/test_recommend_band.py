@@ -31,12 +31,12 @@ def test_choices_whose_bands_overlap_the_first_are_ties():
 def test_the_tie_is_said_in_words_with_how_to_measure_it():
     measure = "harness sweep sweep=mine"
     assert ties_line([_choice(100.0), _choice(90.0), _choice(80.0)], measure) == (
-        "#2 is within the model's ±9% band of #1: a tie the prediction cannot break; measure them "
-        "(harness sweep sweep=mine)")
+        "#2 is within the model's error of #1 (the ±9% bands overlap): a tie the prediction cannot break; measure "
+        "them (harness sweep sweep=mine)")
     assert ties_line([_choice(100.0), _choice(95.0), _choice(85.0)], measure).startswith(
-        "#2 and #3 are within the model's ±9% band of #1")
+        "#2 and #3 are within the model's error of #1 (the ±9% bands overlap)")
     assert ties_line([_choice(100.0), _choice(80.0), _choice(70.0)], measure) == (
-        "#2 to #3 lie outside the model's ±9% band of #1: the prediction separates them")
+        "#2 to #3 lie beyond the model's error of #1 (no ±9% band overlaps #1's): the prediction separates them")
     assert ties_line([_choice(100.0)], measure) == ""
 
 
@@ -50,13 +50,14 @@ def test_recommend_prints_each_choice_with_its_band_and_names_the_ties(tmp_path,
     out = capsys.readouterr().out
     rates = re.findall(r"\n   ([\d,]+ tokens/s \(±\d+%(?:, uncalibrated)?\)), MFU", out)
     assert len(rates) == 3, out
-    assert re.search(r"\n#2( and #3)? (is|are) within the model's ±\d+% band of #1: a tie the prediction cannot "
-                     r"break; measure them \(drop --no-write, then harness sweep sweep=recommended\)", out), out
+    assert re.search(r"\n#2( and #3)? (is|are) within the model's error of #1 \(the ±\d+% bands overlap\): a tie the "
+                     r"prediction cannot break; measure them \(drop --no-write, then harness sweep sweep=recommended\)",
+                     out), out
     assert "note: band ±" in out and "(hopper/data-parallel)" in out
 
 
 def test_the_why_of_two_tied_choices_says_they_tie():
     plan = make_plan(compose_run_config(["recipes=gpu_llama8b_fsdp_8gpu"]))
     close, far = replace(plan, tokens_per_s=plan.tokens_per_s * 0.98), replace(plan, tokens_per_s=plan.tokens_per_s / 3)
-    assert "both within the model's ±" in why("#2", plan, close)
-    assert "within the model's" not in why("#2", plan, far)
+    assert "bands overlap: a tie on the prediction" in why("#2", plan, close)
+    assert "overlap" not in why("#2", plan, far)
