@@ -103,3 +103,19 @@ def test_the_headline_names_the_coverage_its_interval_really_has():
             "step_time_ci_level": 0.5, "fits": True, "world_size": 2, "run_dir": "a"}
     answer = headline(pd.DataFrame([best])).text
     assert "[50% CI 9,000–11,000]" in answer and "95% CI" not in answer
+
+
+def test_the_hover_sets_measured_memory_beside_the_prediction_of_the_same_thing():
+    """A CPU run's states and activations (1.7 MiB) were shown beside the predicted total with its allowance
+    (2.1 MiB); a GPU run's allocator peak is compared with the total."""
+    from harness.report.plots import memory_hover_lines
+
+    gib = 2 ** -10  # 1 MiB in GiB
+    cpu = {"mem_state_activation_gib": 1.7 * gib, "mem_predicted_state_activation_gib": 1.7 * gib,
+           "mem_predicted_gib": 2.1 * gib, "mem_allocated_peak_gib": None}
+    assert memory_hover_lines(cpu) == ["memory measured (states + activations): 1.7 MiB",
+                                       "memory predicted (states + activations): 1.7 MiB; total with allowance "
+                                       "2.1 MiB"]
+    gpu = {**cpu, "mem_allocated_peak_gib": 60.0, "mem_predicted_gib": 62.0}
+    assert memory_hover_lines(gpu) == ["memory measured (allocator peak): 60.00 GiB",
+                                       "memory predicted (total): 62.00 GiB"]
