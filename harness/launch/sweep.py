@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from harness.launch.job_records import archive_attempt, note_previous_attempt, read_submission, submit
 from harness.launch.points import Point, load_point, render_pruned, sweep_record
 from harness.launch.run import run_prepared
-from harness.launch.run_lock import live_holder
+from harness.launch.run_lock import RunLock, RunLocked, live_holder
 from harness.launch.sbatch import Submission, group_runs, write_group, write_job_script
 from harness.launch.follow import FOLLOW_INTERVAL_S, StepFollower
 from harness.launch.slurm_commands import check_reachable, scancel
@@ -235,7 +235,13 @@ def _launch_local(sweep_dir: Path, points: Sequence[Point], opts: Options, repor
         print_fitted(f"[harness] dry run: prepared {sweep_dir}; run it with `harness sweep resume {sweep_dir}`")
         return 0
     try:
-        run_local(points)
+        # one local launcher a sweep: a second (a resume beside the first) would run its points at the same
+        # time on the same host, and both would measure the contention
+        with RunLock(sweep_dir):
+            run_local(points)
+    except RunLocked as error:
+        print_fitted(f"[harness] {error}: its sweep is running; nothing launched", sys.stderr)
+        return 1
     except KeyboardInterrupt:  # SIGINT / SIGTERM: the running point is CANCELLED; the summary still builds
         finish(sweep_dir, report, query_slurm=False, wide=opts.wide)
         raise
@@ -310,6 +316,11 @@ def resume(opts: Options, report: Reporter) -> int:
     sweep_dir = opts.target.resolve()
     record = sweep_record(sweep_dir)
     backend = record["launcher"]
+    holder = live_holder(sweep_dir) if backend == "local" else None
+    if holder:
+        print_fitted(f"[harness] {sweep_dir.name}: its sweep is {holder}: nothing resumed (a second launcher "
+                     "would run points beside the first's); resume once it has ended", sys.stderr)
+        return 1
     views = refresh(run_dirs(sweep_dir), query_slurm=backend == "slurm")
     chosen = to_resume(views, opts.submit_pruned, backend)
     if not chosen:

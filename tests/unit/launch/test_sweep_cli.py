@@ -196,3 +196,21 @@ def test_repeats_are_prepared_interleaved(tmp_path):
     recorded = json.loads((root / "sweep.json").read_text())["points"]
     assert [p["run"] for p in recorded] == names and recorded[2]["overrides"][-1] == "bench.repeat=1"
     assert json.loads((root / names[3] / "config.json").read_text())["bench"]["repeat"] == 1
+
+
+def test_resume_beside_a_live_local_sweep_runs_nothing(tmp_path, capsys):
+    """A resume started while the sweep's own process still ran launched the next pending point at once: two
+    benchmarks shared the host and both measured the contention. The live sweep holds its folder's lock."""
+    from harness.launch.run_lock import RunLock
+
+    assert sweep.main(["sweep=cpu_grid", "tracking=disabled", f"results_dir={tmp_path / 'results'}",
+                       "--dry-run"]) == 0
+    root = only_sweep_dir(tmp_path / "results", "cpu_grid")
+    before = {p.name: (p / "status.json").read_text() for p in root.iterdir() if p.is_dir()}
+    capsys.readouterr()
+    with RunLock(root):  # this process stands for the sweep still running
+        assert sweep.main(["resume", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert "its sweep is still running on" in err and "nothing resumed" in err
+    assert {p.name: (p / "status.json").read_text() for p in root.iterdir() if p.is_dir()} == before
+    assert not (root / "run.lock").exists()
