@@ -231,8 +231,9 @@ def _single_run_refusal(command: str, writes: bool, points: List[List[str]], run
             item.lstrip("+~").startswith("standin=") for item in points[0]):
         return []
     from harness.engines.admission import judge
+    from harness.launch.prepare import launch_problems
 
-    return list(judge(run).errors)
+    return [*judge(run).errors, *launch_problems(run)]  # prepare_run's own decision, made earlier
 
 
 def config_dirs(flags: List[str]) -> List[str]:
@@ -278,7 +279,8 @@ def with_info_value(flags: List[str]) -> List[str]:
 # `harness sweep` (the values that differ, harness.config.naming.point_names), not the layout preset's.
 _grid_points: List[List[str]] = []
 POINT_NAME_RESOLVER = "harness_point_name"
-POINT_SUBDIR = f"hydra.sweep.subdir='${{{POINT_NAME_RESOLVER}:${{hydra.job.num}},${{engine.name}}-${{layout.name}}}}'"
+POINT_SUBDIR = (f"hydra.sweep.subdir='${{{POINT_NAME_RESOLVER}:${{hydra.job.num}},${{engine.name}}-"
+                "${harness_run_layout_name:}}'")
 
 
 def _point_name(num: int, default: str) -> str:

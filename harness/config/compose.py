@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from harness import REPO_ROOT
 from harness.config.checks import check_run_config
 from harness.config.errors import ConfigRejected, nearest
-from harness.config.fill import NAME_RESOLVER, default_layout_name, fill_layout, fill_note
+from harness.config.fill import (NAME_RESOLVER, RUN_NAME_RESOLVER, default_layout_name, fill_layout, fill_note,
+                                 run_layout_name)
 from harness.config.schema import ENGINE_OPTIONS, EngineName, RunConfig, allowed
 from harness.config.standin import make_standin
 
@@ -69,6 +70,7 @@ def register_schemas() -> None:
     store.store(name="run_schema", node=RunConfig)
     # The `default` layout preset's name depends on the cluster and model it is filled for.
     OmegaConf.register_new_resolver(NAME_RESOLVER, default_layout_name, replace=True)
+    OmegaConf.register_new_resolver(RUN_NAME_RESOLVER, run_layout_name, replace=True)
     for engine, options in ENGINE_OPTIONS.items():
         # hydra_configs/engine/<name>.yaml start from these, so another engine's option is an unknown key.
         store.store(group="engine", name=f"{engine.value}_schema", node=options)

@@ -27,6 +27,8 @@ CPU_SOURCE = "the CPU toy, as layout=dp2_zero2"
 ACCELERATOR_FIXED = {"zero_stage": 3, "micro_batch": 1, "activation_checkpointing": "full"}
 # The resolver behind the `default` preset's name (hydra_configs/layout/default.yaml).
 NAME_RESOLVER = "harness_default_layout_name"
+# The resolver behind run folders' names (hydra_configs/config.yaml: hydra.run.dir, hydra.sweep.subdir).
+RUN_NAME_RESOLVER = "harness_run_layout_name"
 
 
 class DegreeFillError(ValueError):
@@ -148,6 +150,16 @@ def default_layout_name(*, _root_: Any) -> str:
     except DegreeFillError:
         return "default"
     return layout_name({**fields, **{key: value for key, (value, _) in filled.items()}})
+
+
+def run_layout_name(*, _root_: Any) -> str:
+    """The layout's name as a run folder shows it: a name of layout_name's own form follows the fields as
+    fill_layout renames the run's (recipes=cpu_zero2 layout.zero_stage=3 is dp2_zero3, not a dp2_zero2 folder
+    beside a dp2_zero3 layout), another name is the user's."""
+    name = _root_.layout.name
+    if name is None or GENERATED_NAME.fullmatch(str(name)):
+        return default_layout_name(_root_=_root_)
+    return str(name)
 
 
 def fill_note(run: RunConfig, filled: Mapping[str, Tuple[Any, str]]) -> str:
