@@ -53,6 +53,25 @@ def default_out_dir(roots: Sequence[Path]) -> Path:
     return common / "compare" / (name if len(name) <= 120 else name[:100] + f"-and-{len(names)}-sweeps")
 
 
+def distinct_sweeps(roots: List[Path]) -> List[Path]:
+    """The folders to report, each once (`report A A` compared A with itself), without folders that hold no run
+    beside ones that do (`report results/cpu_grid/*` took the report's own compare/ folder as a sweep); each
+    folder left out is named on stderr."""
+    seen, unique = set(), []
+    for root in roots:
+        key = root.resolve()
+        if key in seen:
+            print(f"harness report: {root} is given twice; reported once", file=sys.stderr)
+            continue
+        seen.add(key)
+        unique.append(root)
+    holding = [root for root in unique if next(root.rglob(STATUS_FILE), None) is not None]
+    for root in (unique if holding else []):
+        if root not in holding:
+            print(f"harness report: {root} holds no run folder (a {STATUS_FILE} file); left out", file=sys.stderr)
+    return holding or unique
+
+
 def report_main(roots: List[Path], out_dir: Optional[Path] = None, wide: bool = False) -> int:
     """What `harness report DIR [DIR ...] [--out DIR] [--wide]` does: build, print the table and where everything
     went."""
@@ -66,6 +85,7 @@ def report_main(roots: List[Path], out_dir: Optional[Path] = None, wide: bool = 
     if missing or not roots:
         print(f"harness report: not a directory: {', '.join(missing) or '(none given)'}", file=sys.stderr)
         return 2
+    roots = distinct_sweeps([Path(root) for root in roots])
     out_dir = Path(out_dir) if out_dir else default_out_dir(roots)
     frame = summary_frame(roots)
     if frame.empty:  # nothing to report: say so, and leave the folder as it was

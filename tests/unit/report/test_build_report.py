@@ -62,3 +62,21 @@ def test_report_main_compares_sweeps(tmp_path, capsys):
 def test_report_main_rejects_a_missing_dir(tmp_path, capsys):
     assert report_main([tmp_path / "nope"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_a_folder_given_twice_and_a_folder_without_runs_are_left_out(tmp_path, capsys):
+    """`report A A` compared A with itself and wrote A/compare/A_vs_A; `report results/x/*` took the report's
+    own compare/ folder for a sweep and named its output ..._vs_compare."""
+    a = make_sweep(tmp_path / "r", "x")
+    b = a.with_name("2026-01-02_00-00-00")
+    make_sweep(tmp_path / "r2", "x").rename(b)
+    assert report_main([a, b]) == 0
+    compare = a.parent / "compare"
+    assert compare.is_dir() and capsys.readouterr()
+    assert report_main(sorted(a.parent.iterdir())) == 0  # a, b and compare/
+    err = capsys.readouterr().err
+    assert f"{compare} holds no run folder" in err and "_vs_compare" not in " ".join(
+        p.name for p in compare.iterdir())
+    assert report_main([a, a]) == 0
+    err = capsys.readouterr().err
+    assert f"{a} is given twice; reported once" in err and not (a / "compare").exists()
