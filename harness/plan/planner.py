@@ -291,7 +291,7 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
                                         else (None, "none", None))
     if step is not None:
         tokens_per_s = tokens / step.step_time_s
-    peak = measured_when_missing(peak, measured_peak, time_source)
+    peak = measured_when_missing(peak, measured_peak, time_source, warnings)
     return build(
         Plan, model=spec, layout=layout, cluster=cluster, engine=engine, world_size=world, errors=(),
         warnings=tuple(warnings), memory=memory, device_memory_bytes=device_bytes,
@@ -316,8 +316,11 @@ def with_time(plan: Plan, cfg: Any) -> Plan:
         return replace(plan, warnings=tuple(warnings))
     tokens_per_s = plan.tokens_per_step / step.step_time_s
     model, hardware = plan.flops_per_token, plan.hfu_flops_per_token
-    peak = measured_when_missing(Peak(plan.peak_flops_per_device, plan.peak_flops_source), measured_peak, source)
+    missing = _peak(plan.cluster.accelerator, plan.layout.precision, None)
+    peak = measured_when_missing(Peak(plan.peak_flops_per_device, plan.peak_flops_source, missing.warning),
+                                 measured_peak, source, warnings)
     return replace(plan, time=step, time_source=source, tokens_per_s=tokens_per_s, prediction_band=band_of(cfg),
+                   warnings=tuple(warnings),
                    peak_flops_per_device=peak.flops,
                    peak_flops_source=peak.source, predicted_mfu=mfu(tokens_per_s, model, peak.flops, plan.world_size),
                    predicted_hfu=hfu(tokens_per_s, model, hardware - model, peak.flops, plan.world_size))
@@ -328,10 +331,14 @@ def band_of(cfg: Any) -> Optional[Band]:
     return band(cfg.engine.name, regime_of(cfg))
 
 
-def measured_when_missing(peak: Peak, measured: Optional[float], time_source: str) -> Peak:
-    """A CPU has no datasheet peak: the peak its hardware profile measured stands in, named by the profile."""
+def measured_when_missing(peak: Peak, measured: Optional[float], time_source: str,
+                          warnings: Optional[List[str]] = None) -> Peak:
+    """A CPU has no datasheet peak: the peak its hardware profile measured stands in, named by the profile
+    (whose source already reads `measured:<host>:<time>`), and the warning that MFU is not computed goes."""
     if peak.flops is None and measured:
-        return Peak(measured, f"measured:{time_source}")
+        if warnings is not None and peak.warning in warnings:
+            warnings.remove(peak.warning)
+        return Peak(measured, time_source if time_source.startswith("measured:") else f"measured:{time_source}")
     return peak
 
 

@@ -160,3 +160,19 @@ def test_cluster_allowance_overrides_the_default():
     assert base.allowance_bytes > 0  # the default 10% on CPU
     assert tight.allowance_bytes == 2**30
     assert tight.total_bytes - tight.allowance_bytes == base.total_bytes - base.allowance_bytes
+
+
+def test_a_profiles_measured_peak_replaces_the_missing_one_and_its_warning():
+    """A CPU plan timed by the host's profile showed an MFU beside "no peak FLOP/s ... MFU not computed", and
+    named its peak `measured:measured:cpu-vm:...`."""
+    from harness.plan.peak import Peak, peak_flops
+    from harness.plan.planner import measured_when_missing
+
+    missing = peak_flops("cpu", "bf16", None)
+    assert missing.flops is None and "MFU not computed" in missing.warning
+    warnings = ["another note", missing.warning]
+    peak = measured_when_missing(missing, 1e11, "measured:cpu-vm:2026-12-07T02:19:20Z", warnings)
+    assert (peak.flops, peak.source, warnings) == (1e11, "measured:cpu-vm:2026-12-07T02:19:20Z", ["another note"])
+    assert measured_when_missing(missing, 1e11, "host").source == "measured:host"
+    kept = Peak(5e14, "datasheet:h100_sxm:bf16")
+    assert measured_when_missing(kept, 1e11, "measured:x") is kept
