@@ -376,7 +376,8 @@ def plan_command(args: List[str]) -> int:
     # The plan view's own flags (--why, --json, --csv) and Hydra's --cfg / --config-dir; the rest are overrides.
     own = [arg for arg in args if arg in PLAN_FLAGS]
     flags, overrides = split_hydra_flags([arg for arg in args if arg not in PLAN_FLAGS])
-    refuse_unknown_flags("plan", flags, known={"--cfg", "-c", "--config-dir", "-cd"})
+    # -m as `harness run -m` takes it: a comma list is a grid here anyway
+    refuse_unknown_flags("plan", flags, known={"--cfg", "-c", "--config-dir", "-cd", "-m", "--multirun"})
     if not check_points("plan", [*flags, "-m"], overrides, writes=False):
         return 2
     if {"--cfg", "-c"} & set(flags):

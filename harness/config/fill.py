@@ -110,6 +110,11 @@ def _filled_degree(layout: Mapping[str, Any], nodes: int, per_node: int,
         raise DegreeFillError("layout.dp_replicate=-1 and layout.dp_shard=-1: only one degree can fill the world")
     world = nodes * per_node
     others = [axis for axis in (*FILLABLE, *FIXED) if axis != wildcards[0]]
+    # a size below 1 is its own mistake: named as such, not as a world the fill cannot divide
+    for field, value in (("cluster.nodes", nodes), ("cluster.accelerators_per_node", per_node),
+                         *((f"layout.{axis}", layout[axis]) for axis in others)):
+        if value < 1:
+            raise DegreeFillError(f"{field}={value} must be >= 1")
     used = 1
     for axis in others:
         used *= layout[axis]

@@ -289,6 +289,11 @@ def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str]]:
 def recommend_main(argv: Sequence[str]) -> int:
     """`harness recommend --global-batch SEQS [--top K] [--name NAME] [--against RECIPE] [--no-write] overrides`."""
     args, overrides = parse_args(argv)
+    engines = [item for item in overrides if item.lstrip("+~").startswith("engine=") and "," in item]
+    if engines:
+        print(f"harness recommend: {engines[0]}: the search ranks within one engine; run it once per engine "
+              "(`harness tune engine=A,B` measures the top layouts of several)", file=sys.stderr)
+        return 2
     try:
         constraint = parse_constraint(args.constrain)
         overrides, launcher = recommend_overrides(overrides)

@@ -119,9 +119,10 @@ def _schedule_problems(pp: int, virtual: int, m: int, schedule: str) -> List[str
     # torch.distributed.pipelining: 1F1B and DualPipeV refuse fewer micro-batches than stages; the
     # interleaved schedules need whole rounds (n_microbatches % max(1, n // pp) == 0).
     if schedule == "1F1B" and m < pp:
-        errors.append(f"pp_schedule=1F1B needs grad_accum (micro-batches)={m} >= pp={pp}")
+        errors.append(f"pp_schedule=1F1B needs grad_accum (micro-batches) >= pp={pp}, got grad_accum={m}")
     if schedule == "DualPipeV" and m < stages:
-        errors.append(f"pp_schedule=DualPipeV needs grad_accum (micro-batches)={m} >= pp x 2 = {stages}")
+        errors.append(f"pp_schedule=DualPipeV needs grad_accum (micro-batches) >= pp x 2 = {stages}, got "
+                      f"grad_accum={m}")
     if schedule in ROUND_SCHEDULES and m % max(1, m // pp):
         errors.append(f"pp_schedule={schedule} needs grad_accum={m} to be a multiple of its "
                       f"{max(1, m // pp)} rounds (grad_accum // pp)")

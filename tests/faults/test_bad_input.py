@@ -57,6 +57,14 @@ CASES = [
     ("unknown accelerator", ["plan", "cluster.accelerator=h999"], "cluster.accelerator='h999'"),
     ("misspelled accelerator", ["run", "cluster.accelerator=h100_sxn"], "did you mean 'h100_sxm'"),
     ("lr nan", ["run", "bench.lr=nan"], "bench.lr"),
+    # a size below 1 is named itself, not as a world the open dp_shard cannot fill
+    ("tp zero on a gpu cluster", ["plan", "model=llama3_1_8b", "cluster=gpu_h100_1x8", "layout.tp=0"],
+     "layout.tp=0 must be >= 1"),
+    ("no nodes on a gpu cluster", ["plan", "model=llama3_1_8b", "cluster=gpu_h100_1x8", "cluster.nodes=0"],
+     "cluster.nodes=0 must be >= 1"),
+    ("recommend over two engines", ["recommend", "--global-batch", "8", "--no-write", "model=llama3_1_8b",
+                                    "cluster=gpu_h100_1x8", "engine=deepspeed,fsdp"],
+     "the search ranks within one engine"),
     # a refused single run writes nothing (it left a PRUNED folder a later report took for a sweep)
     ("run beyond the world", ["run", "recipes=cpu_zero2", "layout.dp_shard=3"], "must equal cluster.nodes=1"),
     ("run with tp over the heads", ["run", "recipes=cpu_zero2", "layout.tp=4", "layout.dp_shard=1"], "tp=4"),

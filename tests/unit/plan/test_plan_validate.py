@@ -69,7 +69,7 @@ def test_pipeline_layers_and_uneven_split():
 
 def test_pipeline_schedules_need_micro_batches_and_stages():
     base = dict(engine=dict(name="nd"), zero_stage=0, dp_shard=1, pp=2, cluster=dict(accelerators_per_node=2))
-    assert "pp_schedule=1F1B needs grad_accum (micro-batches)=1 >= pp=2" in errors_of(grad_accum=1, **base)
+    assert "pp_schedule=1F1B needs grad_accum (micro-batches) >= pp=2, got grad_accum=1" in errors_of(grad_accum=1, **base)
     assert "pp_schedule=1F1B runs one stage per rank: pp_virtual_stages=2 must be 1" in errors_of(
         grad_accum=2, pp_virtual_stages=2, hf_config=dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=4), **base)
     assert "pp_schedule=ZBVZeroBubble runs exactly two stages per rank: pp_virtual_stages=1 must be 2" in errors_of(
@@ -77,7 +77,7 @@ def test_pipeline_schedules_need_micro_batches_and_stages():
     assert any("needs grad_accum=5 to be a multiple of its 2 rounds" in e for e in errors_of(
         grad_accum=5, pp_schedule="Interleaved1F1B", pp_virtual_stages=2,
         hf_config=dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=4), **base))
-    assert "pp_schedule=DualPipeV needs grad_accum (micro-batches)=3 >= pp x 2 = 4" in errors_of(
+    assert "pp_schedule=DualPipeV needs grad_accum (micro-batches) >= pp x 2 = 4, got grad_accum=3" in errors_of(
         grad_accum=3, pp_schedule="DualPipeV", pp_virtual_stages=2,
         hf_config=dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=4), **base)
 

@@ -163,3 +163,15 @@ def test_layouts_that_run_differently_never_share_a_label():
     assert "Interleaved1F1B vpp2" in two and "Interleaved1F1B vpp4" in four
     assert run_label(compose_run_config(["model=gpt2", "engine=fsdp1", "cluster=gpu_h100_1x8",
                                          "engine.compile=true"])).startswith("fsdp1 ")
+
+
+def test_plan_takes_hydras_multirun_flag_as_run_does(capsys):
+    """`harness plan -m ...` said "unknown option -m" though `harness run -m` takes it and plan's commas are a
+    grid anyway."""
+    from harness.cli import plan_command
+
+    args = ["model=gpt2", "engine=fsdp", "cluster=gpu_h100_1x8", "layout.micro_batch=1,2", "--json"]
+    assert plan_command(["-m", *args]) == 0
+    with_flag = capsys.readouterr().out
+    assert plan_command(args) == 0
+    assert with_flag == capsys.readouterr().out and len(json.loads(with_flag)) == 2
