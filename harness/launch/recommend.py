@@ -338,7 +338,22 @@ def against(best: Plan, other_cfg: Any, name: str) -> str:
         return f"--against {name} is refused:\n" + "\n".join(f"   {e}" for e in verdict.errors)
     if verdict.plan.time is None:
         return f"--against {name}: no predicted step time ({'; '.join(verdict.warnings)})"
-    return why(name, best, verdict.plan)
+    return why(name, best, verdict.plan) + "".join(f"\n   {line}" for line in unlike(best, verdict.plan, name))
+
+
+def unlike(best: Plan, other: Plan, name: str) -> List[str]:
+    """What differs between the winner and `--against` beyond the layout: the global batch (tokens/s at another
+    batch amortises the step's fixed costs differently) and the regime (FP8, compile), each named."""
+    lines = []
+    if other.tokens_per_step != best.tokens_per_step:
+        seq = best.layout.seq_len
+        lines.append(f"{name} runs {other.tokens_per_step // seq:,} sequences a step, #1 "
+                     f"{best.tokens_per_step // seq:,} (--global-batch): the parts above are scaled to #1's tokens")
+    regime = lambda plan: f"{plan.layout.precision}{' compile' if plan.engine.compile else ' eager'}"  # noqa: E731
+    if regime(best) != regime(other):
+        lines.append(f"#1 runs {regime(best)}, {name} {regime(other)}: set layout.precision and engine.compile to "
+                     f"rank in {name}'s regime")
+    return lines
 
 
 def write_recommendation(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg: Any,

@@ -131,3 +131,18 @@ def test_a_layout_field_the_search_sets_is_refused_with_the_constraint_that_keep
     assert code == 2 and "layout.zero_stage=1, layout.tp=2: the search sets these for every candidate" in err
     assert "`harness recommend --constrain zero_stage=1 --constrain tp=2` ranks only layouts that have it" in err
     assert err.count("\n") == 1  # one line, no traceback
+
+
+def test_against_names_a_different_batch_and_regime(capsys):
+    """--against compared an FP8 + compile winner at 64 sequences with a bf16 eager recipe at 32 and said
+    neither: the parts read as if the layout alone made the 2x."""
+    argv = ["--global-batch", "64", "--top", "1", "--no-write", "model=llama3_1_8b", "cluster=gpu_h100_1x8",
+            "engine=fsdp", "layout.seq_len=4096", "--against", "gpu_llama8b_fsdp_tp2_8gpu"]
+    assert recommend_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "gpu_llama8b_fsdp_tp2_8gpu runs 32 sequences a step, #1 64 (--global-batch)" in out
+    assert "#1 runs fp8 compile, gpu_llama8b_fsdp_tp2_8gpu bf16 eager" in out
+    assert recommend_main(["--global-batch", "32", *argv[2:9], "layout.precision=bf16", "engine.compile=false",
+                           "--against", "gpu_llama8b_fsdp_tp2_8gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "sequences a step" not in out and "runs bf16 eager, gpu_llama8b" not in out
