@@ -510,9 +510,10 @@ def op_policy_activations(spec: ModelSpec, e: int, on_cpu: bool) -> Tuple[float,
     q / k / v projections (sharded), flash SDPA's output and fp32 log-sum-exp per head, or with eager / math
     attention the score and AV matmuls' outputs (the scores per key), the output projection and each down
     projection (row-parallel: a full-width partial sum on every TP rank), the up projections (gate and up, or
-    fc1: sharded) and a router's logits. Measured on a 4-layer Llama (hidden 256, 4 heads, 2 KV heads, ffn 512,
-    fp32): 9,232 bytes per token a layer above full recomputation's, this sum exactly. The layer's input, which
-    full recomputation keeps too, is apart (LayerActivations.checkpoint)."""
+    fc1: sharded) of a dense or shared MLP, and a router's logits (routed experts run as grouped matmuls, which
+    it recomputes). Measured on a 4-layer Llama (hidden 256, 4 heads, 2 KV heads, ffn 512, fp32): 9,232 bytes per
+    token a layer above full recomputation's, this sum exactly; on tiny Mixtral and Qwen3-MoE layers too. The
+    layer's input, which full recomputation keeps too, is apart (LayerActivations.checkpoint)."""
     h = spec.hidden_size
     a, kv_heads, q_width, kv_width = spec.mean_attention()
     qd, vd = (spec.qk_head_dim or spec.head_dim), (spec.v_head_dim or spec.head_dim)
@@ -531,10 +532,11 @@ def op_policy_activations(spec: ModelSpec, e: int, on_cpu: bool) -> Tuple[float,
                                 spec.shared_ffn_size if spec.is_moe else spec.ffn_size),)
     ups = 2 if spec.mlp_kind == "swiglu" else 1
     mlp_sharded = mlp_replicated = 0.0
-    for experts, expert_ffn, always_on in mlps:
-        k = spec.experts_per_token if experts else 0
-        mlp_sharded += e * ups * (k * expert_ffn + always_on)
-        mlp_replicated += e * h * (k + (1 if always_on else 0)) + (e * experts if experts else 0)
+    for experts, _, always_on in mlps:
+        # routed experts run as grouped matmuls (transformers' MoE blocks), an op the policy does not keep: only
+        # the router's logits and a dense or shared MLP's projections stay
+        mlp_sharded += e * ups * always_on
+        mlp_replicated += (e * h if always_on else 0) + (e * experts if experts else 0)
     replicated = e * h + mlp_replicated / len(mlps)
     return replicated, sharded + mlp_sharded / len(mlps), per_key
 

@@ -14,8 +14,8 @@ from harness.plan.parallel_dims import ParallelDims
 from harness.plan.peak import Peak, device_memory_gib, peak_flops
 from harness.plan.records import build
 from harness.plan.regime import compute_precision, fp8_gemm_speedup, mfu_by_peak
-from harness.plan.time_model import StepTime, predict_step_time
 from harness.plan.support import ENGINE_SUPPORT
+from harness.plan.time_model import StepTime, predict_step_time
 from harness.plan.uncertainty import Band, band, regime_of
 from harness.plan.utilization import hfu, mfu, tokens_per_step
 from harness.plan.validate import validate

@@ -525,6 +525,7 @@ def test_memoised_states_are_those_of_the_layouts_own_checkpointing(engine):
     dict(model_type="llama", hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
          num_key_value_heads=2, vocab_size=300, max_position_embeddings=256),
     dict(QWEN3_TINY, attn_implementation="eager"),
+    MIXTRAL_TINY,  # routed experts run as grouped matmuls: recomputed, only the router's logits kept
 ])
 def test_nd_selective_checkpointing_keeps_what_its_policy_saves(fields):
     """engine=nd's selective checkpointing (torch's op-level policy) keeps every matmul and attention output:
