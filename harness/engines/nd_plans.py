@@ -14,7 +14,7 @@ from harness.engines import nd_tp
 from harness.engines.optimizer import adamw_settings
 from harness.plan.model_spec import ModelSpec, model_spec_from_hf
 from harness.plan.parallel_dims import MESH_DIMS, ParallelDims
-from harness.plan.pipeline import V_SCHEDULES, pipeline_problems, stage_layer_counts, stage_to_rank
+from harness.plan.pipeline import SPLIT_BACKWARD, V_SCHEDULES, pipeline_problems, stage_layer_counts, stage_to_rank
 from harness.plan.regime import autocast_over_fp32_weights, compute_precision, torchao_float8_config
 from harness.plan.resharding import reshard_after_forward
 from harness.plan.planner import spec_for
@@ -201,7 +201,14 @@ def context_parallel_plan(layout: LayoutConfig) -> Dict[str, Any]:
 def _pipeline_problems(spec: ModelSpec, layout: LayoutConfig) -> List[str]:
     errors, _ = pipeline_problems(layout.pp, layout.pp_virtual_stages, layout.grad_accum, layout.pp_schedule,
                                   layout.pp_stage_layers, spec.num_layers)
-    return list(errors)
+    errors = list(errors)
+    if layout.pp > 1 and layout.pp_schedule in SPLIT_BACKWARD and layout.activation_checkpointing == "selective":
+        # the input pass and the weight pass each run backward over the layer; torch's selective checkpointing
+        # allows one ("Trying to backward an extra time ... under selective activation checkpoint", a CPU run)
+        errors.append(f"activation_checkpointing='selective' with pp_schedule={layout.pp_schedule}: its split "
+                      "backward runs each layer's backward twice, which torch's selective checkpointing refuses "
+                      "(use full, or a schedule without a split backward: 1F1B, Interleaved1F1B)")
+    return errors
 
 
 def _tp_problems(spec: ModelSpec, layout: LayoutConfig, cfg: RunConfig) -> List[str]:

@@ -47,7 +47,7 @@ LABEL_AXES = (("engine", ""), ("model", ""), ("cluster", ""), ("dp_replicate", "
               ("ep", "ep"), ("zero_stage", "zero"), ("offload_optimizer", "offload_opt="),
               ("offload_params", "offload_param="), ("micro_batch", "mb"), ("grad_accum", "ga"),
               ("seq_len", "seq"), ("activation_checkpointing", "ac="), ("precision", ""),
-              ("pp_stage_layers", "split="), ("fsdp_version", "FSDP"), ("compile", "compile="))
+              ("pp_stage_layers", "split="), ("fsdp_version", "FSDP"), ("compile", ""))
 # Columns holding lists: kept in Parquet, left out of the CSV.
 LIST_COLUMNS = ("step_times_s", "step_times_by_repeat")
 # Order in which statuses are listed: what needs attention first.
@@ -305,6 +305,9 @@ def layout_labels(frame: pd.DataFrame, engine_words: bool = True) -> pd.Series:
             if isinstance(value, float) and value.is_integer():  # an int column with gaps reads back as float
                 value = int(value)
             if col == "pp_stage_layers" and not value:  # the even split
+                continue
+            if col == "compile":  # where it varies: compiled or eager
+                parts.append("compile" if value is True or str(value) == "True" else "eager")
                 continue
             words = col == "zero_stage" and engine_words
             parts.append(_sharding_label(row, value) if words else f"{short}{value}")

@@ -163,6 +163,10 @@ def test_tiny_llama_layouts_that_run_on_cpu_pass():
         (dict(pp=2, pp_stage_layers=[2], grad_accum=2), "has 1 entries"),
         (dict(pp=4, grad_accum=4), "= 4 must divide num_hidden_layers=2"),
         (dict(pp_virtual_stages=2), "needs pp > 1"),
+        # a CPU run of gpu_llama70b_nd_tp8_pp4's stand-in: "Trying to backward an extra time ... under selective
+        # activation checkpoint"
+        (dict(pp=2, pp_schedule="ZBVZeroBubble", pp_virtual_stages=2, grad_accum=4,
+              activation_checkpointing="selective"), "with pp_schedule=ZBVZeroBubble: its split backward"),
     ],
 )
 def test_refused_layouts_name_field_value_and_rule(fields, message):
