@@ -291,7 +291,7 @@ def step_time_parts_figure(frame: pd.DataFrame, labels: Dict[int, str]):
                              hovertext=[f"predicted {label}: {_seconds(v)}<br>{h}" for v, h in zip(values, hover)],
                              hoverinfo="text"))
         base = [b + v for b, v in zip(base, values)]
-    _layout(fig, "step_time_parts", "seconds per optimizer step (upper bar measured, lower bar predicted)",
+    _layout(fig, "step_time_parts", "time per optimizer step (upper bar measured, lower bar predicted)",
             2 * len(names))
     seconds_axis(fig, max([v for v in measured if v is not None] + [max(base, default=0.0), 0.0]))
     return fig

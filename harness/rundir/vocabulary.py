@@ -270,8 +270,10 @@ def ordered_keys(keys: Iterable[str]) -> List[str]:
 # FSDP1's strategies (torch.distributed.fsdp.ShardingStrategy) by ZeRO stage: 3 shards params, grads and
 # optimizer states; 2 keeps the params gathered between forward and backward; HYBRID_* shard within a
 # replica group and replicate across groups (layout.dp_replicate > 1).
-_FSDP_STRATEGIES = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 1: "SHARD_GRAD_OP", 0: "NO_SHARD"}
-_FSDP_HYBRID = {3: "HYBRID_SHARD", 2: "_HYBRID_SHARD_ZERO2", 1: "_HYBRID_SHARD_ZERO2"}
+# FSDP has no optimizer-only level: a zero_stage=1 point (refused, pruned) keeps its number, not a strategy it
+# never ran under
+_FSDP_STRATEGIES = {3: "FULL_SHARD", 2: "SHARD_GRAD_OP", 0: "NO_SHARD"}
+_FSDP_HYBRID = {3: "HYBRID_SHARD", 2: "_HYBRID_SHARD_ZERO2"}
 
 
 def sharding_words(engine: Any, zero_stage: Any, dp_replicate: Any = 1) -> str:
@@ -289,6 +291,8 @@ def sharding_words(engine: Any, zero_stage: Any, dp_replicate: Any = 1) -> str:
         table = _FSDP_HYBRID if replicas > 1 and stage >= 1 else _FSDP_STRATEGIES
         return table.get(stage, f"zero_stage {stage}")
     if engine == "nd":
+        if stage == 1:  # refused by nd, as by FSDP
+            return f"zero_stage {stage}"
         if stage < 2:
             return "replicate"
         words = "FSDP2 reshard" if stage == 3 else "FSDP2 keep"

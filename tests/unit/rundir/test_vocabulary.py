@@ -136,6 +136,8 @@ def test_layout_columns_come_before_the_measured_ones():
     ("fsdp", 2, 1, "SHARD_GRAD_OP"), ("fsdp", 3, 1, "FULL_SHARD"), ("fsdp", 3, 2, "HYBRID_SHARD"),
     ("nd", 3, 1, "FSDP2 reshard"), ("nd", 2, 1, "FSDP2 keep"), ("nd", 3, 2, "HSDP (FSDP2 reshard)"),
     ("nd", 0, 1, "replicate"), ("megatron_lm", 1, 1, "distributed optimizer"), (None, 2, 1, "-"),
+    # a refused zero_stage=1 point was labelled SHARD_GRAD_OP (or replicate), a strategy it never ran under
+    ("fsdp", 1, 1, "zero_stage 1"), ("fsdp", 1, 2, "zero_stage 1"), ("nd", 1, 1, "zero_stage 1"),
 ])
 def test_sharding_is_named_in_the_engines_own_words(engine, stage, replicas, words):
     assert sharding_words(engine, stage, replicas) == words
