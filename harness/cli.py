@@ -236,6 +236,22 @@ def _single_run_refusal(command: str, writes: bool, points: List[List[str]], run
     return [*judge(run).errors, *launch_problems(run)]  # prepare_run's own decision, made earlier
 
 
+def _slurm_reachable_for(command: str, flags: List[str], overrides: List[str]) -> bool:
+    """A single run bound for Slurm (a GPU recipe's stand-in goes by its recipe's launcher) asks Slurm first:
+    unreachable, it said so only after writing a FAILED run folder. False, with the line, when it cannot go."""
+    if {"-m", "--multirun"} & set(flags) or PRINT_ONLY_FLAGS & set(flags):
+        return True
+    from harness.config.compose import compose_run_config
+    from harness.launch.slurm_commands import check_reachable
+
+    if compose_run_config(overrides, config_dirs(flags)).launcher.backend != "slurm":
+        return True
+    problem = check_reachable()
+    if problem:
+        print(f"harness {command}: {problem}; or run here with launcher=local", file=sys.stderr)
+    return problem is None
+
+
 def config_dirs(flags: List[str]) -> List[str]:
     """The folders Hydra's `--config-dir DIR` (`-cd DIR`) adds to the search path."""
     return [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag in ("--config-dir", "-cd")]
@@ -336,7 +352,7 @@ def run_command(args: List[str]) -> int:
     if not check_points("run", flags, overrides, writes=not PRINT_ONLY_FLAGS & set(flags)):
         return 2
     overrides = standin_point(flags, overrides)
-    if overrides is None:
+    if overrides is None or not _slurm_reachable_for("run", flags, overrides):
         return 2
     from omegaconf import OmegaConf
 

@@ -244,3 +244,15 @@ def test_the_op_check_answers_as_deepspeed_itself_does():
     for builder in ops.DEEPSPEED_OPS:
         ops.op_compatible.cache_clear()
         assert ops.op_compatible(builder)[1] == bool(getattr(op_builder, builder)().is_compatible(verbose=False))
+
+
+def test_a_run_bound_for_an_unreachable_slurm_writes_nothing(tmp_path, monkeypatch, capsys, no_process):
+    """A GPU recipe's stand-in goes by its recipe's Slurm launcher: with Slurm down it wrote a FAILED run folder
+    and a report before saying so. It now asks Slurm first."""
+    import harness.launch.slurm_commands as slurm
+
+    monkeypatch.setattr(slurm, "check_reachable", lambda timeout=30: "Slurm is not reachable: sinfo failed")
+    code, out, err = harness(monkeypatch, capsys, "run", "recipes=gpu_llama8b_fsdp_8gpu", "standin=cpu",
+                             f"results_dir={tmp_path}/r")
+    assert code == 2 and not (tmp_path / "r").exists()
+    assert err.strip() == "harness run: Slurm is not reachable: sinfo failed; or run here with launcher=local"
