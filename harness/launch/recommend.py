@@ -102,11 +102,10 @@ def recommend_overrides(overrides: Sequence[str]) -> Tuple[List[str], Optional[s
     """The user's overrides plus the launcher the cluster needs (harness.engines.admission.launcher_to_add)
     where the user chose none; (overrides, the launcher added or None). A layout field the search sets
     (SEARCHED_LAYOUT_FIELDS) is refused, naming the --constrain that keeps it: it was silently ignored."""
-    searched = [item for item in overrides
-                if item.partition("=")[0].lstrip("+~").partition("layout.")[2] in SEARCHED_LAYOUT_FIELDS
-                and item.lstrip("+~").startswith("layout.")]
+    searched = [item for item in overrides if item.lstrip("+~").startswith("layout.")
+                and item.lstrip("+~")[len("layout."):].partition("=")[0] in SEARCHED_LAYOUT_FIELDS]
     if searched:
-        constrain = " ".join(f"--constrain {item.lstrip('+~').partition('layout.')[2]}" for item in searched)
+        constrain = " ".join(f"--constrain {item.lstrip('+~')[len('layout.'):]}" for item in searched)
         raise ValueError(f"{', '.join(searched)}: the search sets {'this field' if len(searched) == 1 else 'these'}"
                          f" for every candidate and would ignore the value; `harness recommend {constrain}` ranks "
                          "only layouts that have it")
@@ -349,7 +348,9 @@ def unlike(best: Plan, other: Plan, name: str) -> List[str]:
         seq = best.layout.seq_len
         lines.append(f"{name} runs {other.tokens_per_step // seq:,} sequences a step, #1 "
                      f"{best.tokens_per_step // seq:,} (--global-batch): the parts above are scaled to #1's tokens")
-    regime = lambda plan: f"{plan.layout.precision}{' compile' if plan.engine.compile else ' eager'}"  # noqa: E731
+    def regime(plan: Plan) -> str:
+        return f"{plan.layout.precision} {'compile' if plan.engine.compile else 'eager'}"
+
     if regime(best) != regime(other):
         lines.append(f"#1 runs {regime(best)}, {name} {regime(other)}: set layout.precision and engine.compile to "
                      f"rank in {name}'s regime")
