@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
-SHAPE_VERSION = 19  # bump when the JSON below changes meaning
+SHAPE_VERSION = 20  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
@@ -341,8 +341,11 @@ def _style_for(plan: Dict[str, str], param_name: str) -> Optional[str]:
 
 
 def _layer_tensors(layer: Any, plan: Dict[str, str]) -> List[List[Any]]:
-    """[name, shape, tp_dim, routed-expert] per parameter in module order; the experts of a
-    ModuleList are stacked into one (E, ...) tensor, as transformers' fused experts are stored."""
+    """[name, shape, tp_dim, routed-expert, linear] per parameter in module order; the experts of a
+    ModuleList are stacked into one (E, ...) tensor, as transformers' fused experts are stored. `linear`: the
+    weight of an nn.Linear module, what torchao's float8 training converts (it swaps nn.Linear only: not
+    GPT-2's Conv1D, nor the grouped expert tensors of transformers' MoE layers)."""
+    import torch
     from transformers.pytorch_utils import Conv1D
 
     modules = dict(layer.named_modules())
@@ -354,16 +357,17 @@ def _layer_tensors(layer: Any, plan: Dict[str, str]) -> List[List[Any]]:
         style = _style_for(plan, name)
         shape = list(param.shape)
         tp_dim = _tp_dim(style, len(shape), isinstance(module, Conv1D))
+        linear = isinstance(module, torch.nn.Linear) and parts[-1] == "weight"
         if "experts" in parts and parts[parts.index("experts") + 1].isdigit():
             i = parts.index("experts")
             key = ".".join(parts[:i + 1] + ["*"] + parts[i + 2:])
             if key in stacked:
                 stacked[key][1][0] += 1
                 continue
-            row = [key, [1] + shape, None if tp_dim is None else tp_dim + 1, True]
+            row = [key, [1] + shape, None if tp_dim is None else tp_dim + 1, True, linear]
             stacked[key] = row
         else:
-            row = [name, shape, tp_dim, "experts" in parts and len(shape) >= 2]
+            row = [name, shape, tp_dim, "experts" in parts and len(shape) >= 2, linear]
         rows.append(row)
     return rows
 

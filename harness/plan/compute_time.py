@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 from harness.plan.flops import mixer_flops_per_token
 from harness.plan.hardware import GEMM_TILES, SPLIT_K, SPLIT_K_MIN_DEPTH, HardwareProfile
@@ -78,6 +78,12 @@ def streaming_time(nbytes: float, ops: int, hw: HardwareProfile) -> float:
 def layer_gemms(spec: ModelSpec, tokens: float, tp: int):
     """(m, k, n, count) of the weight GEMMs of one layer's forward on one TP rank (Megatron split:
     q/k/v and the MLP's first matrices column-parallel, o and the last one row-parallel)."""
+    attention, mlp = layer_gemm_blocks(spec, tokens, tp)
+    return attention + mlp
+
+
+def layer_gemm_blocks(spec: ModelSpec, tokens: float, tp: int):
+    """layer_gemms as (the attention block's GEMMs, the MLP's with a MoE router's)."""
     h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_size
     q, kv = spec.num_heads * d // tp, spec.num_kv_heads * d // tp
     attn = [(tokens, h, q, 1), (tokens, h, kv, 2), (tokens, q, h, 1)]
@@ -86,7 +92,7 @@ def layer_gemms(spec: ModelSpec, tokens: float, tp: int):
     mlp = [(routed, h, f // tp, first), (routed, f // tp, h, 1)]
     if spec.is_moe:
         mlp.append((tokens, h, spec.num_experts, 1))  # router
-    return attn + mlp
+    return attn, mlp
 
 
 # Kernels one layer of transformers' Llama-family code issues besides its GEMMs and attention, counted with
@@ -209,19 +215,28 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
 @lru_cache(maxsize=1 << 16)
 def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
                peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0, cp: int = 1,
-               autocast_fp32: bool = False) -> OpTime:
+               autocast_fp32: bool = False, fp8_shares: Tuple[float, float] = (1.0, 1.0)) -> OpTime:
     """One decoder layer on one rank for one micro-batch of `tokens` local tokens: forward, or backward
     (two GEMMs per weight GEMM, one for the input gradient and one for the weight gradient; twice the
     elementwise traffic). `compiled`: the block runs under torch.compile. `fp8_speedup` > 1: the weight
-    GEMMs run in FP8 (1-byte operands, the faster peak) and pay their casts as elementwise work
-    (harness.plan.regime); attention and the elementwise chain stay in the compute precision.
+    GEMMs FP8 converts run in FP8 (1-byte operands, the faster peak) and pay their casts as elementwise work
+    (harness.plan.regime): `fp8_shares` of the attention block's and of the MLP's (regime.fp8_converted_shares);
+    the rest, attention and the elementwise chain stay in the compute precision.
     `autocast_fp32`: bf16 autocast over fp32 weights, its counted traffic and weight casts (harness.plan.regime)."""
     fp8 = fp8_speedup != 1.0
-    gemms = layer_gemms(spec, tokens, tp)
-    gemm_bytes, gemm_peak = (1, peak * fp8_speedup) if fp8 else (dtype_bytes, peak)
-    # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n)
-    gemm = sum(count * (gemm_time(m, n, k, gemm_bytes, hw, gemm_peak) + gemm_time(k, m, n, gemm_bytes, hw, gemm_peak)
-                        if backward else gemm_time(m, k, n, gemm_bytes, hw, gemm_peak)) for m, k, n, count in gemms)
+    blocks = layer_gemm_blocks(spec, tokens, tp)
+
+    def gemms_time(rows, nbytes: int, rate: float) -> float:
+        # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n)
+        return sum(count * (gemm_time(m, n, k, nbytes, hw, rate) + gemm_time(k, m, n, nbytes, hw, rate)
+                            if backward else gemm_time(m, k, n, nbytes, hw, rate)) for m, k, n, count in rows)
+
+    def block_time(rows, fp8_share: float) -> float:  # its FP8 share at the FP8 rate, the rest as computed
+        converted = fp8_share * gemms_time(rows, 1, peak * fp8_speedup) if fp8_share else 0.0
+        return converted + ((1 - fp8_share) * gemms_time(rows, dtype_bytes, peak) if fp8_share < 1 else 0.0)
+
+    shares = fp8_shares if fp8 else (0.0, 0.0)
+    gemm = sum(block_time(rows, share) for rows, share in zip(blocks, shares))
     attention = (attention_time(spec, tokens, seq_len, tp, dtype_bytes, hw, peak, backward, cp) * attention_share(spec)
                  + mixer_time(spec, tokens, seq_len, tp, peak, backward))
     direction = "backward" if backward else "forward"
@@ -238,9 +253,11 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
         ops, moved = LAYER_ELEMENTWISE_OPS[direction], layer_elementwise_bytes(spec, tokens, tp, dtype_bytes)
         moved *= 2 if backward else 1
     elementwise = streaming_time(moved, ops, hw)
-    if fp8:
-        casts = sum(count for *_, count in gemms) * (3 if backward else 2)
-        elementwise += streaming_time(fp8_cast_bytes(gemms, dtype_bytes, backward), 0 if compiled else casts, hw)
+    for rows, share in zip(blocks, shares):
+        if share:
+            casts = sum(count for *_, count in rows) * (3 if backward else 2)
+            elementwise += share * streaming_time(fp8_cast_bytes(rows, dtype_bytes, backward), 0 if compiled else casts,
+                                                  hw)
     return OpTime(gemm, attention, elementwise)
 
 

@@ -18,6 +18,7 @@ class ParamTensor(NamedTuple):
     tp_dim: Optional[int]  # None: replicated across the TP group
     expert: bool = False  # dim 0 indexes experts (split by expert parallelism)
     trained: bool = True  # False: run forward only, never given a gradient (FORWARD_ONLY)
+    linear: bool = False  # an nn.Linear module's weight: what torchao's float8 training converts
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,11 @@ class ModelSpec:
     idle_params: int = 0  # held by the first stage, never run by a text forward (encoders of other modalities)
     input_params: int = 0  # run by the first stage on the embeddings besides the tables (an embedding's own norm,
     # Gemma 4's per-layer-input projection and norm)
+    # What FP8 can convert where it swaps nn.Linear modules only (torchao's float8 training): the share of the
+    # attention block's and of the MLP's weight-matrix FLOPs per token run by nn.Linear weights (linear_share).
+    # 0 for GPT-2's Conv1D projections; a transformers MoE MLP's routed experts are grouped tensors, not modules.
+    linear_attention_share: float = 1.0
+    linear_mlp_share: float = 1.0
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
     final_logit_softcapping: Optional[float] = None
     tp_plan_source: str = "transformers"  # "transformers", "harness" (what transformers lacks) or "none"
@@ -633,8 +639,26 @@ def _tensors(rows: Sequence[Row], frozen: Sequence[str] = ()) -> Tuple[ParamTens
     """Rows as ParamTensors; forward-only, idle (other-modality) and frozen (requires_grad False: HRM's z_L_init)
     tensors get no gradient."""
     return tuple(ParamTensor(tuple(int(size) for size in r[1]), r[2], bool(r[3]),
-                             not (FORWARD_ONLY.search(r[0]) or OTHER_MODALITY.search(r[0]) or r[0] in frozen))
+                             not (FORWARD_ONLY.search(r[0]) or OTHER_MODALITY.search(r[0]) or r[0] in frozen),
+                             _is_linear(r))
                  for r in rows)
+
+
+def _is_linear(row: Row) -> bool:
+    """Whether a row is an nn.Linear module's weight (model_shape's fifth column; outside rows have none)."""
+    return len(row) > 4 and bool(row[4])
+
+
+def linear_share(rows: Sequence[Row], experts: int, k: int) -> float:
+    """The share of a block's weight-matrix FLOPs per token that runs through nn.Linear modules: each matrix's
+    active elements (a routed expert tensor's k of its E rows) weigh it, as each multiplies every token that
+    reaches it once. 1.0 for a block without matrices."""
+    def active(r: Row) -> float:
+        return _numel(r[1]) * (k / experts if r[3] and experts else 1.0)
+
+    matrices = [r for r in rows if len(r[1]) >= 2]
+    total = sum(active(r) for r in matrices)
+    return sum(active(r) for r in matrices if _is_linear(r)) / total if total else 1.0
 
 
 def _representative(kinds: List[List[Row]], pattern: Sequence[int], k: int) -> int:
@@ -706,6 +730,8 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         embedding_dropout=f["embedding_dropout"], activation=f["activation"],
         attn_implementation=f["attn_implementation"],
         attention_params=sum(_numel(r[1]) for r in flags["attention"]), expert_params=expert,
+        linear_attention_share=linear_share(flags["attention"], layer.routed_experts, k),
+        linear_mlp_share=linear_share(flags["mlp"], layer.routed_experts, k),
         router_params=router, norm_params=sum(_numel(r[1]) for r in flags["norms"]),
         layer_params=layer.total, active_layer_params=layer.active, embedding_params=embedding,
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,

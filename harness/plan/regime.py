@@ -3,7 +3,7 @@ work: one rule per effect."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from harness.config import schema
 from harness.plan.model_spec import ModelSpec
@@ -100,6 +100,39 @@ def fp8_problems(engine: str, accelerator: str, fp8_peak: bool, dims: Dict[str, 
         problems.append(f"layout.precision=fp8: {', '.join(bad)} must be divisible by {FP8_DIM_MULTIPLE} "
                         "(FP8 GEMMs, torch._scaled_mm)")
     return problems
+
+
+# Which FP8 path an engine takes: torchao's float8 training swaps the model's nn.Linear modules (nd, fsdp), so
+# what it converts is the model's own module types (ModelSpec.linear_attention_share / linear_mlp_share);
+# Megatron-LM builds its layers from Transformer Engine, whose linears and grouped expert GEMMs all run FP8.
+TORCHAO_FP8_ENGINES = ("nd", "fsdp")
+
+
+def fp8_converted_shares(spec: ModelSpec, engine: str) -> Tuple[float, float]:
+    """(attention block, MLP) shares of the layer's weight-GEMM FLOPs that FP8 runs on `engine`."""
+    if engine in TORCHAO_FP8_ENGINES:
+        return spec.linear_attention_share, spec.linear_mlp_share
+    return 1.0, 1.0
+
+
+def fp8_conversion_found(spec: ModelSpec, engine: str) -> Tuple[List[str], List[str]]:
+    """(problems, warnings) of what FP8 would convert of this model on this engine: nothing is refused (the run
+    would be bf16 under an FP8 label); a part left bf16 is said, with the share of the layer's GEMM FLOPs FP8
+    runs."""
+    attention, mlp = fp8_converted_shares(spec, engine)
+    if attention == mlp == 1.0:
+        return [], []
+    if attention == mlp == 0.0:
+        return [f"layout.precision=fp8 with model={spec.name}: its decoder layers hold no nn.Linear (transformers "
+                f"builds {spec.model_type}'s projections as Conv1D) and engine={engine} trains FP8 with torchao's "
+                "float8 training, which converts nn.Linear modules only: the run would be bf16"], []
+    # a token's weight FLOPs are 2 per active parameter: the blocks' active parameters weigh their shares
+    mlp_params = spec.active_layer_params - spec.attention_params - spec.norm_params
+    converted = (attention * spec.attention_params + mlp * mlp_params) / (spec.attention_params + mlp_params)
+    left = "its routed experts (grouped tensors, not nn.Linear modules)" if spec.is_moe else "its non-Linear layers"
+    return [], [f"layout.precision=fp8 with model={spec.name} on engine={engine}: torchao's float8 training converts "
+                f"nn.Linear modules only, so {left} stay bf16: FP8 runs {converted:.0%} of the layers' weight-GEMM "
+                "FLOPs"]
 
 
 def fp8_linear_dims(spec: ModelSpec, tp: int) -> Dict[str, int]:

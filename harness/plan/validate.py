@@ -10,7 +10,7 @@ from harness.plan.conventions import state_convention
 from harness.plan.model_spec import ModelSpec
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.peak import accelerator_problem, peak_flops
-from harness.plan.regime import fp8_linear_dims, fp8_problems
+from harness.plan.regime import fp8_conversion_found, fp8_linear_dims, fp8_problems
 from harness.plan.pipeline import pipeline_problems
 from harness.plan.support import ENGINE_SUPPORT, compile_problem, unmet_parallel_options
 
@@ -53,6 +53,7 @@ def validate(cfg: Any, spec: ModelSpec) -> Tuple[List[str], List[str]]:
         check_fp8(engine.name, cluster.accelerator, tuple(fp8_linear_dims(spec, layout.tp).items()),
                   cfg.standin.of is not None)
         if layout.precision == "fp8" else OK,
+        check_fp8_conversion(spec, engine.name) if layout.precision == "fp8" else OK,
     ]
     return _merge(found)
 
@@ -222,6 +223,13 @@ def check_fp8(engine: str, accelerator: str, dims: Tuple[Tuple[str, int], ...], 
     in harness.plan.peak)."""
     has_fp8 = peak_flops(accelerator, "fp8").flops is not None
     return tuple(fp8_problems(engine, accelerator, has_fp8, dict(dims), standin)), ()
+
+
+@lru_cache(maxsize=None)
+def check_fp8_conversion(spec: ModelSpec, engine: str) -> Found:
+    """What layout.precision=fp8 converts of this model on this engine (harness.plan.regime.fp8_conversion_found)."""
+    problems, warnings = fp8_conversion_found(spec, engine)
+    return tuple(problems), tuple(warnings)
 
 
 @lru_cache(maxsize=None)

@@ -145,3 +145,88 @@ def test_fsdp_fp8_config_reads_back_through_accelerates_launcher(tmp_path):
     assert loaded.mixed_precision == "fp8" and loaded.fp8_config == {"backend": "AO"}
     # accelerate launch turns each fp8_config key into its --fp8_<key> argument.
     assert "fp8_backend" in vars(launch_command_parser().parse_args(["x.py"]))
+
+
+# What FP8 converts is what torchao's float8 training swaps: nn.Linear modules only. Tiny members of four families,
+# converted by the runtime's own converter, against the shares the planner reads from the model's shape.
+TINY_FAMILIES = {
+    "llama": dict(REAL_SHAPES["tiny_llama"]),
+    "gpt2": dict(model_type="gpt2", vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=128),
+    "mixtral": dict(model_type="mixtral", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, num_local_experts=16, num_experts_per_tok=2),
+    "deepseek_v3": dict(model_type="deepseek_v3", vocab_size=256, hidden_size=64, intermediate_size=128,
+                        moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                        n_routed_experts=16, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                        q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+                        n_group=1, topk_group=1),
+}
+
+
+def converted_shares(hf_config, layer: int):
+    """(attention, MLP) shares of decoder layer `layer`'s weight-matrix FLOPs per token that torchao runs in FP8,
+    after the runtime's converter (harness.engines.float8) swapped the model's linears: each matrix weighs its
+    active elements (a routed expert tensor's k of its E rows)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from harness.config.model_shape import _decoder_layers, hf_config_object
+    from harness.engines.float8 import convert_to_float8
+    from harness.plan.regime import torchao_float8_config
+
+    config = hf_config_object(hf_config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    convert_to_float8(model, torchao_float8_config())
+    block = _decoder_layers(model, config)[1][layer]
+    modules = dict(block.named_modules())
+    experts, k = getattr(config, "n_routed_experts", None) or getattr(config, "num_local_experts", 0), \
+        config.num_experts_per_tok if hasattr(config, "num_experts_per_tok") else 0
+    sums = {"attn": [0.0, 0.0], "mlp": [0.0, 0.0]}
+    for name, param in block.named_parameters():
+        if param.dim() < 2 or "norm" in name:
+            continue
+        routed = ".experts." in name and "shared" not in name
+        weight = param.numel() * (k / experts if routed else 1.0)
+        part = sums["attn" if name.startswith("self_attn.") or name.startswith("attn.") else "mlp"]
+        part[1] += weight
+        part[0] += weight * (type(modules[name.rsplit(".", 1)[0]]).__name__ == "Float8Linear")
+    return tuple(converted / total for converted, total in sums.values())
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_fp8_shares_are_what_torchaos_converter_swaps(family):
+    hf_config = TINY_FAMILIES[family]
+    spec = model_spec_from_hf(family, hf_config)
+    layer = len(spec.layer_pattern) - 1  # DeepSeek-V3's last layer is a MoE one (its first is dense)
+    assert (spec.linear_attention_share, spec.linear_mlp_share) == pytest.approx(converted_shares(hf_config, layer))
+    expected = {"llama": (1, 1), "gpt2": (0, 0), "mixtral": (1, 0)}
+    if family in expected:
+        assert (spec.linear_attention_share, spec.linear_mlp_share) == expected[family]
+    else:  # the shared expert is nn.Linear, the routed ones grouped tensors: 1 of 1 + k experts' FLOPs and the router
+        assert 0.3 < spec.linear_mlp_share < 1 / 3
+
+
+def test_fp8_on_gpt2_is_refused_on_torchao_engines_naming_conv1d():
+    for engine in ("nd", "fsdp"):
+        problems = errors(model="gpt2", cluster=H100_8X8, dp_shard=64, zero_stage=3, engine=dict(name=engine),
+                          precision="fp8")
+        assert (f"layout.precision=fp8 with model=gpt2: its decoder layers hold no nn.Linear (transformers builds "
+                f"gpt2's projections as Conv1D) and engine={engine} trains FP8 with torchao's float8 training, which "
+                "converts nn.Linear modules only: the run would be bf16") in problems
+
+
+def test_mixtral_fp8_on_nd_speeds_up_attention_projections_only_and_says_so():
+    fields = dict(model="mixtral_8x7b", cluster=H100_8X8, dp_shard=32, tp=2, zero_stage=3, seq_len=4096,
+                  micro_batch=1, activation_checkpointing="full", engine=dict(name="nd"))
+    bf16, fp8 = (make_plan(run_config(precision=p, **fields)) for p in ("bf16", "fp8"))
+    assert fp8.valid
+    assert any("its routed experts (grouped tensors, not nn.Linear modules) stay bf16: FP8 runs 11% of the layers' "
+               "weight-GEMM FLOPs" in w for w in fp8.warnings)
+    # Only the attention projections (about 11% of the GEMM time) halve; the experts' GEMMs are bf16's.
+    saved = 1 - fp8.time.compute_s["gemm"] / bf16.time.compute_s["gemm"]
+    assert 0.02 < saved < 0.10
+    # Megatron-LM's Transformer Engine layers run the grouped expert GEMMs in FP8 too.
+    te = make_plan(run_config(precision="fp8", **{**fields, "engine": dict(name="megatron_lm"), "zero_stage": 1}))
+    te_bf16 = make_plan(run_config(precision="bf16", **{**fields, "engine": dict(name="megatron_lm"),
+                                                        "zero_stage": 1}))
+    assert te.time.compute_s["gemm"] < 0.6 * te_bf16.time.compute_s["gemm"]
