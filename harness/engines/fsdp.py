@@ -69,14 +69,22 @@ def _launch_problems(cfg: RunConfig) -> List[str]:
 
 
 def _sharding_problems(cfg: RunConfig) -> List[str]:
-    """FSDP1 hybrid sharding on gloo, and Accelerate's ParallelismConfig rules for tp / cp
-    (parallelism_config.py); zero stages, pp / ep, GPU-only axes and FSDP2-only tp / cp are the table's."""
+    """FSDP1 hybrid sharding on gloo, a family without transformers' TP plan, and Accelerate's ParallelismConfig
+    rules for tp / cp (parallelism_config.py); zero stages, pp / ep, GPU-only axes and FSDP2-only tp / cp are the
+    table's."""
     layout, engine = cfg.layout, cfg.engine
     problems = []
     if engine.fsdp_version == 1 and layout.dp_replicate > 1 and layout.zero_stage != 0:
         problems.append(
             f"layout.dp_replicate={layout.dp_replicate} with engine.fsdp_version=1: FSDP1 HYBRID_SHARD "
             "does not keep its replicas in sync on gloo (measured), hybrid sharding is fsdp_version=2"
+        )
+    if layout.tp > 1 and model_shape(cfg.model.hf_config)["tp_plan_source"] != "transformers":
+        model_type = cfg.model.hf_config.get("model_type")
+        problems.append(
+            f"layout.tp={layout.tp} with engine=fsdp: transformers gives model_type={model_type!r} no "
+            "base_model_tp_plan, and Accelerate's tensor parallelism applies transformers' own plan "
+            "(fsdp_session.tensor_parallel_plan); engine=nd carries the harness's plan where it has one"
         )
     axes = [f"layout.{axis}={getattr(layout, axis)}" for axis in ("tp", "cp") if getattr(layout, axis) > 1]
     if not axes:

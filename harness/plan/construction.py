@@ -70,7 +70,13 @@ def check_model_init(engine: str, zero_stage: int, requested: str, total_params:
                        offload_params) == "full" and \
             _crowds_host(total_params, ranks_per_node, host_memory_gib):
         need = full_build_bytes(total_params, ranks_per_node) / GIB
-        return (), (f"model.init={requested}: {ranks_per_node} ranks per node each build all "
-                    f"{total_params / 1e9:.2f}B parameters in fp32 ({need:.1f} GiB) before sharding, more than "
-                    f"{FULL_BUILD_HOST_FRACTION:.0%} of cluster.host_memory_gib={host_memory_gib:g}",)
+        words = (f"model.init={requested}: {ranks_per_node} ranks per node each build all "
+                 f"{total_params / 1e9:.2f}B parameters in fp32 ({need:.1f} GiB) before sharding")
+        if need > host_memory_gib:  # the node runs out of memory before the engine shards anything
+            where = "; ".join(f"engine={name} at zero_stage {', '.join(map(str, s.meta_init_stages))}"
+                              for name, s in ENGINE_SUPPORT.items() if s.meta_init_stages)
+            return (f"{words}, more than cluster.host_memory_gib={host_memory_gib:g}: the host runs out of "
+                    f"memory first (sharded construction: {where})",), ()
+        return (), (f"{words}, more than {FULL_BUILD_HOST_FRACTION:.0%} of cluster.host_memory_gib="
+                    f"{host_memory_gib:g}",)
     return (), ()

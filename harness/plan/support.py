@@ -44,9 +44,17 @@ class EngineSupport:
     compile_fsdp_versions: Tuple[int, ...] = (1, 2)
 
 
+# Why an engine cannot shard over part of the data ranks (dp_replicate > 1) at a sharded stage.
+HYBRID_REASONS = {
+    "deepspeed": "DeepSpeed 0.19 shards ZeRO over every data-parallel rank: MiCS, its hybrid sharding, is removed "
+                 "(runtime/config.py, _REMOVED_ZERO_CONFIG_KEYS: mics_shard_size) and ZeRO++'s hpZ "
+                 "(zero_hpz_partition_size) adds a secondary parameter copy without replicating the states; set "
+                 "layout.dp_shard to every data rank, or use engine=fsdp or nd for hybrid sharding",
+}
+
 ENGINE_SUPPORT: Dict[str, EngineSupport] = {
     # DeepSpeed 0.19: ZeRO 0-3; PipelineEngine asserts stage < 2 and runs its own 1F1B; no context
-    # parallelism or MoE in this harness; hybrid sharding only as ZeRO-3 MiCS/hpZ; ZeRO-Offload moves the
+    # parallelism or MoE in this harness; no hybrid sharding (HYBRID_REASONS); ZeRO-Offload moves the
     # optimizer to cpu at stage >= 1, ZeRO-Infinity moves parameters (stage 3) and NVMe (stage 3).
     # AutoTP (training mode, module_inject/auto_tp.py) makes the lm_head a column-parallel layer with
     # gathered output and keeps the embedding whole (measured with 0.19.8: embed_tokens (256, 64) and
@@ -54,7 +62,7 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
     # (transformers' zero.Init path).
     "deepspeed": EngineSupport(
         zero_stages=(0, 1, 2, 3), zero_reason="", tp=True, cp=False, ep=False,
-        pp_schedules=("1F1B",), pp_zero_stages=(0, 1), hybrid_zero_stages=(0, 3),
+        pp_schedules=("1F1B",), pp_zero_stages=(0, 1), hybrid_zero_stages=(0,),
         offload_optimizer={"cpu": (1, 2, 3), "nvme": (3,)}, offload_params={"cpu": (3,), "nvme": (3,)},
         offload_together=False, tp_shards_vocab=(False, True), activation_profile="hf",
         meta_init_stages=(3,), tp_zero_stages=(0, 1, 2),

@@ -12,7 +12,7 @@ from harness.plan.parallel_dims import ParallelDims
 from harness.plan.peak import accelerator_problem, peak_flops
 from harness.plan.regime import fp8_conversion_found, fp8_linear_dims, fp8_problems
 from harness.plan.pipeline import pipeline_problems
-from harness.plan.support import ENGINE_SUPPORT, compile_problem, unmet_parallel_options
+from harness.plan.support import ENGINE_SUPPORT, HYBRID_REASONS, compile_problem, unmet_parallel_options
 
 # Each rule is a pure function of the few primitive fields it reads, returning (errors, warnings);
 # memoised, since a sweep repeats the same sub-combinations many times.
@@ -202,9 +202,10 @@ def check_engine(engine: str, unmet_options: Tuple[Tuple[str, Any], ...], zero: 
             errors.append(f"engine={engine} rejects zero_stage={zero} with pp={pp} (allowed: "
                           f"{', '.join(map(str, support.pp_zero_stages))})")
     if dp_replicate > 1 and zero not in support.hybrid_zero_stages:
+        why = HYBRID_REASONS.get(engine) or ("hybrid sharding: "
+                                             f"{', '.join(map(str, support.hybrid_zero_stages)) or 'none'}")
         errors.append(f"engine={engine} cannot shard over dp_shard only (dp_replicate={dp_replicate}) at "
-                      f"zero_stage={zero} (hybrid sharding: "
-                      f"{', '.join(map(str, support.hybrid_zero_stages)) or 'none'})")
+                      f"zero_stage={zero} ({why})")
     if tp > 1 and support.tp_zero_stages and zero not in support.tp_zero_stages:
         errors.append(f"engine={engine} rejects zero_stage={zero} with tp={tp} (allowed: "
                       f"{', '.join(map(str, support.tp_zero_stages))}: {support.tp_zero_reason})")

@@ -419,3 +419,22 @@ def test_apply_refuses_tensor_parallelism_off_gpu(tmp_path, fixed_layer_class, a
     monkeypatch.setenv("WORLD_SIZE", "8")
     with pytest.raises(RuntimeError, match="tp=2, cp=1 on device cpu: engine=fsdp runs"):
         fsdp_session.apply(cfg, tmp_path, model=None, kind=SimpleNamespace(type="cpu", backend="gloo"))
+
+
+def test_tp_on_a_family_transformers_has_no_plan_for_is_refused_as_transformers_refuses_it():
+    # GPT-2 has no base_model_tp_plan: the plan Accelerate's TP would apply is refused by transformers itself.
+    from transformers import AutoModelForCausalLM
+
+    from harness.config.model_shape import hf_config_object
+
+    cfg = compose_run_config(["engine=fsdp", "model=gpt2", "cluster=gpu_h100_1x8", "layout.zero_stage=3",
+                              "layout.dp_shard=4", "layout.tp=2"])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config_object(cfg.model.hf_config))
+    with pytest.raises(ValueError, match="has no `tp_plan`"):
+        fsdp_session.tensor_parallel_plan(model, 2)
+    assert ("layout.tp=2 with engine=fsdp: transformers gives model_type='gpt2' no base_model_tp_plan"
+            in " ".join(fsdp.layout_problems(cfg)))
+    llama = compose_run_config(["engine=fsdp", "model=llama3_1_8b", "cluster=gpu_h100_1x8", "layout.zero_stage=3",
+                                "layout.dp_shard=4", "layout.tp=2"])
+    assert not any("base_model_tp_plan" in p for p in fsdp.layout_problems(llama))

@@ -28,10 +28,16 @@ def test_auto_builds_on_meta_exactly_when_full_copies_crowd_the_host(recipe, mod
 
 
 def test_auto_stays_full_where_the_engine_builds_full_models_and_warns_with_the_numbers():
-    errors, warnings = check_model_init("deepspeed", 2, "auto", 70_553_706_496, 8, 2048.0)
+    errors, warnings = check_model_init("deepspeed", 2, "auto", 70_553_706_496, 4, 2048.0)
     assert errors == ()
-    assert warnings == (f"model.init=auto: 8 ranks per node each build all 70.55B parameters in fp32 (2102.7 GiB) "
+    assert warnings == (f"model.init=auto: 4 ranks per node each build all 70.55B parameters in fp32 (1051.3 GiB) "
                         f"before sharding, more than {FULL_BUILD_HOST_FRACTION:.0%} of cluster.host_memory_gib=2048",)
+    # Beyond the host's memory the node runs out before anything is sharded: refused, naming the way out.
+    errors, warnings = check_model_init("deepspeed", 2, "auto", 70_553_706_496, 8, 2048.0)
+    assert errors == ("model.init=auto: 8 ranks per node each build all 70.55B parameters in fp32 (2102.7 GiB) "
+                      "before sharding, more than cluster.host_memory_gib=2048: the host runs out of memory first "
+                      "(sharded construction: engine=deepspeed at zero_stage 3; engine=nd at zero_stage 0, 2, 3)",)
+    assert warnings == ()
     assert model_init_mode("deepspeed", 2, "auto", 70_553_706_496, 8, 2048.0) == "full"
     assert model_init_mode("deepspeed", 3, "auto", 70_553_706_496, 8, 2048.0) == "meta"  # zero.Init
     assert model_init_mode("fsdp", 3, "auto", 70_553_706_496, 8, 2048.0) == "full"

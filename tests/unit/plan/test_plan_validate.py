@@ -104,6 +104,20 @@ def test_engine_support_matrix():
     assert any("cannot shard over dp_shard only (dp_replicate=2) at zero_stage=2" in e for e in
                errors_of(dp_replicate=2, dp_shard=1, zero_stage=2))
     assert errors_of(engine=dict(name="fsdp"), dp_replicate=2, dp_shard=1, zero_stage=3) == []
+
+
+def test_deepspeed_refuses_hybrid_sharding_which_its_config_cannot_express():
+    # The plan would replicate ZeRO-3's states over dp_replicate while DeepSpeed shards them over every rank:
+    # its one hybrid scheme, MiCS, is refused by DeepSpeed's own config parser.
+    import pytest
+    from deepspeed.runtime.config import DeepSpeedConfigError, _reject_removed_config_keys
+
+    with pytest.raises(DeepSpeedConfigError, match="MiCS ZeRO-3 sharding has been removed"):
+        _reject_removed_config_keys({"zero_optimization": {"stage": 3, "mics_shard_size": 1}})
+    problems = errors_of(dp_replicate=2, dp_shard=1, zero_stage=3)
+    assert any(e.startswith("engine=deepspeed cannot shard over dp_shard only (dp_replicate=2) at zero_stage=3 "
+                            "(DeepSpeed 0.19 shards ZeRO over every data-parallel rank: MiCS") for e in problems)
+    assert errors_of(dp_replicate=2, dp_shard=1, zero_stage=0) == []
     assert "engine=fsdp fsdp_version=1 cannot compose tp=2 / cp=1 (needs FSDP2)" in errors_of(
         engine=dict(name="fsdp", fsdp_version=1), zero_stage=3, dp_shard=1, tp=2)
 
