@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from harness.config.schema import RunConfig
 from harness.engines.optimizer import ADAMW_BETAS, ADAMW_EPS
@@ -85,10 +85,11 @@ def _model_flags(spec: ModelSpec, hf: Dict[str, Any], cfg: RunConfig) -> Flags:
     else:
         flags["--position-embedding-type"] = "rope"
         flags["--rotary-base"] = int(float(hf.get("rope_theta", 10000.0)))
-        scaling = hf.get("rope_scaling") or {}
+        scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}  # transformers' legacy and 5.x names
         if scaling.get("rope_type", scaling.get("type")) == "llama3":
             flags["--use-rope-scaling"] = True
             flags["--rope-scaling-factor"] = float(scaling["factor"])
+    flags.update(window_flags(spec.attention_windows))
     if not (spec.qkv_bias or spec.out_bias or spec.mlp_bias):
         flags["--disable-bias-linear"] = True
     elif spec.qkv_bias and not spec.out_bias and not spec.mlp_bias:
@@ -168,6 +169,24 @@ def _training_flags(cfg: RunConfig) -> Flags:
         "--eval-iters": 0,
         "--transformer-impl": "transformer_engine",
     }
+
+
+# transformers' names of GELU's tanh approximation (activations.py: NewGELUActivation, PytorchGELUTanh, FastGELU)
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+def window_flags(windows: Tuple[int, ...]) -> Flags:
+    """Sliding-window attention as Megatron-LM takes it (arguments.py: --window-size, --window-attn-skip-freq):
+    `windows` holds per layer the keys a query sees (0: every earlier key; transformers' sliding window of w,
+    keys in (q - w, q]). Transformer Engine's window (left, right) counts the keys beside the query's own:
+    (w - 1, 0). Layers without a window are listed by the skip pattern (1: windowed, 0: full attention)."""
+    sizes = {w for w in windows if w}
+    if len(sizes) != 1:  # none, or several (refused by check)
+        return {}
+    flags: Flags = {"--window-size": f"{sizes.pop() - 1},0"}
+    if not all(windows):
+        flags["--window-attn-skip-freq"] = "[" + ",".join("1" if w else "0" for w in windows) + "]"
+    return flags
 
 
 def megatron_flags(cfg: RunConfig) -> Flags:
@@ -408,9 +427,13 @@ def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     if cfg.engine.grad_reduce_in_bf16 and cfg.layout.precision not in ("bf16", "fp8"):
         warnings.append(f"engine.grad_reduce_in_bf16 with precision={cfg.layout.precision}: no effect (it applies "
                         "to bf16 and fp8 runs; the export does not render it)")
-    window: Optional[int] = cfg.model.hf_config.get("sliding_window")
-    if window is not None and spec.model_type != "qwen2" and window < cfg.layout.seq_len:
-        warnings.append(f"sliding_window={window} < seq_len={cfg.layout.seq_len}: the export has no window flag")
+    sizes = sorted({w for w in spec.attention_windows if w})
+    if len(sizes) > 1:
+        errors.append(f"sliding windows of {', '.join(map(str, sizes))} keys in one model: Megatron-LM takes one "
+                      "--window-size")
+    if spec.activation in TANH_GELU:
+        warnings.append(f"activation={spec.activation} (GELU's tanh approximation): Megatron-core's layers run exact "
+                        "GELU (TransformerConfig has no tanh-GELU switch; --openai-gelu reaches no layer)")
     if vocab_divisor(spec.vocab_size, cfg.layout.tp) == 1 and spec.vocab_size % cfg.layout.tp:
         warnings.append(f"vocab_size={spec.vocab_size} is not divisible by tp={cfg.layout.tp}: Megatron pads it")
     return errors, warnings

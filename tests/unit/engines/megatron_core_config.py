@@ -44,6 +44,10 @@ def transformer_config(flags: Dict[str, Any]):
         pipeline_dtype=dtype if pp > 1 else None,
         recompute_granularity=f.get("--recompute-granularity"), recompute_method=f.get("--recompute-method"),
         recompute_num_layers=f.get("--recompute-num-layers"),
+        # arguments.py's tuple_type and moe_freq_type: "4095,0" -> (4095, 0), "[1,0]" -> [1, 0]
+        window_size=tuple(int(i) for i in f["--window-size"].strip("()").split(",")) if "--window-size" in f else None,
+        window_attn_skip_freq=([int(i) for i in f["--window-attn-skip-freq"].strip("[]").split(",")]
+                               if "--window-attn-skip-freq" in f else None),
         fp8=f.get("--fp8-format"), fp8_amax_history_len=f.get("--fp8-amax-history-len", 1),
         fp8_amax_compute_algo=f.get("--fp8-amax-compute-algo", "most_recent"),
     )  # fmt: skip

@@ -162,6 +162,8 @@ def test_llama70b_flags():
         "--use-distributed-optimizer": True, "--recompute-granularity": "selective", "--bf16": True,
         # 128256 = 2^8 * 501: 32 * tp 8 divides it, so Megatron keeps the HF vocabulary unpadded.
         "--make-vocab-size-divisible-by": 32,
+        # config.json's rope_scaling (rope_type llama3, factor 8)
+        "--use-rope-scaling": True, "--rope-scaling-factor": 8.0,
     }  # fmt: skip
     assert {k: flags[k] for k in expected} == expected
 
@@ -175,6 +177,27 @@ def test_qwen2_bias_and_gpt2_shape():
     assert flags["--position-embedding-type"] == "learned_absolute" and flags["--normalization"] == "LayerNorm"
     assert "--swiglu" not in flags and "--untie-embeddings-and-output-weights" not in flags
     assert "--disable-bias-linear" not in flags
+
+
+def test_sliding_window_is_exported_as_transformer_engines_window():
+    mistral = compose_run_config(["engine=megatron_lm", "model=mistral_7b", "cluster=h100_8x8", "layout=single"])
+    flags = flags_of(layout_cfg(mistral, tp=2, dp_shard=32, seq_len=16384))
+    # transformers' window of 4096 keys ends at the query; Transformer Engine counts the 4095 beside it
+    assert flags["--window-size"] == "4095,0" and "--window-attn-skip-freq" not in flags
+    assert transformer_config(flags).window_size == (4095, 0)  # megatron.core's TransformerConfig takes it
+    assert megatron_lm.window_flags((0, 4096, 0, 4096)) == {"--window-size": "4095,0",
+                                                            "--window-attn-skip-freq": "[0,1,0,1]"}
+    assert megatron_lm.window_flags((0, 0)) == {}
+    assert "--window-size" not in flags_of(layout_cfg(tp=8, dp_shard=8))
+
+
+def test_gpt2s_tanh_gelu_is_named_where_megatron_runs_exact_gelu():
+    gpt2 = compose_run_config(["engine=megatron_lm", "model=gpt2", "cluster=h100_8x8", "layout=single"])
+    _, warnings = megatron_lm.check(layout_cfg(gpt2, tp=4, dp_shard=16, seq_len=1024))
+    assert any(w.startswith("activation=gelu_new (GELU's tanh approximation): Megatron-core's layers run exact GELU")
+               for w in warnings)
+    import megatron.core.transformer.transformer_config as core
+    assert "openai_gelu" not in {f.name for f in __import__("dataclasses").fields(core.TransformerConfig)}
 
 
 def test_mixtral_expert_flags():
