@@ -59,7 +59,7 @@ def resolved_model_init(cfg: Any) -> str:
 def check_model_init(engine: str, zero_stage: int, requested: str, total_params: int, ranks_per_node: int,
                      host_memory_gib: float, offload_params: str = "none") -> Found:
     """model.init against the engine, and the host memory a full build would take."""
-    if engine not in ENGINE_SUPPORT:
+    if engine not in ENGINE_SUPPORT or not ENGINE_SUPPORT[engine].builds_model:
         return (), ()
     if requested == "meta" and not _builds_sharded(engine, zero_stage):
         where = "; ".join(f"engine={name} at zero_stage {', '.join(map(str, s.meta_init_stages))}"

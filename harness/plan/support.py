@@ -33,6 +33,8 @@ class EngineSupport:
     # ZeRO stages at which the engine builds the model without any rank holding all of it
     # (model.init=meta): on the meta device then materialised per rank, or partitioned as built.
     meta_init_stages: Tuple[int, ...] = ()
+    # False: the harness never builds the model (an export whose framework builds its own, sharded as it goes)
+    builds_model: bool = True
     # Engine options (field, value) tensor and context parallelism need, and why (ends up in the error).
     tp_cp_options: Tuple[Tuple[str, Any], ...] = ()
     tp_cp_reason: str = ""
@@ -98,7 +100,7 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         zero_stages=(0, 1), zero_reason="the export maps zero_stage 1 to --use-distributed-optimizer only",
         tp=True, cp=True, ep=True, pp_schedules=("1F1B", "Interleaved1F1B"), pp_zero_stages=(0, 1),
         hybrid_zero_stages=(1,), offload_optimizer={}, offload_params={}, offload_together=False,
-        tp_shards_vocab=(True, True), activation_profile="megatron",
+        tp_shards_vocab=(True, True), activation_profile="megatron", builds_model=False,
         # Megatron-LM's arguments.py has no torch.compile switch: its fusions are hand-written kernels
         # (--bias-gelu-fusion, --bias-dropout-fusion, --masked-softmax-fusion, on by default).
         compile_reason="Megatron-LM's command line has no torch.compile option (its fused kernels are on by "

@@ -38,6 +38,8 @@ def test_auto_stays_full_where_the_engine_builds_full_models_and_warns_with_the_
                       "before sharding, more than cluster.host_memory_gib=2048: the host runs out of memory first "
                       "(sharded construction: engine=deepspeed at zero_stage 3; engine=nd at zero_stage 0, 2, 3)",)
     assert warnings == ()
+    # Megatron-LM builds its own model, already split by tp and pp: the harness builds nothing to refuse.
+    assert check_model_init("megatron_lm", 1, "auto", 405_853_388_800, 8, 2048.0) == ((), ())
     assert model_init_mode("deepspeed", 2, "auto", 70_553_706_496, 8, 2048.0) == "full"
     assert model_init_mode("deepspeed", 3, "auto", 70_553_706_496, 8, 2048.0) == "meta"  # zero.Init
     assert model_init_mode("fsdp", 3, "auto", 70_553_706_496, 8, 2048.0) == "full"
