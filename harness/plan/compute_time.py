@@ -104,19 +104,22 @@ LAYER_ELEMENTWISE_OPS = {"forward": 30, "backward": 56}
 EAGER_ATTENTION_OPS = {"forward": 10, "backward": 10}  # repeat_kv, matmul, mask add, fp32 softmax, cast, matmul
 
 
-def layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dtype_bytes: int) -> float:
+def layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dtype_bytes: int, sp: bool = False) -> float:
     """Bytes one layer's memory-bound forward kernels read and write for `tokens` tokens on a TP rank.
 
     RMSNorm upcasts to fp32 (transformers): read e·h, then four fp32 passes of 8 bytes (read + write) per
     element, cast back and scale by the weight: about (3e + 32)·h per norm. Residual adds read two and
     write one (3e·h each). Rotary reads and writes q and k about four times (8e per element). SwiGLU's
-    silu(gate)·up reads 3f and writes 2f; a two-matrix MLP's activation reads and writes f.
+    silu(gate)·up reads 3f and writes 2f; a two-matrix MLP's activation reads and writes f. Under sequence
+    parallelism (`sp`) the norms and residual adds run on the rank's 1 / tp of the sequence (Korthikanti et
+    al.'s sequence-parallel regions; torch's SequenceParallel norms, Megatron's --sequence-parallel).
     """
     e, h = dtype_bytes, spec.hidden_size
     _, _, q, kv = spec.mean_attention()
     q, kv, f = q / tp, kv / tp, spec.ffn_size / tp
-    norms = 2 * (3 * e + 32) * h
-    residual = 2 * 3 * e * h
+    split = tp if sp else 1
+    norms = 2 * (3 * e + 32) * h / split
+    residual = 2 * 3 * e * h / split
     rotary = 8 * e * (q + kv) if not spec.learned_positions else 0
     act = (5 if spec.gated_mlp else 2) * e * f * (spec.experts_per_token if spec.is_moe else 1)
     return tokens * (norms + residual + rotary + act)
@@ -215,14 +218,15 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
 @lru_cache(maxsize=1 << 16)
 def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
                peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0, cp: int = 1,
-               autocast_fp32: bool = False, fp8_shares: Tuple[float, float] = (1.0, 1.0)) -> OpTime:
+               autocast_fp32: bool = False, fp8_shares: Tuple[float, float] = (1.0, 1.0), sp: bool = False) -> OpTime:
     """One decoder layer on one rank for one micro-batch of `tokens` local tokens: forward, or backward
     (two GEMMs per weight GEMM, one for the input gradient and one for the weight gradient; twice the
     elementwise traffic). `compiled`: the block runs under torch.compile. `fp8_speedup` > 1: the weight
     GEMMs FP8 converts run in FP8 (1-byte operands, the faster peak) and pay their casts as elementwise work
     (harness.plan.regime): `fp8_shares` of the attention block's and of the MLP's (regime.fp8_converted_shares);
     the rest, attention and the elementwise chain stay in the compute precision.
-    `autocast_fp32`: bf16 autocast over fp32 weights, its counted traffic and weight casts (harness.plan.regime)."""
+    `autocast_fp32`: bf16 autocast over fp32 weights, its counted traffic and weight casts (harness.plan.regime).
+    `sp`: sequence parallelism, whose norms and residual adds run on 1 / tp of the tokens."""
     fp8 = fp8_speedup != 1.0
     blocks = layer_gemm_blocks(spec, tokens, tp)
 
@@ -242,15 +246,15 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
     direction = "backward" if backward else "forward"
     if compiled:  # the block under torch.compile: fused elementwise kernels (harness.plan.regime)
         ops, moved = COMPILED_LAYER_ELEMENTWISE_OPS[direction], compiled_layer_elementwise_bytes(spec, tokens, tp,
-                                                                                                  dtype_bytes)
+                                                                                                  dtype_bytes, sp)
         moved *= 2 if backward else 1
     elif autocast_fp32:  # each weight matrix of the layer (this rank's TP shard) is cast: norms' weights are not
         weights = sum(rank_shape(t, tp, ep=1)[0] for t in spec.layer_tensors if len(t.shape) >= 2)
         ops = AUTOCAST_LAYER_ELEMENTWISE_OPS[direction]
-        moved = (layer_elementwise_bytes(spec, tokens, tp, 2) * AUTOCAST_LAYER_TRAFFIC[direction]
+        moved = (layer_elementwise_bytes(spec, tokens, tp, 2, sp) * AUTOCAST_LAYER_TRAFFIC[direction]
                  + AUTOCAST_WEIGHT_CAST_BYTES * weights)
     else:
-        ops, moved = LAYER_ELEMENTWISE_OPS[direction], layer_elementwise_bytes(spec, tokens, tp, dtype_bytes)
+        ops, moved = LAYER_ELEMENTWISE_OPS[direction], layer_elementwise_bytes(spec, tokens, tp, dtype_bytes, sp)
         moved *= 2 if backward else 1
     elementwise = streaming_time(moved, ops, hw)
     for rows, share in zip(blocks, shares):

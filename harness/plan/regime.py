@@ -30,7 +30,8 @@ def fused_elementwise(engine) -> bool:
     return bool(engine.compile) or engine.name == "megatron_lm"
 
 
-def compiled_layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dtype_bytes: int) -> float:
+def compiled_layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dtype_bytes: int,
+                                     sp: bool = False) -> float:
     """Bytes one compiled layer's fused forward kernels read and write for `tokens` tokens on a TP rank.
 
     Each fused kernel reads its inputs and writes its outputs once; the intermediates (the fp32 upcast of
@@ -38,11 +39,12 @@ def compiled_layer_elementwise_bytes(spec: ModelSpec, tokens: float, tp: int, dt
     stream and the branch output, write the new stream and its normed copy (4e·h, against eager's
     (3e + 32)·h norm plus 3e·h add). Rotary: read and write q and k once (2e per element, eager 8e). SwiGLU:
     read gate and up, write their product (3e·f, eager 5e·f); a two-matrix MLP's activation reads and writes f.
+    Under sequence parallelism (`sp`) the add + norm kernels run on 1 / tp of the tokens.
     """
     e, h = dtype_bytes, spec.hidden_size
     _, _, q, kv = spec.mean_attention()
     q, kv, f = q / tp, kv / tp, spec.ffn_size / tp
-    norms = 2 * 4 * e * h
+    norms = 2 * 4 * e * h / (tp if sp else 1)
     rotary = 2 * e * (q + kv) if not spec.learned_positions else 0
     act = (3 if spec.gated_mlp else 2) * e * f * (spec.experts_per_token if spec.is_moe else 1)
     return tokens * (norms + rotary + act)

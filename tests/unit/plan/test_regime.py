@@ -23,6 +23,23 @@ def test_compiled_llama_8b_layer_moves_each_fused_tensor_once():
     assert compiled_layer_elementwise_bytes(spec, 1, 2, 2) < compiled_layer_elementwise_bytes(spec, 1, 1, 2)
 
 
+def test_sequence_parallel_runs_norms_and_residual_adds_on_a_tp_share_of_the_tokens():
+    spec = model_spec_from_hf("llama3_1_8b", REAL_SHAPES["llama3_1_8b"])
+    # per token at tp 8, bf16: eager norms 2 x (3e + 32) h and adds 2 x 3e h are split 8 ways; rotary and SwiGLU
+    # are already split by heads and ffn columns
+    norms_adds = 2 * (3 * 2 + 32) * 4096 + 2 * 3 * 2 * 4096
+    assert layer_elementwise_bytes(spec, 1, 8, 2) - layer_elementwise_bytes(spec, 1, 8, 2, sp=True) == \
+        pytest.approx(norms_adds * 7 / 8)
+    fused = 2 * 4 * 2 * 4096  # Megatron's add + norm kernels
+    assert compiled_layer_elementwise_bytes(spec, 1, 8, 2) - compiled_layer_elementwise_bytes(spec, 1, 8, 2, True) \
+        == pytest.approx(fused * 7 / 8)
+    off, on = (make_plan(run_config(model="llama3_1_70b", engine=dict(name="nd", sequence_parallel=flag),
+                                    cluster=H100_8X8, dp_shard=8, tp=8, zero_stage=3, seq_len=8192, micro_batch=1))
+               for flag in (False, True))
+    assert on.time.compute_s["elementwise"] < 0.5 * off.time.compute_s["elementwise"]
+    assert on.time.compute_s["gemm"] == off.time.compute_s["gemm"]
+
+
 def test_compile_shortens_only_the_elementwise_part_of_the_plan():
     eager, compiled = (make_plan(run_config(model="llama3_1_8b", engine=dict(name="nd", compile=flag),
                                             cluster=H100_8X8, dp_shard=64, zero_stage=3, seq_len=8192,
