@@ -702,9 +702,8 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
                          "token field (num_experts_per_tok) in its config")
     rows = kinds[_representative(kinds, pattern, k)]
     layer = _layer_counts(rows, k, zero)
-    h = f["hidden_size"]
+    h, ffn = f["hidden_size"], int(f["ffn_size"] if experts else f["dense_ffn_size"])
     flags = _block_flags(rows, h)
-    ffn = int(f["ffn_size"] if experts else f["dense_ffn_size"])
     routed = [r for r in rows if r[3]]
     expert = _expert_numel(routed) if layer.routed_experts else sum(_numel(r[1]) for r in flags["mlp"])
     router = sum(_numel(r[1]) for r in flags["mlp"] if layer.routed_experts and not r[3]
@@ -730,8 +729,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         embedding_dropout=f["embedding_dropout"], activation=f["activation"],
         attn_implementation=f["attn_implementation"],
         attention_params=sum(_numel(r[1]) for r in flags["attention"]), expert_params=expert,
-        linear_attention_share=linear_share(flags["attention"], layer.routed_experts, k),
-        linear_mlp_share=linear_share(flags["mlp"], layer.routed_experts, k),
+        **{f"linear_{part}_share": linear_share(flags[part], layer.routed_experts, k) for part in ("attention", "mlp")},
         router_params=router, norm_params=sum(_numel(r[1]) for r in flags["norms"]),
         layer_params=layer.total, active_layer_params=layer.active, embedding_params=embedding,
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,

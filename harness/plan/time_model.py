@@ -83,21 +83,23 @@ def layout_groups(layout: Any, gpus_per_node: int) -> Groups:
 
 
 def pipeline_time(schedule: str, pp: int, virtual: int, microbatches: int, forward: float,
-                  backward: float) -> float:
+                  backward: float, weight_grad: Optional[float] = None) -> float:
     """Time of m micro-batches through p stages whose slowest rank spends `forward` + `backward` per
     micro-batch (all its local stages together).
 
     GPipe and 1F1B: (m + p - 1)(F + B) (Narayanan et al. 2021's bubble (p-1)/m, Huang et al. 2019);
     interleaved with v chunks per rank: the bubble shrinks to (p-1)(F + B)/v. Zero-bubble schedules split
-    B into the input gradient I and the weight gradient W (each about B/2) and fill the bubble with W
-    (Qi et al. 2023): ZB-H1 leaves (p-1)(F + I - W), the V-shaped ZB-V and DualPipeV (p-1)(F + I - 2W),
-    clipped at zero, once there are at least p x v micro-batches to fill it with; per chunk of 1/v of the
-    rank's layers."""
+    B into the input gradient I and the weight gradient W and fill the bubble with W (Qi et al. 2023): ZB-H1
+    leaves (p-1)(F + I - W), the V-shaped ZB-V and DualPipeV (p-1)(F + I - 2W), clipped at zero, once there are
+    at least p x v micro-batches to fill it with; per chunk of 1/v of the rank's layers. W is `weight_grad`, the
+    weight-gradient GEMMs alone: a checkpointed layer's recomputation, its attention and elementwise backward
+    and its collectives all come before the input gradient, so they are I's (B / 2 when not given)."""
     work = microbatches * (forward + backward)
     if pp <= 1:
         return work
     p, v = pp, max(1, virtual)
-    f, i, w = forward / v, backward / v / 2, backward / v / 2
+    w_total = backward / 2 if weight_grad is None else min(weight_grad, backward)
+    f, i, w = forward / v, (backward - w_total) / v, w_total / v
     if schedule in SINGLE_STAGE_SCHEDULES:
         bubble = (p - 1) * (forward + backward)
     elif schedule in ("Interleaved1F1B", "LoopedBFS"):
@@ -663,14 +665,9 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
     per_mb = sum(exposed_mb.values())
     rank_tensors = _tensor_count(params)
     host_mb, host_step = host_work_s(engine, layout, hw, rank_tensors)
-    forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3 + host_mb
-    # A GPU's host dispatches ahead of the device: a micro-batch whose kernels are shorter than their dispatch
-    # waits for the host (its forward and backward stretched alike); the wait shows as framework time.
     dispatch = dispatch_s(engine, layout, hw, layers, last, rank_tensors)
-    if dispatch > forward + backward:
-        host_mb += dispatch - (forward + backward)
-        forward, backward = (part * dispatch / (forward + backward) for part in (forward, backward))
-    pipeline = pipeline_time(layout.pp_schedule, layout.pp, chunks, m, forward, backward)
+    pipeline, forward, backward, host_mb = _pipeline_span(layout, chunks, fwd, bwd, recompute, per_mb, host_mb,
+                                                          dispatch)
     step_comm = (exposed(dp.with_first_forward, fwd.total, hw, tail=dp.with_first_forward / unit)
                  + exposed(dp.with_last_backward, bwd.total, hw, tail=dp.with_last_backward / unit) + dp.after_step)
     tensors = 1 if engine.name == "deepspeed" and layout.zero_stage >= 1 else rank_tensors
@@ -687,6 +684,22 @@ def _rank_step(spec, layout, engine, hw, peaks, groups, e, tokens, layers, first
              + opt["offload"] + host_step + copies.per_step)
     return StepTime(total, compute, comm, pipeline - m * (forward + backward), opt["optimizer"], opt["offload"],
                     _overlap(dp, hw, p2p_overlapped(layout, engine)))
+
+
+def _pipeline_span(layout, chunks: int, fwd: OpTime, bwd: OpTime, recompute: OpTime, per_mb: float, host_mb: float,
+                   dispatch: float) -> Tuple[float, float, float, float]:
+    """(pipeline time of the step's micro-batches, forward and backward of one, host time of one): the exposed
+    communication a third in the forward, two thirds in the backward with the recomputation and host work.
+    A GPU's host dispatches ahead of the device: a micro-batch whose kernels are shorter than their `dispatch`
+    waits for the host (its forward and backward stretched alike); the wait shows as framework time."""
+    forward, backward = fwd.total + per_mb / 3, bwd.total + recompute.total + 2 * per_mb / 3 + host_mb
+    weight_grad = bwd.gemm / 2  # the weight-gradient GEMMs: the same FLOPs as the input gradient's
+    if dispatch > forward + backward:
+        host_mb += dispatch - (forward + backward)
+        stretch = dispatch / (forward + backward)
+        forward, backward, weight_grad = forward * stretch, backward * stretch, weight_grad * stretch
+    pipeline = pipeline_time(layout.pp_schedule, layout.pp, chunks, layout.grad_accum, forward, backward, weight_grad)
+    return pipeline, forward, backward, host_mb
 
 
 def _compute_parts(m: int, fwd: OpTime, bwd: OpTime, recompute: OpTime, framework: float,

@@ -126,8 +126,8 @@ def test_tune_with_no_layout_admitted_runs_nothing_and_says_why(tmp_path, monkey
     started = []
     monkeypatch.setattr(tune_module, "sweep_measure", lambda results: lambda round_, name: started.append(name))
     code = tune_module.tune_main(["--global-batch", "64", "--top", "2", "model=llama3_1_405b", "cluster=gpu_h100_1x8",
-                                  "engine=fsdp", "layout.seq_len=8192", f"results_dir={tmp_path / 'results'}"])
+                                  "engine=deepspeed", "layout.seq_len=8192", f"results_dir={tmp_path / 'results'}"])
     err = capsys.readouterr().err
     assert code == 1 and err.startswith("harness tune: no layout fits: ") and started == []
-    assert "would run out of host memory" in err and "closest to fitting: " in err
+    assert "the host runs out of memory first" in err and "closest to fitting: " in err
     assert not (tmp_path / "config").exists() and not (tmp_path / "results").exists()

@@ -53,6 +53,8 @@ def run_config(model: str = "tiny_llama", hf_config: Dict[str, Any] = None, engi
     cluster_fields = dict(name="cpu", nodes=1, accelerators_per_node=2, accelerator="cpu",
                           memory_per_accelerator_gib=8.0)
     cluster_fields.update(cluster or {})
+    if cluster_fields["accelerator"] != "cpu":  # a GPU node's host (DGX H100: 2 TiB), unless the test names one
+        cluster_fields.setdefault("host_memory_gib", 2048.0)
     layout_fields = dict(dp_shard=2, zero_stage=2, micro_batch=2, seq_len=64)
     layout_fields.update(layout)
     return RunConfig(

@@ -60,6 +60,12 @@ def test_pipeline_bubbles_per_schedule():
     # with fewer micro-batches than stages there is nothing to fill the bubble with
     assert pipeline_time("ZBVZeroBubble", p, 2, 4, f, b) - 4 * (f + b) == pytest.approx((p - 1) * (f + b) / 2)
     assert pipeline_time("1F1B", 1, 1, m, f, b) == m * (f + b)
+    # W is the weight-gradient GEMMs alone: a recomputation (here 1.0 of the 2.0) belongs to I, before it
+    w = 0.5
+    assert pipeline_time("InterleavedZeroBubble", p, 1, m, f, b, w) - m * (f + b) == \
+        pytest.approx((p - 1) * (f + (b - w) - w))
+    assert pipeline_time("ZBVZeroBubble", p, 2, m, f, b, w) - m * (f + b) == \
+        pytest.approx((p - 1) * (f + (b - w) - 2 * w) / 2)
 
 
 def test_gemm_efficiency_falls_for_thin_shapes():
