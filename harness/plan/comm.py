@@ -46,18 +46,26 @@ def bus_bandwidth(kind: str, group: Group, hw: HardwareProfile) -> float:
     """Bus bandwidth (bytes/s per rank, as nccl-tests reports busbw) of a large collective over `group`.
 
     Within a node: the NVLink ring's, times NVLink SHARP's gain for an all-reduce over more than four ranks
-    where the switch has it. Across nodes: NCCL's channels cross the node boundary at different ranks, so the
-    node's traffic spreads over the NICs of every rank the group has there (one NIC per accelerator, at
-    NIC_EFFICIENCY of its rate), capped by the node's links; a group with one rank per node runs on one NIC
-    (hardware.py's table cites both measurements)."""
+    where the switch has it. Across nodes, a ring collective: NCCL's channels cross the node boundary at
+    different ranks, so the node's traffic spreads over the NICs of every rank the group has there (one NIC per
+    accelerator, at NIC_EFFICIENCY of its rate), capped by the node's links; a group with one rank per node runs
+    on one NIC (hardware.py's table cites both measurements). Traffic that is not forwarded around a ring
+    leaves on each rank's own NIC: a point-to-point transfer to a peer on another node, and an all-to-all's
+    share for the n - g ranks off the node (g ranks per node): each rank sends (n - g)/n of its buffer over
+    its NIC while the (g - 1)/n for its node mates moves over NVLink beside it, so its bus bandwidth (bytes x
+    (n - 1)/n over the time) is the NIC's x (n - 1)/(n - g)."""
     if group.nodes <= 1:
         gain = NVLS_ALL_REDUCE_GAIN.get(min(group.size, max(NVLS_ALL_REDUCE_GAIN)), 1.0) \
             if kind == "all_reduce" and hw.nvlink_sharp else 1.0
         return hw.intra_node_bandwidth * gain
     if not hw.nic_per_accelerator:
         return hw.inter_node_bandwidth
-    per_node = math.ceil(group.size / group.nodes)
-    return min(hw.intra_node_bandwidth, per_node * hw.inter_node_bandwidth * NIC_EFFICIENCY)
+    per_node, nic = math.ceil(group.size / group.nodes), hw.inter_node_bandwidth * NIC_EFFICIENCY
+    if kind == "p2p":
+        return nic
+    if kind == "all_to_all":
+        return min(hw.intra_node_bandwidth, nic * (group.size - 1) / max(1, group.size - per_node))
+    return min(hw.intra_node_bandwidth, per_node * nic)
 
 
 def _steps(kind: str, n: int) -> int:

@@ -41,6 +41,20 @@ def test_crossing_nodes_with_one_rank_per_node_costs_one_nic():
     assert collective_time("all_gather", 1 << 30, across, H100) > 5 * collective_time("all_gather", 1 << 30, inside, H100)
 
 
+def test_traffic_that_leaves_on_each_ranks_own_nic_is_not_spread_over_the_node():
+    # A send to a peer on another node, and an all-to-all's share for the ranks off the node, leave on the
+    # sender's NIC (50 GB/s at 90%): 1.12 GB of a 1.28 GB all-to-all over 64 ranks on 8 nodes takes 25 ms, besides
+    # its latency
+    nic = H100.inter_node_bandwidth * 0.9
+    big = 1.28e9
+    assert collective_time("all_to_all", big, Group(64, 8), H100) == pytest.approx(big * 56 / 64 / nic, rel=0.03)
+    assert collective_time("all_to_all", big, Group(16, 2), H100) == pytest.approx(big * 8 / 16 / nic, rel=0.02)
+    assert collective_time("p2p", big, Group(16, 2), H100) == pytest.approx(big / nic, rel=0.02)
+    # a ring collective forwards over NVLink and crosses the node at every rank it has there: 8 NICs
+    assert collective_time("all_gather", big, Group(16, 2), H100) == pytest.approx(big * 15 / 16 / (8 * nic),
+                                                                                     rel=0.05)
+
+
 def test_axis_groups_stay_inside_a_node_while_they_fit():
     assert axis_group(8, 1, 8) == Group(8, 1)  # tp 8 on one node
     assert axis_group(4, 8, 8) == Group(4, 4)  # dp over tp=8: one rank per node
