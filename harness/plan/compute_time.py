@@ -83,10 +83,15 @@ def layer_gemms(spec: ModelSpec, tokens: float, tp: int):
 
 
 def layer_gemm_blocks(spec: ModelSpec, tokens: float, tp: int):
-    """layer_gemms as (the attention block's GEMMs, the MLP's with a MoE router's)."""
+    """layer_gemms as (the attention block's GEMMs, the MLP's with a MoE router's). Multi-latent attention runs
+    its own matrices (ModelSpec.attention_matrices: a weight split on its output dim 0 or input dim 1 by tp,
+    else whole on every TP rank)."""
     h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_size
     q, kv = spec.num_heads * d // tp, spec.num_kv_heads * d // tp
     attn = [(tokens, h, q, 1), (tokens, h, kv, 2), (tokens, q, h, 1)]
+    if spec.attention_latent_norms and spec.attention_matrices:
+        attn = [(tokens, k / (tp if split == 1 else 1), n / (tp if split == 0 else 1), 1)
+                for k, n, split in spec.attention_matrices]
     routed = tokens * spec.experts_per_token if spec.is_moe else tokens
     first = 2 if spec.gated_mlp else 1
     mlp = [(routed, h, f // tp, first), (routed, f // tp, h, 1)]
@@ -137,8 +142,10 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
     scores, upcast, softmax, cast: ~14 bytes per score). Under context parallelism (`cp` > 1) the ring runs one
     kernel per step on the rank's seq_len / cp queries against one block of keys, each call paying the
     per-query-block cost of attention_kernel_efficiency again: the kernel sees sequences of seq_len / cp."""
-    heads, _, width, _ = spec.mean_attention()  # the layers' own heads where they differ
-    heads, full = heads / tp, 4.0 * width / tp * tokens * seq_len
+    heads, _, qk_width, v_width = spec.attention_dims()  # the layers' own heads where they differ
+    # TP splits the heads where it splits the attention block's matrices (DeepSeek-V3's plan leaves them whole)
+    tp = tp if not spec.attention_matrices or any(split is not None for *_, split in spec.attention_matrices) else 1
+    heads, full = heads / tp, 2.0 * (qk_width + v_width) / tp * tokens * seq_len
     if spec.attn_implementation == "eager":
         scores = heads * tokens * seq_len
         ops = EAGER_ATTENTION_OPS["backward" if backward else "forward"]
@@ -146,8 +153,12 @@ def attention_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_
         return one * (2.0 if backward else 1.0)
     efficiency = hw.attention_efficiency_flash if spec.attn_implementation == "flash_attention_2" \
         else hw.attention_efficiency_sdpa
-    rate = peak / hw.matmul_efficiency * efficiency * attention_kernel_efficiency(width / max(heads, 1e-9),
-                                                                                  seq_len // max(1, cp), hw)
+    # q, k and v share the kernel's head dim: values narrower than the queries' (multi-latent attention) are
+    # zero-padded to it, so the AV product runs at the useful share (qk + v) / 2 max(qk, v) of the kernel's rate
+    widest = max(qk_width, v_width)
+    useful = (qk_width + v_width) / (2 * widest) if widest else 1.0
+    rate = peak / hw.matmul_efficiency * efficiency * useful * attention_kernel_efficiency(
+        widest / max(heads * tp, 1e-9), seq_len // max(1, cp), hw)  # a head's width: TP splits heads, not dims
     sequence_heads = heads * tokens / seq_len
     per_head = hw.attention_backward_head_latency_s if backward else hw.attention_head_latency_s
     return (hw.op_latency_s + sequence_heads * per_head + unpad_pad_time(spec, tokens, tp, dtype_bytes, hw, backward)

@@ -172,6 +172,10 @@ class ModelSpec:
     # 0 for GPT-2's Conv1D projections; a transformers MoE MLP's routed experts are grouped tensors, not modules.
     linear_attention_share: float = 1.0
     linear_mlp_share: float = 1.0
+    # The attention block's trained nn.Linear weights as (in, out, TP-split dim of the (out, in) weight or None):
+    # the GEMMs multi-latent attention runs (its low-rank q / kv projections replicated over TP, the up-projections
+    # and output split), which the per-head formula of compute_time.layer_gemm_blocks does not describe.
+    attention_matrices: Tuple[Tuple[int, int, Optional[int]], ...] = ()
     attn_logit_softcapping: Optional[float] = None  # elementwise tanh: no matmul FLOPs
     final_logit_softcapping: Optional[float] = None
     tp_plan_source: str = "transformers"  # "transformers", "harness" (what transformers lacks) or "none"
@@ -237,6 +241,23 @@ class ModelSpec:
                     self.num_kv_heads * self.head_dim)
         mixers = self.layer_mixers or ("attention",) * len(self.attention_heads)
         rows = [(a, kv, a * d, kv * d) for (a, kv, d, _), mixer in zip(self.attention_shapes(), mixers, strict=True)
+                if mixer == "attention"] or [(0, 0, 0, 0)]
+        return tuple(sum(column) / len(rows) for column in zip(*rows))  # type: ignore[return-value]
+
+    @property
+    def moe_layer_share(self) -> float:
+        """The share of decoder layers holding routed experts (DeepSeek-V3's first 3 of 61 are dense)."""
+        if not self.layer_kinds or not self.layer_pattern:
+            return 1.0 if self.is_moe else 0.0
+        routed = [any(t.expert for t in kind) for kind in self.layer_kinds]
+        return sum(routed[i] for i in self.layer_pattern) / len(self.layer_pattern)
+
+    def attention_dims(self) -> Tuple[float, float, float, float]:
+        """(heads, kv heads, heads x QK^T dim, heads x AV dim) of a softmax-attention layer, means over the
+        attention layers: the products' own widths (multi-latent attention's 192-wide queries and keys against
+        128-wide values, where mean_attention gives the heads' rotary head_dim)."""
+        mixers = self.layer_mixers or ("attention",) * len(self.attention_shapes())
+        rows = [(a, kv, a * qd, a * vd) for (a, kv, qd, vd), mixer in zip(self.attention_shapes(), mixers, strict=True)
                 if mixer == "attention"] or [(0, 0, 0, 0)]
         return tuple(sum(column) / len(rows) for column in zip(*rows))  # type: ignore[return-value]
 
@@ -649,6 +670,14 @@ def _is_linear(row: Row) -> bool:
     return len(row) > 4 and bool(row[4])
 
 
+def _linear_fields(flags: Mapping[str, Any], experts: int, k: int) -> Dict[str, Any]:
+    """The spec's nn.Linear fields: each block's linear share and the attention block's matrices."""
+    return {"linear_attention_share": linear_share(flags["attention"], experts, k),
+            "linear_mlp_share": linear_share(flags["mlp"], experts, k),
+            "attention_matrices": tuple((int(r[1][1]), int(r[1][0]), r[2]) for r in flags["attention"]
+                                        if len(r[1]) == 2 and _is_linear(r) and not FORWARD_ONLY.search(r[0]))}
+
+
 def linear_share(rows: Sequence[Row], experts: int, k: int) -> float:
     """The share of a block's weight-matrix FLOPs per token that runs through nn.Linear modules: each matrix's
     active elements (a routed expert tensor's k of its E rows) weigh it, as each multiplies every token that
@@ -729,7 +758,7 @@ def model_spec_from_shape(name: str, shape: Mapping[str, Any]) -> ModelSpec:
         embedding_dropout=f["embedding_dropout"], activation=f["activation"],
         attn_implementation=f["attn_implementation"],
         attention_params=sum(_numel(r[1]) for r in flags["attention"]), expert_params=expert,
-        **{f"linear_{part}_share": linear_share(flags[part], layer.routed_experts, k) for part in ("attention", "mlp")},
+        **_linear_fields(flags, layer.routed_experts, k),
         router_params=router, norm_params=sum(_numel(r[1]) for r in flags["norms"]),
         layer_params=layer.total, active_layer_params=layer.active, embedding_params=embedding,
         lm_head_params=lm_head, final_norm_params=final_norm, total_params=total,

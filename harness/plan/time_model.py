@@ -263,14 +263,33 @@ def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last
     activation = tokens * h * e
     tp, tp_step = tp_comm(spec, layout, engine, hw, groups.tp, activation, tokens, layers, first, last) \
         if layout.tp > 1 else (0.0, 0.0)
-    kv = tokens * 2 * spec.num_kv_heads * spec.head_dim / layout.tp * e
-    # ring attention passes K and V cp-1 times forward, K, V and their gradients back (Liu et al. 2023)
-    cp = layers * 3 * (layout.cp - 1) * collective_time("p2p", kv, groups.cp, hw) if layout.cp > 1 else 0.0
+    _, kv_heads, qk, v = spec.attention_dims()
+    kv = tokens * kv_heads * (qk + v) / max(1.0, spec.attention_dims()[0]) / layout.tp * e  # a block of K and V
+    # ring attention passes K and V cp-1 times forward, K, V and their gradients back (Liu et al. 2023); a
+    # recomputed attention (full checkpointing, Megatron's selective) passes them again
+    reruns = recomputed_collectives(layout, engine)
+    cp = (layers * (3 + reruns["attention"]) * (layout.cp - 1) * collective_time("p2p", kv, groups.cp, hw)
+          if layout.cp > 1 else 0.0)
+    # dispatch and combine, forward and backward (and the forward's again when the layer is recomputed), on the
+    # layers with routed experts
     routed = tokens * spec.experts_per_token * h * e
-    ep = layers * 4 * collective_time("all_to_all", routed, groups.ep, hw) if layout.ep > 1 and spec.is_moe else 0.0
+    ep = (layers * spec.moe_layer_share * (4 + 2 * reruns["layer"]) * collective_time("all_to_all", routed, groups.ep,
+                                                                                         hw)
+          if layout.ep > 1 and spec.is_moe else 0.0)
     pp = pipeline_p2p(layout, engine, hw, groups.pp, activation)
     return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "tp_step": tp_step,
             "pp_step": loss_broadcast_time(engine, layout, hw, groups.pp)}
+
+
+def recomputed_collectives(layout: Any, engine: Any) -> Dict[str, int]:
+    """Which forward collectives a checkpointed layer issues again in its recomputation: the whole layer's
+    under full checkpointing ("layer": expert dispatch, context-parallel ring); the attention's alone under
+    Megatron's selective recomputation of the attention core ("attention"); none under the torch engines'
+    selective policy, which keeps the attention and router outputs (tensor-parallel collectives: tp_comm)."""
+    full = layout.activation_checkpointing == "full"
+    core = layout.activation_checkpointing == "selective" and ENGINE_SUPPORT[engine.name].activation_profile \
+        == "megatron"
+    return {"layer": int(full), "attention": int(full or core)}
 
 
 def pipeline_p2p(layout: Any, engine: Any, hw: HardwareProfile, group: Group, activation: float) -> float:

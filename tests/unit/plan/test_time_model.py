@@ -179,3 +179,19 @@ def test_selective_recomputation_reruns_what_each_engine_drops():
     # a forward's share of each: the elementwise work for nd, the attention for Megatron-LM
     assert 0 < nd.time.compute_s["recompute"] < nd.time.compute_s["elementwise"]
     assert 0 < megatron.time.compute_s["recompute"] < megatron.time.compute_s["attention"]
+
+
+def test_a_recomputed_layer_issues_its_expert_dispatch_and_context_ring_again():
+    # Mixtral over 8 expert ranks; Llama 8B over a context ring of 8: full checkpointing reruns the forward's
+    # all-to-alls (4 -> 6 a layer) and ring passes (3 -> 4 a step); Megatron's selective recomputation of the
+    # attention core reruns the ring alone
+    moe = dict(model="mixtral_8x7b", engine=dict(name="megatron_lm", sequence_parallel=True), cluster=H100_8X8,
+               dp_shard=64, ep=8, zero_stage=1, seq_len=4096, micro_batch=1)
+    none, full = (make_plan(run_config(activation_checkpointing=c, **moe)).time.comm_s["ep"]["total"]
+                  for c in ("none", "full"))
+    assert full == pytest.approx(none * 6 / 4)
+    ring = dict(model="llama3_1_8b", engine=dict(name="megatron_lm"), cluster=H100_8X8, dp_shard=8, cp=8,
+                zero_stage=1, seq_len=32768, micro_batch=1)
+    none, full, core = (make_plan(run_config(activation_checkpointing=c, **ring)).time.comm_s["cp"]["total"]
+                        for c in ("none", "full", "selective"))
+    assert full == pytest.approx(none * 4 / 3) and core == pytest.approx(full)
