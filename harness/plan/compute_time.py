@@ -43,6 +43,33 @@ def gemm_time(m: float, k: float, n: float, dtype_bytes: int, hw: HardwareProfil
     return hw.op_latency_s + max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
 
 
+def grouped_gemm_time(groups: float, m: float, k: float, n: float, dtype_bytes: int, hw: HardwareProfile,
+                      peak: float) -> float:
+    """`groups` products (m x k) @ (k x n) in one grouped kernel (a MoE layer's experts: torch's _grouped_mm in
+    transformers, Megatron's grouped GEMM): gemm_time's roofline with one launch, the waves of every group's
+    tiles together, each group's own shape (a few rows per expert run far below a full GEMM's rate) and every
+    group's operands read (each expert's weights once)."""
+    if groups <= 1:
+        return gemm_time(m, k, n, dtype_bytes, hw, peak)
+    flops = 2.0 * groups * m * k * n
+    moved = groups * dtype_bytes * (m * k + k * n + m * n)
+    compute = flops / (peak * grouped_wave_efficiency(groups, m, n, hw.sm_count) * shape_efficiency(m, k, n, hw))
+    return hw.op_latency_s + max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+
+
+@lru_cache(maxsize=1 << 14)
+def grouped_wave_efficiency(groups: float, m: float, n: float, sms: int) -> float:
+    """wave_efficiency for `groups` outputs of m x n tiled together (no split-K: each group's reduction is its
+    own), the best tile: the blocks of all groups run in waves of one per SM."""
+    if not sms:
+        return 1.0
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        blocks = groups * math.ceil(m / tm) * math.ceil(n / tn)
+        best = max(best, groups * m * n / (math.ceil(blocks / sms) * sms * tm * tn))
+    return min(1.0, best)
+
+
 def shape_efficiency(m: float, k: float, n: float, hw: HardwareProfile) -> float:
     """What a GEMM keeps of the full-wave rate at its smallest dimension d: d / (d + D), D the profile's
     gemm_half_rate_dim (hardware.py cites the measurement). A thin operand gives each tile fewer products per
@@ -83,9 +110,10 @@ def layer_gemms(spec: ModelSpec, tokens: float, tp: int):
 
 
 def layer_gemm_blocks(spec: ModelSpec, tokens: float, tp: int):
-    """layer_gemms as (the attention block's GEMMs, the MLP's with a MoE router's). Multi-latent attention runs
-    its own matrices (ModelSpec.attention_matrices: a weight split on its output dim 0 or input dim 1 by tp,
-    else whole on every TP rank)."""
+    """layer_gemms as (the attention block's GEMMs, the MLP's). Multi-latent attention runs its own matrices
+    (ModelSpec.attention_matrices: a weight split on its output dim 0 or input dim 1 by tp, else whole on every
+    TP rank). A MoE layer's MLP: first the routed experts' two products over all k x tokens rows (one expert's
+    matrices; ROUTED_ROWS of them, run as grouped GEMMs by layer_time), then its shared experts' and its router."""
     h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_size
     q, kv = spec.num_heads * d // tp, spec.num_kv_heads * d // tp
     attn = [(tokens, h, q, 1), (tokens, h, kv, 2), (tokens, q, h, 1)]
@@ -95,9 +123,14 @@ def layer_gemm_blocks(spec: ModelSpec, tokens: float, tp: int):
     routed = tokens * spec.experts_per_token if spec.is_moe else tokens
     first = 2 if spec.gated_mlp else 1
     mlp = [(routed, h, f // tp, first), (routed, f // tp, h, 1)]
+    if spec.is_moe and spec.shared_ffn_size:
+        mlp += [(tokens, h, spec.shared_ffn_size // tp, first), (tokens, spec.shared_ffn_size // tp, h, 1)]
     if spec.is_moe:
         mlp.append((tokens, h, spec.num_experts, 1))  # router
     return attn, mlp
+
+
+ROUTED_ROWS = 2  # layer_gemm_blocks' routed-expert rows, first in a MoE layer's MLP
 
 
 # Kernels one layer of transformers' Llama-family code issues besides its GEMMs and attention, counted with
@@ -229,7 +262,8 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
 @lru_cache(maxsize=1 << 16)
 def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
                peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0, cp: int = 1,
-               autocast_fp32: bool = False, fp8_shares: Tuple[float, float] = (1.0, 1.0), sp: bool = False) -> OpTime:
+               autocast_fp32: bool = False, fp8_shares: Tuple[float, float] = (1.0, 1.0), sp: bool = False,
+               ep: int = 1) -> OpTime:
     """One decoder layer on one rank for one micro-batch of `tokens` local tokens: forward, or backward
     (two GEMMs per weight GEMM, one for the input gradient and one for the weight gradient; twice the
     elementwise traffic). `compiled`: the block runs under torch.compile. `fp8_speedup` > 1: the weight
@@ -237,14 +271,23 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
     (harness.plan.regime): `fp8_shares` of the attention block's and of the MLP's (regime.fp8_converted_shares);
     the rest, attention and the elementwise chain stay in the compute precision.
     `autocast_fp32`: bf16 autocast over fp32 weights, its counted traffic and weight casts (harness.plan.regime).
-    `sp`: sequence parallelism, whose norms and residual adds run on 1 / tp of the tokens."""
+    `sp`: sequence parallelism, whose norms and residual adds run on 1 / tp of the tokens. `ep`: the expert-
+    parallel degree, which sets how many experts a rank's grouped expert GEMMs run (num_experts / ep)."""
     fp8 = fp8_speedup != 1.0
     blocks = layer_gemm_blocks(spec, tokens, tp)
 
+    # a MoE layer's local experts (num_experts / ep) share its routed rows evenly (balanced routing)
+    local = spec.num_experts / max(1, ep) if spec.is_moe else 1
+
     def gemms_time(rows, nbytes: int, rate: float) -> float:
         # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n)
-        return sum(count * (gemm_time(m, n, k, nbytes, hw, rate) + gemm_time(k, m, n, nbytes, hw, rate)
-                            if backward else gemm_time(m, k, n, nbytes, hw, rate)) for m, k, n, count in rows)
+        total = 0.0
+        for index, (m, k, n, count) in enumerate(rows):
+            g = local if rows is blocks[1] and index < ROUTED_ROWS else 1
+            m /= g
+            total += count * (grouped_gemm_time(g, m, n, k, nbytes, hw, rate) + grouped_gemm_time(
+                g, k, m, n, nbytes, hw, rate) if backward else grouped_gemm_time(g, m, k, n, nbytes, hw, rate))
+        return total
 
     def block_time(rows, fp8_share: float) -> float:  # its FP8 share at the FP8 rate, the rest as computed
         converted = fp8_share * gemms_time(rows, 1, peak * fp8_speedup) if fp8_share else 0.0

@@ -234,9 +234,11 @@ def _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, firs
     fused, autocast = fused_elementwise(engine), autocast_over_fp32_weights(engine.name, layout)
     shares, sp = fp8_converted_shares(spec, engine.name), bool(engine.sequence_parallel) and tp > 1
     fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=fused,
-                     fp8_speedup=fp8_speedup, cp=layout.cp, autocast_fp32=autocast, fp8_shares=shares, sp=sp)
+                     fp8_speedup=fp8_speedup, cp=layout.cp, autocast_fp32=autocast, fp8_shares=shares, sp=sp,
+                     ep=layout.ep)
     bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=fused,
-                     fp8_speedup=fp8_speedup, cp=layout.cp, autocast_fp32=autocast, fp8_shares=shares, sp=sp)
+                     fp8_speedup=fp8_speedup, cp=layout.cp, autocast_fp32=autocast, fp8_shares=shares, sp=sp,
+                     ep=layout.ep)
     vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
     outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last, autocast)
     # Weight-shared stacks (HRM, pp = 1): every run is a forward, the runs with gradient a backward and a recompute

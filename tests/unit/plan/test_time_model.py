@@ -195,3 +195,22 @@ def test_a_recomputed_layer_issues_its_expert_dispatch_and_context_ring_again():
     none, full, core = (make_plan(run_config(activation_checkpointing=c, **ring)).time.comm_s["cp"]["total"]
                         for c in ("none", "full", "selective"))
     assert full == pytest.approx(none * 4 / 3) and core == pytest.approx(full)
+
+
+def test_routed_experts_run_as_grouped_gemms_of_their_own_rows():
+    from harness.config.compose import compose_run_config
+    from harness.plan.compute_time import gemm_time, grouped_gemm_time, layer_time
+    from harness.plan.planner import spec_for
+
+    peak = achievable_peak(H100, "h100_sxm", "bf16")
+    # never faster than one GEMM of all the rows; 256 experts of 128 rows each read their weights: memory-bound
+    assert grouped_gemm_time(256, 128, 7168, 2048, 2, H100, peak) >= gemm_time(256 * 128, 7168, 2048, 2, H100, peak)
+    weights = 256 * 7168 * 2048 * 2
+    assert grouped_gemm_time(256, 128, 7168, 2048, 2, H100, peak) >= weights / (H100.memory_bandwidth * 0.9)
+    # Mixtral's 8 experts on one rank get an eighth of the rows each; spread over 8 expert ranks, one expert all
+    mixtral = spec_for(compose_run_config(["model=mixtral_8x7b"]).model)
+    one, eight = (layer_time(mixtral, 4096, 4096, 1, 2, H100, peak, backward=False, ep=ep).gemm for ep in (8, 1))
+    assert eight > one
+    # DeepSeek-V3's shared expert is timed beside its routed ones
+    ds = spec_for(compose_run_config(["model=deepseek_v3"]).model)
+    assert ds.shared_ffn_size == 2048
