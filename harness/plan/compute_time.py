@@ -263,7 +263,7 @@ def mixer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, peak: floa
 def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_bytes: int, hw: HardwareProfile,
                peak: float, backward: bool, compiled: bool = False, fp8_speedup: float = 1.0, cp: int = 1,
                autocast_fp32: bool = False, fp8_shares: Tuple[float, float] = (1.0, 1.0), sp: bool = False,
-               ep: int = 1) -> OpTime:
+               ep: int = 1, fp8_delayed_scaling: bool = False) -> OpTime:
     """One decoder layer on one rank for one micro-batch of `tokens` local tokens: forward, or backward
     (two GEMMs per weight GEMM, one for the input gradient and one for the weight gradient; twice the
     elementwise traffic). `compiled`: the block runs under torch.compile. `fp8_speedup` > 1: the weight
@@ -272,7 +272,8 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
     the rest, attention and the elementwise chain stay in the compute precision.
     `autocast_fp32`: bf16 autocast over fp32 weights, its counted traffic and weight casts (harness.plan.regime).
     `sp`: sequence parallelism, whose norms and residual adds run on 1 / tp of the tokens. `ep`: the expert-
-    parallel degree, which sets how many experts a rank's grouped expert GEMMs run (num_experts / ep)."""
+    parallel degree, which sets how many experts a rank's grouped expert GEMMs run (num_experts / ep).
+    `fp8_delayed_scaling`: Transformer Engine's FP8 casts (regime.fp8_cast_bytes)."""
     fp8 = fp8_speedup != 1.0
     blocks = layer_gemm_blocks(spec, tokens, tp)
 
@@ -314,8 +315,8 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
     for rows, share in zip(blocks, shares):
         if share:
             casts = sum(count for *_, count in rows) * (3 if backward else 2)
-            elementwise += share * streaming_time(fp8_cast_bytes(rows, dtype_bytes, backward), 0 if compiled else casts,
-                                                  hw)
+            moved = fp8_cast_bytes(rows, dtype_bytes, backward, fp8_delayed_scaling)
+            elementwise += share * streaming_time(moved, 0 if compiled else casts, hw)
     return OpTime(gemm, attention, elementwise)
 
 

@@ -15,7 +15,8 @@ from harness.plan.conventions import (COMPUTE_BYTES, DEEPSPEED_BUCKET_NUMEL, DEE
 from harness.plan.engine_factors import scaled
 from harness.plan.hardware import NCCL_COLLECTIVE_CTAS, NCCL_P2P_CTAS, HardwareProfile
 from harness.plan.host_work import dispatch_s, host_work_s
-from harness.plan.regime import autocast_over_fp32_weights, fp8_converted_shares, fused_elementwise
+from harness.plan.regime import (DELAYED_SCALING_ENGINES, autocast_over_fp32_weights, fp8_converted_shares,
+                                 fused_elementwise)
 from harness.plan.model_spec import ModelSpec, param_tensors
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.resharding import reshard_after_forward
@@ -232,13 +233,11 @@ def _microbatch_compute(spec, layout, engine, hw, peaks, e, tokens, layers, firs
     FLOP/s, the FP8 GEMM speedup)."""
     tp, (peak, fp8_speedup) = layout.tp, peaks
     fused, autocast = fused_elementwise(engine), autocast_over_fp32_weights(engine.name, layout)
-    shares, sp = fp8_converted_shares(spec, engine.name), bool(engine.sequence_parallel) and tp > 1
-    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, compiled=fused,
-                     fp8_speedup=fp8_speedup, cp=layout.cp, autocast_fp32=autocast, fp8_shares=shares, sp=sp,
-                     ep=layout.ep)
-    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, compiled=fused,
-                     fp8_speedup=fp8_speedup, cp=layout.cp, autocast_fp32=autocast, fp8_shares=shares, sp=sp,
-                     ep=layout.ep)
+    regime = dict(compiled=fused, fp8_speedup=fp8_speedup, cp=layout.cp, autocast_fp32=autocast,
+                  fp8_shares=fp8_converted_shares(spec, engine.name), sp=bool(engine.sequence_parallel) and tp > 1,
+                  ep=layout.ep, fp8_delayed_scaling=engine.name in DELAYED_SCALING_ENGINES)
+    fwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=False, **regime)
+    bwd = layer_time(spec, tokens, layout.seq_len, tp, e, hw, peak, backward=True, **regime)
     vocab_split = ENGINE_SUPPORT[engine.name].tp_shards_vocab[1]
     outside = outside_time(spec, tokens, tp, vocab_split, e, hw, peak, first, last, autocast)
     # Weight-shared stacks (HRM, pp = 1): every run is a forward, the runs with gradient a backward and a recompute

@@ -247,3 +247,16 @@ def test_mixtral_fp8_on_nd_speeds_up_attention_projections_only_and_says_so():
     te_bf16 = make_plan(run_config(precision="bf16", **{**fields, "engine": dict(name="megatron_lm"),
                                                         "zero_stage": 1}))
     assert te.time.compute_s["gemm"] < 0.6 * te_bf16.time.compute_s["gemm"]
+
+
+def test_transformer_engines_fp8_casts_fuse_their_amax_and_cast_weights_once_a_step():
+    from harness.plan.regime import fp8_cast_bytes
+
+    rows = [(8192, 8192, 1024, 1)]  # (m x k) @ (k x n)
+    torchao = fp8_cast_bytes(rows, 2, backward=True)
+    te = fp8_cast_bytes(rows, 2, backward=True, delayed_scaling=True)
+    assert torchao == 5 * (8192 * 8192 + 8192 * 1024 + 8192 * 1024)  # amax pass + cast, weights every time
+    assert te == 3 * (8192 * 8192 + 8192 * 1024)  # cast with its amax, activations and gradients
+    megatron = fp8_plan("megatron_lm").time.compute_s["elementwise"]
+    nd = fp8_plan("nd", compile=False, zero_stage=3).time.compute_s["elementwise"]
+    assert megatron < nd
