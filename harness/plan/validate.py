@@ -105,9 +105,10 @@ def check_tensor_parallel(tp: int, sequence_parallel: bool, loss_parallel: bool,
         if sequence_parallel or loss_parallel:
             return (), ("engine.sequence_parallel / engine.loss_parallel have no effect with tp=1",)
         return OK
-    errors = [f"tp={tp} must divide {field}={value}" for field, value in (
-        ("num_attention_heads", heads), ("num_key_value_heads", kv_heads), ("intermediate_size", ffn))
-        if value % tp]
+    fields = [("num_attention_heads", heads), ("intermediate_size", ffn)]
+    if kv_heads != heads:  # grouped-query attention's own count (a multi-head model has no such field)
+        fields.insert(1, ("num_key_value_heads", kv_heads))
+    errors = [f"tp={tp} must divide {field}={value}" for field, value in fields if value % tp]
     warnings = [f"tp={tp} does not divide vocab_size={vocab}: vocabulary shards are padded or uneven"] \
         if vocab % tp else []
     return tuple(errors), tuple(warnings)

@@ -82,7 +82,7 @@ CASES = [
     ("grad accum 0", ["plan", "layout.grad_accum=0"], "layout.grad_accum"),
     ("seq len 0", ["plan", "layout.seq_len=0"], "layout.seq_len"),
     ("virtual stages 0", ["plan", "layout.pp_virtual_stages=0"], "layout.pp_virtual_stages"),
-    ("empty pipeline stage", ["plan", "layout.pp_stage_layers=[0,2]"], "layout.pp_stage_layers[0]"),
+    ("negative pipeline stage", ["plan", "layout.pp_stage_layers=[-1,3]"], "layout.pp_stage_layers[0]"),
     ("world size mismatch", ["plan", "layout.dp_shard=4"], "dp_shard=4"),
     ("vocab size 0", ["run", "model.hf_config.vocab_size=0"], "model.hf_config.vocab_size"),
     ("negative layers", ["plan", "model.hf_config.num_hidden_layers=-2"], "model.hf_config.num_hidden_layers"),

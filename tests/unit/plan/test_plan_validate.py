@@ -198,3 +198,14 @@ def test_cpu_presets_are_valid(engine):
     cfg = RunConfig(model=ModelConfig(**model), engine=engine_config(name=engine), layout=LayoutConfig(**layout),
                     cluster=ClusterConfig(**cluster))
     assert check(cfg)[0] == []
+
+
+def test_an_end_stage_may_hold_no_layer_from_the_command_line_as_the_pipeline_rule_says():
+    # The embedding alone on the first stage (the NeMo 405B layouts' empty stages; nd runs it on the CPU stand-in)
+    from harness.config.compose import compose_run_config
+    from harness.plan.planner import make_plan
+
+    plan = make_plan(compose_run_config(["recipes=cpu_nd_pp2", "layout.pp_stage_layers=[0,2]"]))
+    assert plan.valid, plan.errors
+    middle = make_plan(compose_run_config(["recipes=cpu_nd_pp2", "layout.pp=2", "layout.pp_stage_layers=[2,0]"]))
+    assert middle.valid
