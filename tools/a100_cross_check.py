@@ -15,6 +15,11 @@ on, never a test): what `make_plan` predicts for their layouts on the nearest ha
    harness's engines: the rows print as megatron_lm (fused elementwise work) and as fsdp (unfused), with
    cluster.attention_kernel=flash_attention_1.
 
+3. Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B", sec. 2.4: 60.1, 50.2 and
+   44.4 s an iteration at a global batch of 1,920 sequences of 2,048 on 280, 350 and 420 DGX A100 nodes (Selene);
+   TP8 x PP35 (105 layers, hidden 20,480, 128 heads), micro-batch 1, full activation checkpointing, no sequence
+   parallelism (Megatron-DeepSpeed of 2021). Printed as the harness's Megatron-LM export without sequence parallelism.
+
 Usage: .venv/bin/python tools/a100_cross_check.py (part of `make bench`)
 """
 
@@ -27,6 +32,8 @@ NEMO = [("gpt3-5b", 4096, 32, 24, 8 * n, 1, 1, "none", 2, 2048, t)
         for n, t in zip((1, 2, 4, 8, 16, 32), (40345, 79815, 161754, 312774, 659481, 1159288))]
 NEMO += [("gpt3-175b", 12288, 96, 96, 8 * n, 8, 8, "selective", 2, 2048, t)
          for n, t in zip((8, 16, 32, 64, 128), (7500, 14950, 29537, 58211, 109684))]
+MTNLG = [("mt-nlg-530b", 20480, 128, 105, 8 * n, 8, 35, "full", 1, 1920, 1920 * 2048 / t)
+         for n, t in zip((280, 350, 420), (60.1, 50.2, 44.4))]
 FLASH = [("gpt3-125m", 768, 12, 12, 8, 1, 1, "none", 32, 256, 1310e3),
          ("gpt3-355m", 1024, 16, 24, 8, 1, 1, "none", 32, 256, 503e3),
          ("gpt3-760m", 1536, 16, 24, 8, 1, 1, "none", 16, 256, 245e3),
@@ -34,7 +41,8 @@ FLASH = [("gpt3-125m", 768, 12, 12, 8, 1, 1, "none", 32, 256, 1310e3),
          ("gpt3-2.7b", 2560, 20, 32, 8, 1, 1, "none", 4, 512, 85e3)]
 
 
-def config(row, engine: str, attention: str, dropout: float, kernel: str, vocab: int) -> RunConfig:
+def config(row, engine: str, attention: str, dropout: float, kernel: str, vocab: int,
+           sequence_parallel: bool = True) -> RunConfig:
     name, hidden, heads, layers, gpus, tp, pp, recompute, micro, gbs, _ = row
     hf = dict(model_type="gpt2", n_embd=hidden, n_head=heads, n_layer=layers, n_positions=2048, vocab_size=vocab,
               tie_word_embeddings=True, activation_function="gelu", attn_implementation=attention,
@@ -46,16 +54,17 @@ def config(row, engine: str, attention: str, dropout: float, kernel: str, vocab:
     cluster = ClusterConfig(name="a100_sxm", nodes=max(1, gpus // 8), accelerators_per_node=min(8, gpus),
                             accelerator="a100_sxm", host_memory_gib=2048, attention_kernel=kernel)
     launcher = LauncherConfig(backend="slurm", exclusive=True, time_limit="02:00:00") if gpus > 8 else LauncherConfig()
-    eng = (engine_config("megatron_lm", sequence_parallel=tp > 1) if engine == "megatron_lm"
+    eng = (engine_config("megatron_lm", sequence_parallel=sequence_parallel and tp > 1) if engine == "megatron_lm"
            else engine_config("fsdp", fsdp_version=2))
     return RunConfig(model=ModelConfig(name=name, hf_config=hf), engine=eng, layout=layout, cluster=cluster,
                      launcher=launcher, bench=BenchConfig(flop_attention="full", flop_include_lm_head=True))
 
 
-def report(title: str, rows, engine: str, attention: str, dropout: float, kernel: str, vocab: int) -> None:
+def report(title: str, rows, engine: str, attention: str, dropout: float, kernel: str, vocab: int,
+           sequence_parallel: bool = True) -> None:
     print(f"\n{title}")
     for row in rows:
-        plan = make_plan(config(row, engine, attention, dropout, kernel, vocab))
+        plan = make_plan(config(row, engine, attention, dropout, kernel, vocab, sequence_parallel))
         measured = row[-1] / row[4]
         predicted = plan.tokens_per_s / plan.world_size
         print(f"  {row[0]:10} gpus={row[4]:<5} measured {measured:8.0f}  predicted {predicted:8.0f}  "
@@ -66,6 +75,8 @@ if __name__ == "__main__":
     report("NeMo-Megatron-Launcher 2022, DGX A100 80GB, as the harness's Megatron-LM export (tokens/s per GPU)",
            NEMO, "megatron_lm", "sdpa", 0.0, "flash_attention_2", 50257)
     report("the same, eager attention and dropout 0.1", NEMO, "megatron_lm", "eager", 0.1, "flash_attention_2", 50257)
+    report("Megatron-Turing NLG 530B 2021, DGX A100, as the Megatron-LM export without sequence parallelism",
+           MTNLG, "megatron_lm", "sdpa", 0.0, "flash_attention_2", 50272, sequence_parallel=False)
     for engine in ("megatron_lm", "fsdp"):
         report(f"flash-attention's GPT3 trainer, 8 x A100 80GB, FlashAttention v1, as {engine}",
                FLASH, engine, "sdpa", 0.0, "flash_attention_1", 50264)
