@@ -37,9 +37,16 @@ def gemm_time(m: float, k: float, n: float, dtype_bytes: int, hw: HardwareProfil
     its shape's fall) and the achievable memory bandwidth (Williams et al. 2009), plus the per-op latency;
     efficiency falls for thin shapes because their bytes per FLOP grow, and for tiny ones because the latency
     dominates."""
-    flops = 2.0 * m * k * n
-    moved = dtype_bytes * (m * k + k * n + m * n)
-    compute = flops / (peak * wave_efficiency(m, k, n, hw.sm_count) * shape_efficiency(m, k, n, hw))
+    return _roofline(1, m, k, n, dtype_bytes, hw, peak * wave_efficiency(m, k, n, hw.sm_count))
+
+
+def _roofline(groups: float, m: float, k: float, n: float, dtype_bytes: int, hw: HardwareProfile,
+              rate: float) -> float:
+    """One kernel running `groups` (m x k) @ (k x n) products at `rate` FLOP/s less their shape's fall, or at the
+    memory bandwidth its operands need, whichever is slower, plus its launch."""
+    flops = 2.0 * groups * m * k * n
+    moved = groups * dtype_bytes * (m * k + k * n + m * n)
+    compute = flops / (rate * shape_efficiency(m, k, n, hw))
     return hw.op_latency_s + max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
 
 
@@ -51,10 +58,7 @@ def grouped_gemm_time(groups: float, m: float, k: float, n: float, dtype_bytes: 
     group's operands read (each expert's weights once)."""
     if groups <= 1:
         return gemm_time(m, k, n, dtype_bytes, hw, peak)
-    flops = 2.0 * groups * m * k * n
-    moved = groups * dtype_bytes * (m * k + k * n + m * n)
-    compute = flops / (peak * grouped_wave_efficiency(groups, m, n, hw.sm_count) * shape_efficiency(m, k, n, hw))
-    return hw.op_latency_s + max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+    return _roofline(groups, m, k, n, dtype_bytes, hw, peak * grouped_wave_efficiency(groups, m, n, hw.sm_count))
 
 
 @lru_cache(maxsize=1 << 14)
@@ -275,20 +279,17 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
     parallel degree, which sets how many experts a rank's grouped expert GEMMs run (num_experts / ep).
     `fp8_delayed_scaling`: Transformer Engine's FP8 casts (regime.fp8_cast_bytes)."""
     fp8 = fp8_speedup != 1.0
-    blocks = layer_gemm_blocks(spec, tokens, tp)
-
+    attention_rows, mlp_rows = layer_gemm_blocks(spec, tokens, tp)
     # a MoE layer's local experts (num_experts / ep) share its routed rows evenly (balanced routing)
     local = spec.num_experts / max(1, ep) if spec.is_moe else 1
+    blocks = ([(1, row) for row in attention_rows],
+              [(local if spec.is_moe and index < ROUTED_ROWS else 1, row) for index, row in enumerate(mlp_rows)])
 
     def gemms_time(rows, nbytes: int, rate: float) -> float:
-        # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n)
-        total = 0.0
-        for index, (m, k, n, count) in enumerate(rows):
-            g = local if rows is blocks[1] and index < ROUTED_ROWS else 1
-            m /= g
-            total += count * (grouped_gemm_time(g, m, n, k, nbytes, hw, rate) + grouped_gemm_time(
-                g, k, m, n, nbytes, hw, rate) if backward else grouped_gemm_time(g, m, k, n, nbytes, hw, rate))
-        return total
+        # backward: the input gradient (m x n) @ (n x k) and the weight gradient (k x m) @ (m x n), per group
+        return sum(count * (grouped_gemm_time(g, m / g, n, k, nbytes, hw, rate) + grouped_gemm_time(
+            g, k, m / g, n, nbytes, hw, rate) if backward else grouped_gemm_time(g, m / g, k, n, nbytes, hw, rate))
+            for g, (m, k, n, count) in rows)
 
     def block_time(rows, fp8_share: float) -> float:  # its FP8 share at the FP8 rate, the rest as computed
         converted = fp8_share * gemms_time(rows, 1, peak * fp8_speedup) if fp8_share else 0.0
@@ -312,7 +313,7 @@ def layer_time(spec: ModelSpec, tokens: float, seq_len: int, tp: int, dtype_byte
         ops, moved = LAYER_ELEMENTWISE_OPS[direction], layer_elementwise_bytes(spec, tokens, tp, dtype_bytes, sp)
         moved *= 2 if backward else 1
     elementwise = streaming_time(moved, ops, hw)
-    for rows, share in zip(blocks, shares):
+    for rows, share in zip((attention_rows, mlp_rows), shares):
         if share:
             casts = sum(count for *_, count in rows) * (3 if backward else 2)
             moved = fp8_cast_bytes(rows, dtype_bytes, backward, fp8_delayed_scaling)
