@@ -4,7 +4,7 @@ what of it is exposed, pipeline bubble, optimizer and offload traffic."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from harness.plan.pipeline import SINGLE_STAGE_SCHEDULES, SPLIT_BACKWARD, V_SCHEDULES, rank_stages
@@ -160,8 +160,18 @@ def predict_step_time(spec: ModelSpec, layout: Any, engine: Any, hw: HardwarePro
         if best is None or step.step_time_s > best.step_time_s:
             best = step
     assert best is not None
-    stalls = straggler_stretch(layout, engine, hw)
-    return scaled(time_sliced(best, ranks_per_core(layout, hw) * stalls), hw.engine_factors.get(engine.name))
+    return scaled(with_straggler_wait(time_sliced(best, ranks_per_core(layout, hw)),
+                                      straggler_stretch(layout, engine, hw)), hw.engine_factors.get(engine.name))
+
+
+def with_straggler_wait(step: StepTime, stretch: float) -> StepTime:
+    """The step stretched by `stretch` (straggler_stretch), the wait shown as its own part ("stragglers" beside
+    the compute classes): the ranks' own work does not grow with their number, the time they wait for another
+    rank's stall does."""
+    if stretch == 1.0:
+        return step
+    wait = step.step_time_s * (stretch - 1.0)
+    return replace(step, step_time_s=step.step_time_s + wait, compute_s={**step.compute_s, "stragglers": wait})
 
 
 def lockstep_ranks(layout: Any, engine: Any) -> int:
