@@ -37,3 +37,16 @@ def test_multi_latent_attention_runs_its_own_matrices_and_product_widths():
     assert spec.attention_matrices == ((7168, 1536, None), (1536, 24576, None), (7168, 576, None),
                                        (512, 32768, None), (16384, 7168, None))
     assert spec.attention_dims() == (128, 128, 128 * 192, 128 * 128)
+
+
+def test_tensor_parallelism_splits_heads_not_the_kernels_head_dim():
+    # Llama-3.2-1B's 64-wide heads run at the head dim 64 rate however many TP ranks share them: two ranks take
+    # half the heads each, in half the time (it was timed at the 128 rate once tp = 2 doubled the width per head)
+    from harness.plan.compute_time import attention_time
+
+    spec = spec_for(compose_run_config(["model=llama3_2_1b"]).model)
+    hw = HARDWARE["h100_sxm"]
+    peak = achievable_peak(hw, "h100_sxm", "bf16")
+    one, two = (attention_time(spec, 8192, 8192, tp, 2, hw, peak, backward=False) - hw.op_latency_s
+                for tp in (1, 2))
+    assert two == pytest.approx(one / 2, rel=1e-6)
