@@ -274,8 +274,8 @@ def _layer_comm(spec, layout, engine, hw, groups, e, tokens, layers, first, last
     activation = tokens * h * e
     tp, tp_step = tp_comm(spec, layout, engine, hw, groups.tp, activation, tokens, layers, first, last) \
         if layout.tp > 1 else (0.0, 0.0)
-    _, kv_heads, qk, v = spec.attention_dims()
-    kv = tokens * kv_heads * (qk + v) / max(1.0, spec.attention_dims()[0]) / layout.tp * e  # a block of K and V
+    heads, kv_heads, qk, v = spec.attention_dims()
+    kv = tokens * kv_heads * (qk + v) / max(1.0, heads) / layout.tp * e  # a block of K and V
     # ring attention passes K and V cp-1 times forward, K, V and their gradients back (Liu et al. 2023); a
     # recomputed attention (full checkpointing, Megatron's selective) passes them again
     reruns = recomputed_collectives(layout, engine)
