@@ -175,15 +175,20 @@ def _training_flags(cfg: RunConfig) -> Flags:
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
+def window_sizes(windows: Tuple[int, ...]) -> List[int]:
+    """The distinct sliding-window sizes of a model's layers (0, a full-attention layer, left out)."""
+    return sorted({w for w in windows if w})
+
+
 def window_flags(windows: Tuple[int, ...]) -> Flags:
     """Sliding-window attention as Megatron-LM takes it (arguments.py: --window-size, --window-attn-skip-freq):
     `windows` holds per layer the keys a query sees (0: every earlier key; transformers' sliding window of w,
     keys in (q - w, q]). Transformer Engine's window (left, right) counts the keys beside the query's own:
     (w - 1, 0). Layers without a window are listed by the skip pattern (1: windowed, 0: full attention)."""
-    sizes = {w for w in windows if w}
+    sizes = window_sizes(windows)
     if len(sizes) != 1:  # none, or several (refused by check)
         return {}
-    flags: Flags = {"--window-size": f"{sizes.pop() - 1},0"}
+    flags: Flags = {"--window-size": f"{sizes[0] - 1},0"}
     if not all(windows):
         flags["--window-attn-skip-freq"] = "[" + ",".join("1" if w else "0" for w in windows) + "]"
     return flags
@@ -427,7 +432,7 @@ def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     if cfg.engine.grad_reduce_in_bf16 and cfg.layout.precision not in ("bf16", "fp8"):
         warnings.append(f"engine.grad_reduce_in_bf16 with precision={cfg.layout.precision}: no effect (it applies "
                         "to bf16 and fp8 runs; the export does not render it)")
-    sizes = sorted({w for w in spec.attention_windows if w})
+    sizes = window_sizes(spec.attention_windows)
     if len(sizes) > 1:
         errors.append(f"sliding windows of {', '.join(map(str, sizes))} keys in one model: Megatron-LM takes one "
                       "--window-size")

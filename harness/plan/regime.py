@@ -118,9 +118,9 @@ def fp8_converted_shares(spec: ModelSpec, engine: str) -> Tuple[float, float]:
 
 
 def fp8_conversion_found(spec: ModelSpec, engine: str) -> Tuple[List[str], List[str]]:
-    """(problems, warnings) of what FP8 would convert of this model on this engine: nothing is refused (the run
-    would be bf16 under an FP8 label); a part left bf16 is said, with the share of the layer's GEMM FLOPs FP8
-    runs."""
+    """(problems, warnings) of what FP8 would convert of this model on this engine: a model FP8 converts nothing
+    of is refused (the run would be bf16 under an FP8 label); a part left bf16 is said, with the share of the
+    layers' weight-GEMM FLOPs FP8 runs."""
     attention, mlp = fp8_converted_shares(spec, engine)
     if attention == mlp == 1.0:
         return [], []
