@@ -255,6 +255,13 @@ def _allowance(cluster: Any) -> Allowance:
     return _ALLOWANCES[key]
 
 
+def engine_spec(spec: ModelSpec, engine: str) -> ModelSpec:
+    """The model as `engine` runs it: an engine with its own attention layer (EngineSupport.attention) runs that
+    kernel whatever transformers' attn_implementation says (GPT-OSS builds in transformers with eager only)."""
+    attention = ENGINE_SUPPORT[engine].attention if engine in ENGINE_SUPPORT else ""
+    return replace(spec, attn_implementation=attention) if attention else spec
+
+
 def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_per_s: Optional[float] = None,
               allowance: Optional[Allowance] = None, predict_time: bool = True) -> Plan:
     """Plan one RunConfig. `peak_flops_per_device` is a measured peak (the CPU matmul benchmark);
@@ -265,7 +272,7 @@ def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_pe
                              layout.seq_len)
     convention = _convention(bench)
     try:
-        spec = spec_for(cfg.model)
+        spec = engine_spec(spec_for(cfg.model), engine.name)
     except (ValueError, KeyError, TypeError) as exc:
         return _invalid(cfg, None, world, tokens, [f"model {cfg.model.name!r}: {exc}"], [], convention)
     errors, warnings = validate(cfg, spec)

@@ -35,6 +35,9 @@ class EngineSupport:
     meta_init_stages: Tuple[int, ...] = ()
     # False: the harness never builds the model (an export whose framework builds its own, sharded as it goes)
     builds_model: bool = True
+    # The attention the engine runs whatever the model config's attn_implementation says ("": transformers'
+    # own, as attn_implementation picks), in attn_implementation's terms for the plan's time and memory.
+    attention: str = ""
     # Engine options (field, value) tensor and context parallelism need, and why (ends up in the error).
     tp_cp_options: Tuple[Tuple[str, Any], ...] = ()
     tp_cp_reason: str = ""
@@ -101,6 +104,9 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         tp=True, cp=True, ep=True, pp_schedules=("1F1B", "Interleaved1F1B"), pp_zero_stages=(0, 1),
         hybrid_zero_stages=(1,), offload_optimizer={}, offload_params={}, offload_together=False,
         tp_shards_vocab=(True, True), activation_profile="megatron", builds_model=False,
+        # Megatron-LM's own attention layer: the export passes no --attention-backend, and its default (auto) lets
+        # Transformer Engine pick a fused kernel (flash or cuDNN), timed at the SDPA rate as the dgxc rows are
+        attention="sdpa",
         # Megatron-LM's arguments.py has no torch.compile switch: its fusions are hand-written kernels
         # (--bias-gelu-fusion, --bias-dropout-fusion, --masked-softmax-fusion, on by default).
         compile_reason="Megatron-LM's command line has no torch.compile option (its fused kernels are on by "

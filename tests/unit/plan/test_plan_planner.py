@@ -10,7 +10,7 @@ import pytest
 
 from harness.plan.planner import GIB, Plan, make_plan, plan_rows, spec_for
 from harness.plan.records import build
-from plan_helpers import run_config
+from plan_helpers import REAL_SHAPES, run_config
 
 H100_8X8 = dict(name="h100_8x8", nodes=8, accelerators_per_node=8, accelerator="h100_sxm",
                 memory_per_accelerator_gib=None, host_memory_gib=2048.0)
@@ -176,3 +176,20 @@ def test_a_profiles_measured_peak_replaces_the_missing_one_and_its_warning():
     assert measured_when_missing(missing, 1e11, "host").source == "measured:host"
     kept = Peak(5e14, "datasheet:h100_sxm:bf16")
     assert measured_when_missing(kept, 1e11, "measured:x") is kept
+
+
+@pytest.mark.parametrize("engine, zero, same", [("megatron_lm", 1, True), ("fsdp", 3, False)])
+def test_megatron_lm_runs_its_own_attention_whatever_attn_implementation_says(engine, zero, same):
+    # Megatron-LM builds its own attention layer (Transformer Engine's fused kernel); the torch engines run
+    # transformers' model, whose eager attention materialises the scores: more time and more memory
+    def plan(attention):
+        hf = dict(REAL_SHAPES["llama3_1_8b"], attn_implementation=attention)
+        return make_plan(run_config("llama3_1_8b", hf, engine=dict(name=engine), dp_shard=8, zero_stage=zero,
+                                    micro_batch=1, seq_len=4096, cluster=dict(name="h100", accelerator="h100_sxm",
+                                                                              accelerators_per_node=8)))
+    eager, sdpa = plan("eager"), plan("sdpa")
+    assert not eager.errors and not sdpa.errors
+    assert (eager.tokens_per_s == pytest.approx(sdpa.tokens_per_s)) is same
+    assert (eager.memory.total_bytes == sdpa.memory.total_bytes) is same
+    if not same:
+        assert eager.tokens_per_s < sdpa.tokens_per_s and eager.memory.total_bytes > sdpa.memory.total_bytes
