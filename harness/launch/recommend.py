@@ -22,7 +22,9 @@ from harness.launch.host_profile import measure_host_profile
 from harness.launch.prepare import launch_problems
 from harness.launch.refusals import Refusals
 from harness.plan.planner import GIB, Plan
-from harness.plan.recommend import REGIME_FIELDS, SEARCHED_LAYOUT_FIELDS, Choice, band_ties, compare, rank
+from harness.plan.time_limit import local_timeout_problem
+from harness.plan.recommend import (REGIME_FIELDS, SEARCHED_LAYOUT_FIELDS, TENSOR_PARALLEL_FIELDS, Choice, band_ties,
+                                   compare, rank)
 from harness.plan.uncertainty import describe, overlaps
 from harness.plan.units import format_bytes
 from harness.rundir import write_text
@@ -39,8 +41,14 @@ WRITTEN_SECTIONS = ("engine", "cluster", "launcher", "bench", "data")
 
 
 def admit(cfg: Any, plan: Plan) -> Sequence[str]:
-    """The recommender's validity rule is the one every command uses (harness.engines.admission.judge)."""
-    return judge(cfg, plan).errors
+    """The recommender's validity rule is the one every command uses (harness.engines.admission.judge), and a
+    local run's wall-clock limit: a layout the local launcher would stop at launcher.timeout_s is no
+    recommendation (`harness run` leaves that limit to the watchdog, which ends such a run TIMEOUT)."""
+    errors = judge(cfg, plan).errors
+    if errors:
+        return errors
+    local = local_timeout_problem(cfg, plan)
+    return [local] if local else []
 
 
 def ranked(cfg: Any, global_batch: int, top_k: int, constraint: Optional[Dict[str, str]] = None,
@@ -75,9 +83,10 @@ def no_layout_message(prog: str, refusals: Refusals, global_batch: int, constrai
 
 
 def pinned_regime(overrides: Sequence[str]) -> Tuple[str, ...]:
-    """The regime fields (harness.plan.recommend.REGIME_FIELDS) the command line sets: the search keeps them."""
+    """The regime and tensor-parallel option fields (harness.plan.recommend.REGIME_FIELDS, TENSOR_PARALLEL_FIELDS)
+    the command line sets: the search keeps them."""
     keys = {item.partition("=")[0].lstrip("+~") for item in overrides}
-    return tuple(field for field in REGIME_FIELDS if field in keys)
+    return tuple(field for field in REGIME_FIELDS + TENSOR_PARALLEL_FIELDS if field in keys)
 
 
 def unmet(layout: Any, constraint: Dict[str, str]) -> List[str]:

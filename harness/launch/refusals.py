@@ -22,6 +22,7 @@ class Refusals:
 
     candidates: int = 0
     counts: Counter = field(default_factory=Counter)
+    alone: Counter = field(default_factory=Counter)  # rules that were a candidate's only reason
     examples: Dict[str, str] = field(default_factory=dict)
     closest: Optional[Plan] = None  # of the plans refused for device memory alone, the one over it by the least
 
@@ -29,9 +30,12 @@ class Refusals:
         if not reasons:
             return
         self.candidates += 1
-        for rule, reason in {_NUMBER.sub("#", reason): reason for reason in reasons}.items():
+        rules = {_NUMBER.sub("#", reason): reason for reason in reasons}
+        for rule, reason in rules.items():
             self.counts[rule] += 1
             self.examples.setdefault(rule, reason)
+        if len(rules) == 1:
+            self.alone.update(rules.keys())
         over_device_only = plan.fits is False and len(reasons) == 1  # the device-memory reason alone
         if over_device_only and (self.closest is None or plan.margin_bytes > self.closest.margin_bytes):
             self.closest = plan
@@ -40,7 +44,11 @@ class Refusals:
         """Lines for the user: how many were refused, the `shown` most common reasons with their counts and an
         example, and the closest to fitting (`label` names a plan's layout)."""
         lines = [f"{self.candidates:,} candidate layouts refused; the most common reasons:"]
-        lines += [f"  {count:,}x {self.examples[rule]}" for rule, count in self.counts.most_common(shown)]
+        common = self.counts.most_common(shown)
+        lines += [f"  {count:,}x {self.examples[rule]}" for rule, count in common]
+        # a rule that alone refused candidates every other rule admits, however rare, is the one to lift
+        lines += [f"  {count:,}x, the only reason: {self.examples[rule]}" for rule, count in self.alone.most_common()
+                  if rule not in dict(common)][:shown]
         if self.closest is not None:
             plan = self.closest
             lines.append(f"  closest to fitting: {label(plan)} needs {format_bytes(plan.memory.total_bytes)} per "

@@ -88,6 +88,8 @@ Admit = Callable[[Any, Plan], Sequence[str]]
 
 # The regime fields the search varies unless the command line sets them (harness.launch.recommend).
 REGIME_FIELDS = ("layout.precision", "engine.compile")
+# Engine options the search sets per candidate (tensor_parallel_options) unless the command line sets them.
+TENSOR_PARALLEL_FIELDS = ("engine.sequence_parallel", "engine.loss_parallel")
 # The layout fields every candidate sets (structures, _sharding, _batch_shapes): a value given for one on the
 # command line would be overwritten; `--constrain` keeps only the candidates that have it.
 SEARCHED_LAYOUT_FIELDS = ("dp_replicate", "dp_shard", "tp", "cp", "pp", "ep", "pp_schedule", "pp_virtual_stages",
@@ -117,24 +119,23 @@ def regimes(cfg: Any, pinned: Sequence[str] = ()) -> List[Tuple[str, bool]]:
 
 def candidates(cfg: Any, global_batch: int, admit: Admit, pinned: Sequence[str] = ()) -> Iterator[Plan]:
     """Plans of every structure x regime (regimes) x checkpointing x micro-batch whose accumulation makes
-    `global_batch` sequences and that `admit` accepts; a structure stops at the first micro-batch that does
-    not fit (bigger ones need more), and checkpointing modes are tried from least to most activation memory."""
+    `global_batch` sequences and that `admit` accepts (`pinned`: REGIME_FIELDS and TENSOR_PARALLEL_FIELDS kept
+    as configured). Checkpointing modes go from least to most activation memory; a mode stops at the first
+    micro-batch that does not fit (bigger ones need more), and a structure at a mode whose smallest does not."""
     spec = spec_for(cfg.model)
     cluster = cfg.cluster
     tried = regimes(cfg, pinned)
     for fields in structures(spec, cluster.ranks, cluster.accelerators_per_node, cfg.engine.name):
         dp = ParallelDims(dp_replicate=fields["dp_replicate"], dp_shard=fields["dp_shard"]).dp
         for precision, compiled in tried:
-            engine = replace(tensor_parallel_options(cfg.engine, fields["tp"]), compile=compiled)
+            engine = replace(tensor_parallel_options(cfg.engine, fields["tp"], pinned), compile=compiled)
             structure = replace(cfg, layout=replace(cfg.layout, precision=precision, **fields), engine=engine)
             yield from _batch_shapes(structure, dp, global_batch, admit)
 
 
 def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit) -> Iterator[Plan]:
-    fitted_any = False
     for checkpointing in CHECKPOINTING_BY_MEMORY:
-        if checkpointing != "full" and not fitted_any:
-            break  # more activation memory than a layout that already does not fit
+        smallest = True  # the first micro-batch this mode tries
         for micro in MICRO_BATCHES:
             accum, rest = divmod(global_batch, dp * micro)
             if rest or accum < 1:
@@ -144,24 +145,27 @@ def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit) -> Iterato
             plan = make_plan(point, predict_time=False)
             if plan.valid and not plan.fits:
                 admit(point, plan)  # refused for memory; asked anyway, so that a caller's admit sees why
+                if smallest:
+                    return  # the later modes hold more activations at this micro-batch
                 break
+            smallest = False
             if admit(point, plan):
                 continue
             # judged again with its predicted time: the time limit needs the step time and start-up
             timed = with_time(plan, point)
             if admit(point, timed):
                 continue
-            fitted_any = True
             yield timed
 
 
-def tensor_parallel_options(engine: Any, tp: int) -> Any:
+def tensor_parallel_options(engine: Any, tp: int, pinned: Sequence[str] = ()) -> Any:
     """Sequence and loss parallelism on the tensor-parallel axis wherever the engine has the option (nd,
     Megatron-LM), on exactly when tp > 1: the all-reduce of TP becomes a reduce-scatter + all-gather of the same
     bytes while norms, dropout and the loss run on 1/tp of the sequence (Korthikanti et al. 2022, sec. 4.2.2),
-    and Megatron-LM requires it with expert parallelism."""
+    and Megatron-LM requires it with expert parallelism. An option `pinned` (engine.<option>) keeps its value."""
     names = {f.name for f in dataclass_fields(engine)}
-    return replace(engine, **{option: tp > 1 for option in ("sequence_parallel", "loss_parallel") if option in names})
+    return replace(engine, **{option: tp > 1 for option in ("sequence_parallel", "loss_parallel")
+                              if option in names and f"engine.{option}" not in pinned})
 
 
 def rank(cfg: Any, global_batch: int, admit: Admit, top_k: int = 5,

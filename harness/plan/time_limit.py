@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from harness.plan.construction import model_init_mode
@@ -161,6 +161,22 @@ def plan_time_limit_problem(cfg: Any, plan: Any) -> Optional[str]:
     if plan.model is None:
         return None
     return time_limit_problem(cfg, plan.step_time_s, plan.model.total_params, _model_init(cfg, plan))
+
+
+def local_timeout_problem(cfg: Any, plan: Any) -> Optional[str]:
+    """Why a local run would reach launcher.timeout_s, where the watchdog ends it TIMEOUT with no warning ahead,
+    before it measured every step; None off the local launcher or without a predicted step time or a model."""
+    if cfg.launcher.backend != "local" or plan.model is None or not plan.step_time_s:
+        return None
+    slurm = job_time(replace(cfg, launcher=replace(cfg.launcher, time_limit="UNLIMITED")), plan.step_time_s,
+                     plan.model.total_params, _model_init(cfg, plan))
+    need = replace(slurm, lead_s=0, limit_s=float(cfg.launcher.timeout_s))
+    if need.fits:
+        return None
+    bench = cfg.bench
+    return (f"launcher.timeout_s={cfg.launcher.timeout_s} ({need.limit_s / 60:.0f} min) is shorter than the run: "
+            f"{need.describe()} (bench.warmup_steps={bench.warmup_steps}, bench.steps={bench.steps}); "
+            f"set launcher.timeout_s={math.ceil(need.needed_s)} or more, or fewer bench.steps")
 
 
 def plan_job_time(cfg: Any, plan: Any) -> Optional[JobTime]:

@@ -42,7 +42,7 @@ def test_nothing_admitted_prints_the_reasons_by_count_and_the_closest_layout(tmp
     # ZeRO 0-2 build the whole 405B on each of 8 ranks: 12 TiB of fp32 on a 2 TiB host
     assert any("the host runs out of memory first" in line for line in err[1:4])
     closest = re.match(r"  closest to fitting: tp\d.* needs ([\d.]+) GiB per rank of 80\.00 GiB \(over by ([\d.]+) "
-                       r"(GiB|MiB)\)$", err[4])
+                       r"(GiB|MiB)\)$", err[-1])
     assert closest and float(closest.group(1)) > 80, err
     assert not any(tmp_path.iterdir())  # no preset written
 
@@ -54,3 +54,13 @@ def test_a_constraint_no_candidate_has_is_said_as_such(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err.strip()
     assert err == ("harness recommend: no layout fits: no candidate layout has the --constrain values and makes "
                    "--global-batch 64 sequences as data-parallel degree x micro-batch x accumulation")
+
+
+def test_a_layout_the_local_launcher_would_stop_is_not_recommended_and_the_refusal_says_so(capsys):
+    # Llama-3.1-70B, 512 sequences of 4,096 a step on 8 H100: every fitting layout takes minutes a step, and
+    # 7 steps of it overrun the local launcher's 30 minutes; the rule that alone refuses them is printed
+    args = ["--no-write", "--global-batch", "512", "model=llama3_1_70b", "cluster=gpu_h100_1x8", "engine=nd"]
+    assert recommend_main(args) != 0
+    err = capsys.readouterr().err
+    assert "the only reason: launcher.timeout_s=1800 (30 min) is shorter than the run" in err, err
+    assert "set launcher.timeout_s=" in err

@@ -102,3 +102,24 @@ def test_the_search_ranks_fp8_compiled_layouts_first_on_h100_and_keeps_a_pinned_
     eager, _ = ranked(llama8b_on_8_h100(), global_batch=64, top_k=3, pinned=("layout.precision", "engine.compile"))
     assert {(c.plan.layout.precision, c.plan.engine.compile) for c in eager} == {("bf16", False)}
     assert best.tokens_per_s > eager[0].plan.tokens_per_s
+
+
+def test_a_mode_refused_for_a_reason_other_than_memory_leaves_the_next_modes_searched():
+    # nd refuses compile x tp > 1 with full checkpointing (harness.plan.support.compile_problem), not for
+    # memory: its compiled tensor-parallel layouts are still searched with selective or no checkpointing
+    from harness.launch.recommend import admit
+    from harness.plan.recommend import candidates
+    cfg = run_config(model="llama3_1_8b", engine=dict(name="nd", compile=True), cluster=H100_1X8, seq_len=8192)
+    seen = {(plan.layout.tp, plan.layout.activation_checkpointing)
+            for plan in candidates(cfg, global_batch=64, admit=admit, pinned=("engine.compile",))}
+    assert any(tp > 1 and mode != "full" for tp, mode in seen), seen
+
+
+def test_pinned_tensor_parallel_options_keep_their_configured_value():
+    from harness.launch.recommend import pinned_regime
+    from harness.plan.recommend import tensor_parallel_options
+    assert pinned_regime(["engine.sequence_parallel=false", "model=x"]) == ("engine.sequence_parallel",)
+    engine = llama8b_on_8_h100().engine
+    assert tensor_parallel_options(engine, 2).sequence_parallel is True
+    kept = tensor_parallel_options(engine, 2, pinned=("engine.sequence_parallel",))
+    assert kept.sequence_parallel is engine.sequence_parallel and kept.loss_parallel is True

@@ -117,3 +117,16 @@ def test_prepare_refuses_before_anything_is_written_for_slurm(tmp_path: Path):
         prepare_run(cfg, tmp_path / "run")
     assert read_status(tmp_path / "run").state == PRUNED
     assert not (tmp_path / "run" / "job.sbatch").exists()
+
+
+def test_a_local_run_is_judged_against_its_timeout_with_no_warning_lead():
+    from harness.plan.time_limit import local_timeout_problem
+    cfg = compose_run_config([f"recipes={QWEN3}", "launcher=local", "launcher.timeout_s=120"])
+    plan = make_plan(cfg)
+    problem = local_timeout_problem(cfg, plan)
+    assert problem.startswith("launcher.timeout_s=120 (2 min) is shorter than the run"), problem
+    assert "+ 0 s warning lead" in problem and "set launcher.timeout_s=" in problem
+    need = int(problem.rsplit("set launcher.timeout_s=", 1)[1].split()[0])
+    roomy = compose_run_config([f"recipes={QWEN3}", "launcher=local", f"launcher.timeout_s={need}"])
+    assert local_timeout_problem(roomy, plan) is None
+    assert local_timeout_problem(compose_run_config([f"recipes={QWEN3}"]), plan) is None  # Slurm: its own rule
