@@ -3,7 +3,6 @@ predicted tokens/s into choices (layouts the model cannot separate are one), and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
@@ -23,8 +22,10 @@ SCHEDULES = (("1F1B", 1), ("Interleaved1F1B", 2), ("Interleaved1F1B", 4), ("ZBVZ
              ("InterleavedZeroBubble", 2))
 
 
-def _powers_of_two(limit: int) -> List[int]:
-    return [1 << i for i in range(int(math.log2(limit)) + 1)] if limit >= 1 else []
+def _divisors(n: int, limit: int) -> List[int]:
+    """The divisors of `n` up to `limit`: the degrees an axis can take when the others split `n` ranks (powers of
+    two on the usual 2^k-GPU clusters; 3 and 6 on a node of 6 GPUs)."""
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
 def stage_split(num_layers: int, stages: int) -> List[int]:
@@ -38,11 +39,11 @@ def stage_split(num_layers: int, stages: int) -> List[int]:
 def structures(spec: Any, world: int, gpus_per_node: int, engine: str) -> Iterator[Dict[str, Any]]:
     """Degrees, schedule and sharding of every candidate (batch shape and checkpointing left open)."""
     support = ENGINE_SUPPORT[engine]
-    tps = [t for t in _powers_of_two(gpus_per_node) if not any(heads % t for heads in spec.split_heads)
+    tps = [t for t in _divisors(gpus_per_node, gpus_per_node) if not any(heads % t for heads in spec.split_heads)
            and world % t == 0] if support.tp else [1]
     for tp in tps:
-        for cp in (_powers_of_two(min(8, world // tp)) if support.cp else [1]):
-            for pp in (_powers_of_two(min(64, world // (tp * cp), spec.num_layers)) if support.pp_schedules else [1]):
+        for cp in (_divisors(world // tp, 8) if support.cp else [1]):
+            for pp in (_divisors(world // (tp * cp), min(64, spec.num_layers)) if support.pp_schedules else [1]):
                 dp = world // (tp * cp * pp)
                 if dp * tp * cp * pp != world:
                     continue
@@ -60,12 +61,12 @@ def structures(spec: Any, world: int, gpus_per_node: int, engine: str) -> Iterat
 
 
 def expert_degrees(spec: Any, support: Any, shard_group: int) -> List[int]:
-    """Expert-parallel degrees to try: powers of two dividing the routed experts and the shard group
-    dp_shard x cp the experts borrow their ranks from (torchtitan, Megatron); 1 for a dense model or an
-    engine without expert parallelism."""
+    """Expert-parallel degrees to try: the divisors of the routed experts and of the shard group dp_shard x cp
+    the experts borrow their ranks from (torchtitan, Megatron); 1 for a dense model or an engine without
+    expert parallelism."""
     if not (support.ep and spec.num_experts):
         return [1]
-    return [e for e in _powers_of_two(shard_group) if spec.num_experts % e == 0 and shard_group % e == 0]
+    return [e for e in _divisors(shard_group, shard_group) if spec.num_experts % e == 0]
 
 
 def _sharding(base: Dict[str, Any], dp: int, support: Any, pp: int) -> Iterator[Dict[str, Any]]:

@@ -123,3 +123,11 @@ def test_pinned_tensor_parallel_options_keep_their_configured_value():
     assert tensor_parallel_options(engine, 2).sequence_parallel is True
     kept = tensor_parallel_options(engine, 2, pinned=("engine.sequence_parallel",))
     assert kept.sequence_parallel is engine.sequence_parallel and kept.loss_parallel is True
+
+
+def test_a_node_of_six_gpus_is_searched_with_degrees_of_three():
+    # 64 sequences on 6 GPUs: a data-parallel degree of 3 or 6 cannot make 64, a pipeline of 3 (or 6) can
+    cluster = dict(H100_1X8, accelerators_per_node=6)
+    choices, admitted = ranked(run_config(model="llama3_1_8b", engine=dict(name="nd"), cluster=cluster,
+                                          seq_len=8192), global_batch=64, top_k=1)
+    assert admitted and choices[0].plan.layout.pp in (3, 6), choices
