@@ -215,8 +215,11 @@ def against_config(overrides: Sequence[str], name: str) -> Any:
         return compose_run_config([*overrides, f"layout={name}"])
 
 
-def recipe(plan: Plan, choices: Dict[str, Any], cfg: Any, name: str, note: str) -> Tuple[str, Dict[str, Any]]:
-    """(header, body) of one recipe: the composed groups by name, then every value of the ranked config."""
+def recipe(plan: Plan, choices: Dict[str, Any], groups: Dict[str, Any], cfg: Any, name: str,
+           note: str) -> Tuple[str, Dict[str, Any]]:
+    """(header, body) of one recipe: the composed groups by name, the whole layout, and of the other sections
+    the values the ranked config gives that its groups alone (`groups`, as run_config_to_dict) do not: a
+    group chosen after the recipe on a command line (`launcher=local`) then takes effect."""
     point = replace(cfg, layout=plan.layout, engine=plan.engine)
     values = run_config_to_dict(point)
     body: Dict[str, Any] = {"defaults": [{f"override /{group}": choices[group]} for group in CHOSEN_GROUPS
@@ -224,9 +227,13 @@ def recipe(plan: Plan, choices: Dict[str, Any], cfg: Any, name: str, note: str) 
     body["sweep_name"], body["results_dir"] = cfg.sweep_name, cfg.results_dir
     body["layout"] = {"name": name, **{k: _plain(getattr(plan.layout, k)) for k in LAYOUT_FIELDS}}
     for section in WRITTEN_SECTIONS:
-        body[section] = {k: _plain(v) for k, v in values[section].items() if k != "name"}
+        body[section] = {k: _plain(v) for k, v in values[section].items()
+                         if k != "name" and _plain(v) != _plain(groups[section].get(k))}
     if plan.cluster.accelerator != "cpu" and point.launcher.backend == "slurm":
         body["launcher"]["gpus_per_node_gres"] = f"gpu:{plan.cluster.accelerators_per_node}"
+    for section in WRITTEN_SECTIONS:
+        if not body[section]:
+            del body[section]
     return f"# @package _global_\n# Written by `harness recommend`: {note}\n", body
 
 
@@ -234,13 +241,15 @@ def preset_files(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg
                  command: str) -> Dict[str, Tuple[str, Dict[str, Any]]]:
     """Files (relative to the user's config directory) of one recipe per choice and a sweep over them."""
     choices = dict(compose_config(list(overrides), return_hydra_config=True).hydra.runtime.choices)
+    groups = run_config_to_dict(compose_run_config([f"{group}={choices[group]}" for group in CHOSEN_GROUPS
+                                                    if choices.get(group)]))
     cfg = replace(cfg, sweep_name=name)
     files = {}
     for i, choice in enumerate(top, 1):
         plan = choice.plan
         note = (f"choice #{i} of `{command}`, predicted {predicted_rate(plan)}, MFU "
                 f"{plan.predicted_mfu:.1%}, {format_bytes(plan.memory.total_bytes)} per rank")
-        files[f"recipes/{name}_{i}.yaml"] = recipe(plan, choices, cfg, f"{name}_{i}", note)
+        files[f"recipes/{name}_{i}.yaml"] = recipe(plan, choices, groups, cfg, f"{name}_{i}", note)
     files[f"sweep/{name}.yaml"] = (
         f"# @package _global_\n# Written by `harness recommend`: the top choices of `{command}`.\n",
         {"sweep_name": name, "results_dir": cfg.results_dir,

@@ -146,3 +146,18 @@ def test_against_names_a_different_batch_and_regime(capsys):
                            "--against", "gpu_llama8b_fsdp_tp2_8gpu"]) == 0
     out = capsys.readouterr().out
     assert "sequences a step" not in out and "runs bf16 eager, gpu_llama8b" not in out
+
+
+def test_a_group_chosen_after_a_written_recipe_takes_effect(tmp_path, monkeypatch, capsys):
+    # the recipe keeps the overrides the search ran with (the accelerator, the ranked engine options), not the
+    # whole sections of its groups, so `launcher=slurm_gpu` after it is the launcher that runs it
+    from harness.config.compose import compose_run_config
+    monkeypatch.setenv("HARNESS_CONFIG_DIR", str(tmp_path))
+    argv = ["--global-batch", "64", "--top", "1", "--name", "rec_groups", "model=llama3_1_8b",
+            "cluster=gpu_h100_1x8", "cluster.accelerator=a100_sxm_40gb", "engine=nd"]
+    assert recommend_main(argv) == 0
+    alone = compose_run_config(["recipes=rec_groups_1"])
+    assert alone.launcher.backend == "local" and alone.cluster.accelerator == "a100_sxm_40gb"
+    later = compose_run_config(["recipes=rec_groups_1", "launcher=slurm_gpu"])
+    assert later.launcher.backend == "slurm" and later.cluster.accelerator == "a100_sxm_40gb"
+    assert later.layout == alone.layout and later.engine == alone.engine
