@@ -343,6 +343,8 @@ def recommend_main(argv: Sequence[str]) -> int:
         print_fitted(why("#2", top[0].plan, top[1].plan))
     if other is not None:
         print_fitted(against(top[0].plan, other, args.against))
+        for line in replaced_groups(overrides, args.against):
+            print_fitted(f"   {line}")
     if not args.no_write:
         write_recommendation(top, args.name, overrides, cfg, argv)
     return 0
@@ -359,13 +361,20 @@ def against(best: Plan, other_cfg: Any, name: str) -> str:
 
 
 def unlike(best: Plan, other: Plan, name: str) -> List[str]:
-    """What differs between the winner and `--against` beyond the layout: the global batch (tokens/s at another
-    batch amortises the step's fixed costs differently) and the regime (FP8, compile), each named."""
+    """What differs between the winner and `--against` beyond the layout: the sequence length and the global
+    batch (tokens/s at another batch amortises the step's fixed costs differently) and the regime (FP8,
+    compile), each named."""
     lines = []
+    best_seq, other_seq = best.layout.seq_len, other.layout.seq_len
+    if other_seq != best_seq:
+        lines.append(f"{name} runs sequences of {other_seq:,} tokens, #1 {best_seq:,} (layout.seq_len)")
+    if other.tokens_per_step // other_seq != best.tokens_per_step // best_seq:
+        lines.append(f"{name} runs {other.tokens_per_step // other_seq:,} sequences a step, #1 "
+                     f"{best.tokens_per_step // best_seq:,} (--global-batch)")
     if other.tokens_per_step != best.tokens_per_step:
-        seq = best.layout.seq_len
-        lines.append(f"{name} runs {other.tokens_per_step // seq:,} sequences a step, #1 "
-                     f"{best.tokens_per_step // seq:,} (--global-batch): the parts above are scaled to #1's tokens")
+        lines.append(f"{name} runs {other.tokens_per_step:,} tokens a step, #1 {best.tokens_per_step:,}: the parts "
+                     "above are scaled to #1's tokens")
+
     def regime(plan: Plan) -> str:
         return f"{plan.layout.precision} {'compile' if plan.engine.compile else 'eager'}"
 
@@ -373,6 +382,19 @@ def unlike(best: Plan, other: Plan, name: str) -> List[str]:
         lines.append(f"#1 runs {regime(best)}, {name} {regime(other)}: set layout.precision and engine.compile to "
                      f"rank in {name}'s regime")
     return lines
+
+
+def replaced_groups(overrides: Sequence[str], name: str) -> List[str]:
+    """The model and engine of recipe `name` that the command line's replace in `--against` (composed over the
+    same overrides, so that both run the same model), one line each; none for a layout preset."""
+    try:
+        own = compose_run_config([f"recipes={name}"])
+    except Exception:  # a layout preset: it has no model or engine of its own
+        return []
+    composed = compose_run_config([*overrides, f"recipes={name}"])
+    return [f"{name} is planned with the command line's {group}={getattr(composed, group).name} (its own: "
+            f"{getattr(own, group).name})" for group in ("model", "engine")
+            if getattr(composed, group).name != getattr(own, group).name]
 
 
 def write_recommendation(top: Sequence[Choice], name: str, overrides: Sequence[str], cfg: Any,

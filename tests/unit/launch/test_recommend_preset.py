@@ -161,3 +161,17 @@ def test_a_group_chosen_after_a_written_recipe_takes_effect(tmp_path, monkeypatc
     later = compose_run_config(["recipes=rec_groups_1", "launcher=slurm_gpu"])
     assert later.launcher.backend == "slurm" and later.cluster.accelerator == "a100_sxm_40gb"
     assert later.layout == alone.layout and later.engine == alone.engine
+
+
+def test_against_names_a_different_sequence_length_and_the_groups_the_command_line_replaced(capsys):
+    # gpu_llama8b_fsdp_8gpu runs 8 x 2 x 4 = 64 sequences of 4,096 tokens: against #1 at 64 sequences of 8,192
+    # the difference is the sequence length, not the global batch; with model=qwen2_5_7b it is planned as Qwen
+    argv = ["--global-batch", "64", "--top", "1", "--no-write", "model=llama3_1_8b", "cluster=gpu_h100_1x8",
+            "engine=fsdp", "--against", "gpu_llama8b_fsdp_8gpu"]  # the layout group's sequences: 8,192 tokens
+    assert recommend_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "gpu_llama8b_fsdp_8gpu runs sequences of 4,096 tokens, #1 8,192 (layout.seq_len)" in out
+    assert "sequences a step" not in out and "is planned with the command line's" not in out
+    assert recommend_main([*argv[:5], "model=qwen2_5_7b", *argv[6:]]) == 0
+    out = capsys.readouterr().out
+    assert "gpu_llama8b_fsdp_8gpu is planned with the command line's model=qwen2_5_7b (its own: llama3_1_8b)" in out
