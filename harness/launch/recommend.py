@@ -62,6 +62,8 @@ def ranked(cfg: Any, global_batch: int, top_k: int, constraint: Optional[Dict[st
 
     def admit_constrained(point: Any, plan: Plan) -> Sequence[str]:
         unmatched = unmet(plan.layout, constraint) if constraint else []
+        if refusals is not None and constraint:
+            refusals.saw({k: str(_plain(getattr(plan.layout, k))) for k in constraint}, constraint)
         if unmatched:
             return unmatched
         reasons = admit(point, plan)
@@ -74,12 +76,22 @@ def ranked(cfg: Any, global_batch: int, top_k: int, constraint: Optional[Dict[st
 
 def no_layout_message(prog: str, refusals: Refusals, global_batch: int, constrained: bool = False) -> str:
     """Why the search admitted nothing: the refusals' reasons, or that no candidate was there to judge."""
+    missing = refusals.never_seen() if constrained else {}
+    if not refusals.candidates and missing:
+        return f"{prog}: no layout fits: " + "; ".join(
+            f"no candidate has --constrain {k}={v} (the search's candidates have {k} "
+            f"{', '.join(sorted(refusals.values[k], key=_natural))})" for k, v in missing.items())
     if not refusals.candidates:
         has = "has the --constrain values and " if constrained else ""
         return (f"{prog}: no layout fits: no candidate layout {has}makes --global-batch {global_batch} sequences as "
                 "data-parallel degree x micro-batch x accumulation")
     first, *rest = refusals.summary(label)
     return "\n".join([f"{prog}: no layout fits: {first}", *rest])
+
+
+def _natural(text: str) -> Tuple[int, Any]:
+    """Numbers in numeric order, before words."""
+    return (0, int(text)) if text.isdigit() else (1, text)
 
 
 def pinned_regime(overrides: Sequence[str]) -> Tuple[str, ...]:
@@ -89,6 +101,10 @@ def pinned_regime(overrides: Sequence[str]) -> Tuple[str, ...]:
     return tuple(field for field in REGIME_FIELDS + TENSOR_PARALLEL_FIELDS if field in keys)
 
 
+# The layout fields `--constrain` takes: those the search sets, and the precision it varies (regimes).
+CONSTRAINABLE = (*SEARCHED_LAYOUT_FIELDS, "precision")
+
+
 def unmet(layout: Any, constraint: Dict[str, str]) -> List[str]:
     """The constraint's fields this layout does not have, one message each."""
     return [f"layout.{k}={_plain(getattr(layout, k))} is not the constraint's {k}={v}"
@@ -96,14 +112,20 @@ def unmet(layout: Any, constraint: Dict[str, str]) -> List[str]:
 
 
 def parse_constraint(items: Sequence[str]) -> Dict[str, str]:
-    """`--constrain tp=8 --constrain pp=4` (layout fields; a `layout.` prefix is allowed) -> {"tp": "8", "pp": "4"}."""
+    """`--constrain tp=8 --constrain pp=4` (layout fields; a `layout.` prefix is allowed) -> {"tp": "8", "pp": "4"}:
+    fields the search sets (and precision, which it varies), each value checked by the layout's own schema and
+    written as the layout holds it (`tp=08` is tp=8)."""
     constraint = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.removeprefix("layout.")
         if not sep or key not in LAYOUT_FIELDS:
-            raise ValueError(f"--constrain {item}: expected FIELD=VALUE with FIELD one of {', '.join(LAYOUT_FIELDS)}")
-        constraint[key] = value
+            raise ValueError(f"--constrain {item}: expected FIELD=VALUE with FIELD one of {', '.join(CONSTRAINABLE)}")
+        if key not in CONSTRAINABLE:
+            raise ValueError(f"--constrain {item}: the search does not vary layout.{key}; set layout.{key}={value} "
+                             "on the command line instead")
+        held = getattr(compose_run_config([f"layout.{key}={value}"]).layout, key)  # the schema's own check
+        constraint[key] = str(_plain(held))
     return constraint
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from harness.plan.planner import Plan
 from harness.plan.units import format_bytes
@@ -25,6 +25,18 @@ class Refusals:
     alone: Counter = field(default_factory=Counter)  # rules that were a candidate's only reason
     examples: Dict[str, str] = field(default_factory=dict)
     closest: Optional[Plan] = None  # of the plans refused for device memory alone, the one over it by the least
+    # the values every candidate had of the constrained fields, and the constraint's own (a `--constrain` search)
+    values: Dict[str, Set[str]] = field(default_factory=dict)
+    wanted: Dict[str, str] = field(default_factory=dict)
+
+    def saw(self, layout_values: Dict[str, str], wanted: Dict[str, str]) -> None:
+        self.wanted = dict(wanted)
+        for key, value in layout_values.items():
+            self.values.setdefault(key, set()).add(value)
+
+    def never_seen(self) -> Dict[str, str]:
+        """The constraint's fields whose value no candidate had."""
+        return {k: v for k, v in self.wanted.items() if v not in self.values.get(k, set())}
 
     def add(self, plan: Plan, reasons: Sequence[str]) -> None:
         if not reasons:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from harness.config.compose import compose_run_config
 from harness.engines.admission import judge
 from harness.launch.recommend import recommend_main
@@ -52,8 +54,8 @@ def test_a_constraint_no_candidate_has_is_said_as_such(tmp_path, monkeypatch, ca
     assert recommend_main(["--global-batch", "64", "--constrain", "tp=3", "model=llama3_1_8b",
                            "cluster=gpu_h100_1x8"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err == ("harness recommend: no layout fits: no candidate layout has the --constrain values and makes "
-                   "--global-batch 64 sequences as data-parallel degree x micro-batch x accumulation")
+    assert err == ("harness recommend: no layout fits: no candidate has --constrain tp=3 (the search's candidates have "
+                   "tp 1, 2, 4, 8)")
 
 
 def test_a_layout_the_local_launcher_would_stop_is_not_recommended_and_the_refusal_says_so(capsys):
@@ -64,3 +66,23 @@ def test_a_layout_the_local_launcher_would_stop_is_not_recommended_and_the_refus
     err = capsys.readouterr().err
     assert "the only reason: launcher.timeout_s=1800 (30 min) is shorter than the run" in err, err
     assert "set launcher.timeout_s=" in err
+
+
+@pytest.mark.parametrize("constrain, message", [
+    ("zero_stage=1", "no layout fits: no candidate has --constrain zero_stage=1 (the search's candidates have "
+                     "zero_stage 0, 2, 3)"),
+    ("seq_len=4096", "--constrain seq_len=4096: the search does not vary layout.seq_len; set layout.seq_len=4096"),
+    ("tp=abc", "layout.tp='abc' must be an integer"),
+    ("activation_checkpointing=FULL", "layout.activation_checkpointing='FULL' must be one of none, selective, full"),
+])
+def test_a_constraint_no_candidate_can_have_is_named_with_what_the_search_tries(constrain, message, capsys):
+    argv = ["--no-write", "--global-batch", "64", "model=llama3_1_8b", "cluster=gpu_h100_1x8", "engine=nd",
+            "--constrain", constrain]
+    assert recommend_main(argv) != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+def test_a_constraint_value_is_held_as_the_layout_holds_it():
+    from harness.launch.recommend import parse_constraint
+    assert parse_constraint(["tp=08", "layout.pp=4"]) == {"tp": "8", "pp": "4"}
