@@ -3,16 +3,13 @@ their numbers, most common first, and the candidate that came closest to fitting
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set
 
 from harness.plan.planner import Plan
+from harness.plan.recommend import rule as rule_of
 from harness.plan.units import format_bytes
-
-# A reason's numbers (degrees, sizes, counts) vary between candidates; the rule behind it does not.
-_NUMBER = re.compile(r"\d[\d.,]*")
 
 
 @dataclass
@@ -42,7 +39,7 @@ class Refusals:
         if not reasons:
             return
         self.candidates += 1
-        rules = {_NUMBER.sub("#", reason): reason for reason in reasons}
+        rules = {rule_of(reason): reason for reason in reasons}
         for rule, reason in rules.items():
             self.counts[rule] += 1
             self.examples.setdefault(rule, reason)

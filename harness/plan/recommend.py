@@ -3,9 +3,11 @@ predicted tokens/s into choices (layouts the model cannot separate are one), and
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Set, Tuple
 
 from harness.plan.parallel_dims import ParallelDims
 from harness.plan.peak import peak_flops
@@ -20,6 +22,15 @@ MICRO_BATCHES = (1, 2, 4, 8)
 # LoopedBFS Interleaved1F1B's, DualPipeV ZB-V's: each is dominated and left out.
 SCHEDULES = (("1F1B", 1), ("Interleaved1F1B", 2), ("Interleaved1F1B", 4), ("ZBVZeroBubble", 2),
              ("InterleavedZeroBubble", 2))
+
+
+# A refusal's numbers (degrees, sizes, counts) vary between candidates; the rule behind it does not.
+_NUMBER = re.compile(r"\d[\d.,]*")
+
+
+def rule(reason: str) -> str:
+    """The rule behind one refusal: its wording with the numbers blanked."""
+    return _NUMBER.sub("#", reason)
 
 
 def _divisors(n: int, limit: int) -> List[int]:
@@ -122,7 +133,9 @@ def candidates(cfg: Any, global_batch: int, admit: Admit, pinned: Sequence[str] 
     """Plans of every structure x regime (regimes) x checkpointing x micro-batch whose accumulation makes
     `global_batch` sequences and that `admit` accepts (`pinned`: REGIME_FIELDS and TENSOR_PARALLEL_FIELDS kept
     as configured). Checkpointing modes go from least to most activation memory; a mode stops at the first
-    micro-batch that does not fit (bigger ones need more), and a structure at a mode whose smallest does not."""
+    micro-batch that does not fit (bigger ones need more) or that breaks the rules its smallest broke (rules the
+    micro-batch does not lift), and a structure at a mode whose smallest does not fit, or breaks no rule the
+    mode before did not (rules the checkpointing mode does not lift)."""
     spec = spec_for(cfg.model)
     cluster = cfg.cluster
     tried = regimes(cfg, pinned)
@@ -135,6 +148,7 @@ def candidates(cfg: Any, global_batch: int, admit: Admit, pinned: Sequence[str] 
 
 
 def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit) -> Iterator[Plan]:
+    before: Set[str] = set()  # the rules the previous mode's smallest micro-batch broke (before its time)
     for checkpointing in CHECKPOINTING_BY_MEMORY:
         smallest = True  # the first micro-batch this mode tries
         for micro in MICRO_BATCHES:
@@ -149,8 +163,15 @@ def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit) -> Iterato
                 if smallest:
                     return  # the later modes hold more activations at this micro-batch
                 break
-            smallest = False
-            if admit(point, plan):
+            reasons = admit(point, plan)
+            rules = {rule(reason) for reason in reasons}
+            if smallest:
+                if rules and rules <= before:
+                    return  # no rule the previous mode did not break: the mode is not what refuses it
+                before, smallest = rules, False
+            elif rules and rules == before:
+                break  # refused as its smallest micro-batch was: the micro-batch is not what refuses it
+            if reasons:
                 continue
             # judged again with its predicted time: the time limit needs the step time and start-up
             timed = with_time(plan, point)
