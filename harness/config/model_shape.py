@@ -6,6 +6,7 @@ by a hash of the config fields and the transformers version, so `harness plan` b
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import importlib.metadata
@@ -14,12 +15,14 @@ import os
 import re
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 
 from harness.rundir import write_text
 
 SHAPE_VERSION = 20  # bump when the JSON below changes meaning
 _MEMO: Dict[str, Dict[str, Any]] = {}
+# The last few configs asked for, with their shapes: a search asks for the same one over and over.
+_RECENT: Deque[Tuple[Dict[str, Any], Dict[str, Any]]] = collections.deque(maxlen=8)
 
 # What transformers lacks: families without a `base_model_tp_plan`, written in its own style names.
 HARNESS_TP_PLANS: Dict[str, Dict[str, str]] = {
@@ -72,9 +75,15 @@ _SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def model_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
-    """The shape JSON of these config fields: from memory, from the cache file, or built on meta."""
+    """The shape JSON of these config fields: from memory (by the fields themselves, then by their key), from
+    the cache file, or built on meta. A search asks for the same few configs tens of thousands of times: comparing
+    the fields costs less than hashing them into the key."""
+    for fields, known in _RECENT:
+        if fields == hf_config:
+            return known
     key = shape_key(hf_config)
     if key in _MEMO:
+        _RECENT.append((dict(hf_config), _MEMO[key]))
         return _MEMO[key]
     path = cache_dir() / f"{key}.json"
     try:
@@ -83,6 +92,7 @@ def model_shape(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
         shape = derive_shape(hf_config)
         write_text(path, json.dumps(shape))
     _MEMO[key] = shape
+    _RECENT.append((dict(hf_config), shape))
     return shape
 
 
