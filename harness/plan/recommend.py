@@ -133,9 +133,9 @@ def candidates(cfg: Any, global_batch: int, admit: Admit, pinned: Sequence[str] 
     """Plans of every structure x regime (regimes) x checkpointing x micro-batch whose accumulation makes
     `global_batch` sequences and that `admit` accepts (`pinned`: REGIME_FIELDS and TENSOR_PARALLEL_FIELDS kept
     as configured). Checkpointing modes go from least to most activation memory; a mode stops at the first
-    micro-batch that does not fit (bigger ones need more) or that breaks the rules its smallest broke (rules the
-    micro-batch does not lift), and a structure at a mode whose smallest does not fit, or breaks no rule the
-    mode before did not (rules the checkpointing mode does not lift)."""
+    micro-batch that does not fit (bigger ones need more) or that is refused for the very reasons its smallest
+    was, numbers and all (reasons the micro-batch does not enter), and a structure at a mode whose smallest does
+    not fit, or breaks no rule the mode before did not (rules the checkpointing mode does not lift)."""
     spec = spec_for(cfg.model)
     cluster = cfg.cluster
     tried = regimes(cfg, pinned)
@@ -149,6 +149,7 @@ def candidates(cfg: Any, global_batch: int, admit: Admit, pinned: Sequence[str] 
 
 def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit) -> Iterator[Plan]:
     before: Set[str] = set()  # the rules the previous mode's smallest micro-batch broke (before its time)
+    first: Set[str] = set()  # the reasons this mode's smallest micro-batch was refused for, numbers and all
     for checkpointing in CHECKPOINTING_BY_MEMORY:
         smallest = True  # the first micro-batch this mode tries
         for micro in MICRO_BATCHES:
@@ -164,13 +165,13 @@ def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit) -> Iterato
                     return  # the later modes hold more activations at this micro-batch
                 break
             reasons = admit(point, plan)
-            rules = {rule(reason) for reason in reasons}
             if smallest:
+                rules = {rule(reason) for reason in reasons}
                 if rules and rules <= before:
                     return  # no rule the previous mode did not break: the mode is not what refuses it
-                before, smallest = rules, False
-            elif rules and rules == before:
-                break  # refused as its smallest micro-batch was: the micro-batch is not what refuses it
+                before, first, smallest = rules, set(reasons), False
+            elif reasons and set(reasons) == first:
+                break  # refused word for word as its smallest micro-batch was: the micro-batch is not what refuses it
             if reasons:
                 continue
             # judged again with its predicted time: the time limit needs the step time and start-up

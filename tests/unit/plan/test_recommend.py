@@ -131,3 +131,39 @@ def test_a_node_of_six_gpus_is_searched_with_degrees_of_three():
     choices, admitted = ranked(run_config(model="llama3_1_8b", engine=dict(name="nd"), cluster=cluster,
                                           seq_len=8192), global_batch=64, top_k=1)
     assert admitted and choices[0].plan.layout.pp in (3, 6), choices
+
+
+def test_the_pruned_search_admits_every_layout_an_exhaustive_one_does():
+    # the oracle plans every structure x regime x checkpointing mode x micro-batch, stopping at nothing; 6 GPUs
+    # have interleaved pipelines whose smallest micro-batches break a rule (accumulation over pp) a bigger lifts
+    from dataclasses import replace
+
+    from harness.launch.recommend import admit
+    from harness.plan.parallel_dims import ParallelDims
+    from harness.plan.planner import make_plan, spec_for, with_time
+    from harness.plan.recommend import (CHECKPOINTING_BY_MEMORY, MICRO_BATCHES, candidates, regimes, structures,
+                                        tensor_parallel_options)
+    cfg = run_config(model="llama3_1_8b", engine=dict(name="nd"), cluster=dict(H100_1X8, accelerators_per_node=6),
+                     seq_len=8192)
+
+    def key(plan):
+        return (repr(plan.layout), plan.engine.compile)
+
+    exhaustive = set()
+    for fields in structures(spec_for(cfg.model), 6, 6, "nd"):
+        dp = ParallelDims(dp_replicate=fields["dp_replicate"], dp_shard=fields["dp_shard"]).dp
+        for precision, compiled in regimes(cfg):
+            engine = replace(tensor_parallel_options(cfg.engine, fields["tp"]), compile=compiled)
+            for mode in CHECKPOINTING_BY_MEMORY:
+                for micro in MICRO_BATCHES:
+                    accum, rest = divmod(64, dp * micro)
+                    if rest or accum < 1:
+                        continue
+                    point = replace(cfg, engine=engine, layout=replace(
+                        cfg.layout, precision=precision, micro_batch=micro, grad_accum=accum,
+                        activation_checkpointing=mode, **fields))
+                    plan = make_plan(point, predict_time=False)
+                    if not admit(point, plan) and not admit(point, with_time(plan, point)):
+                        exhaustive.add(key(plan))
+    pruned = {key(plan) for plan in candidates(cfg, 64, admit)}
+    assert pruned == exhaustive and len(pruned) > 100, (len(pruned), len(exhaustive))
