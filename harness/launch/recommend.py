@@ -22,9 +22,9 @@ from harness.launch.host_profile import measure_host_profile
 from harness.launch.prepare import launch_problems
 from harness.launch.refusals import Refusals
 from harness.plan.planner import GIB, Plan
-from harness.plan.time_limit import local_timeout_problem
 from harness.plan.recommend import (REGIME_FIELDS, SEARCHED_LAYOUT_FIELDS, TENSOR_PARALLEL_FIELDS, Choice, band_ties,
                                    compare, rank)
+from harness.plan.time_limit import local_timeout_problem
 from harness.plan.uncertainty import describe, overlaps
 from harness.plan.units import format_bytes
 from harness.rundir import write_text
@@ -63,7 +63,7 @@ def ranked(cfg: Any, global_batch: int, top_k: int, constraint: Optional[Dict[st
     def admit_constrained(point: Any, plan: Plan) -> Sequence[str]:
         unmatched = unmet(plan.layout, constraint) if constraint else []
         if refusals is not None and constraint:
-            refusals.saw({k: str(_plain(getattr(plan.layout, k))) for k in constraint}, constraint)
+            refusals.saw({k: str(_plain(getattr(plan.layout, k))) for k in constraint})
         if unmatched:
             return unmatched
         reasons = admit(point, plan)
@@ -74,15 +74,17 @@ def ranked(cfg: Any, global_batch: int, top_k: int, constraint: Optional[Dict[st
     return rank(cfg, global_batch, admit_constrained, top_k, pinned)
 
 
-def no_layout_message(prog: str, refusals: Refusals, global_batch: int, constrained: bool = False) -> str:
-    """Why the search admitted nothing: the refusals' reasons, or that no candidate was there to judge."""
-    missing = refusals.never_seen() if constrained else {}
+def no_layout_message(prog: str, refusals: Refusals, global_batch: int,
+                      constraint: Optional[Dict[str, str]] = None) -> str:
+    """Why the search admitted nothing: the refusals' reasons, or that no candidate was there to judge (one that
+    has the `--constrain` values, naming those no candidate has)."""
+    missing = refusals.never_seen(constraint) if constraint else {}
     if not refusals.candidates and missing:
         return f"{prog}: no layout fits: " + "; ".join(
             f"no candidate has --constrain {k}={v} (the search's candidates have {k} "
             f"{', '.join(sorted(refusals.values[k], key=_natural))})" for k, v in missing.items())
     if not refusals.candidates:
-        has = "has the --constrain values and " if constrained else ""
+        has = "has the --constrain values and " if constraint else ""
         return (f"{prog}: no layout fits: no candidate layout {has}makes --global-batch {global_batch} sequences as "
                 "data-parallel degree x micro-batch x accumulation")
     first, *rest = refusals.summary(label)
@@ -248,14 +250,12 @@ def recipe(plan: Plan, choices: Dict[str, Any], groups: Dict[str, Any], cfg: Any
                                          if choices.get(group)]}
     body["sweep_name"], body["results_dir"] = cfg.sweep_name, cfg.results_dir
     body["layout"] = {"name": name, **{k: _plain(getattr(plan.layout, k)) for k in LAYOUT_FIELDS}}
-    for section in WRITTEN_SECTIONS:
-        body[section] = {k: _plain(v) for k, v in values[section].items()
-                         if k != "name" and _plain(v) != _plain(groups[section].get(k))}
+    sections = {section: {k: _plain(v) for k, v in values[section].items()
+                          if k != "name" and _plain(v) != _plain(groups[section].get(k))}
+                for section in WRITTEN_SECTIONS}
     if plan.cluster.accelerator != "cpu" and point.launcher.backend == "slurm":
-        body["launcher"]["gpus_per_node_gres"] = f"gpu:{plan.cluster.accelerators_per_node}"
-    for section in WRITTEN_SECTIONS:
-        if not body[section]:
-            del body[section]
+        sections["launcher"]["gpus_per_node_gres"] = f"gpu:{plan.cluster.accelerators_per_node}"
+    body.update({section: fields for section, fields in sections.items() if fields})
     return f"# @package _global_\n# Written by `harness recommend`: {note}\n", body
 
 
@@ -353,7 +353,7 @@ def recommend_main(argv: Sequence[str]) -> int:
     top, admitted = ranked(cfg, args.global_batch, args.top, constraint, pinned_regime(overrides), refusals)
     print(f"{admitted} admitted layouts ranked in {time.process_time() - start:.2f} s CPU")
     if not top:
-        print(no_layout_message("harness recommend", refusals, args.global_batch, bool(constraint)), file=sys.stderr)
+        print(no_layout_message("harness recommend", refusals, args.global_batch, constraint), file=sys.stderr)
         return 1
     print_fitted("\n".join(row(i, choice) for i, choice in enumerate(top, 1)))
     measure = (f"harness sweep sweep={args.name}" if not args.no_write

@@ -22,18 +22,15 @@ class Refusals:
     alone: Counter = field(default_factory=Counter)  # rules that were a candidate's only reason
     examples: Dict[str, str] = field(default_factory=dict)
     closest: Optional[Plan] = None  # of the plans refused for device memory alone, the one over it by the least
-    # the values every candidate had of the constrained fields, and the constraint's own (a `--constrain` search)
-    values: Dict[str, Set[str]] = field(default_factory=dict)
-    wanted: Dict[str, str] = field(default_factory=dict)
+    values: Dict[str, Set[str]] = field(default_factory=dict)  # every candidate's values of constrained fields
 
-    def saw(self, layout_values: Dict[str, str], wanted: Dict[str, str]) -> None:
-        self.wanted = dict(wanted)
+    def saw(self, layout_values: Dict[str, str]) -> None:
         for key, value in layout_values.items():
             self.values.setdefault(key, set()).add(value)
 
-    def never_seen(self) -> Dict[str, str]:
+    def never_seen(self, constraint: Dict[str, str]) -> Dict[str, str]:
         """The constraint's fields whose value no candidate had."""
-        return {k: v for k, v in self.wanted.items() if v not in self.values.get(k, set())}
+        return {k: v for k, v in constraint.items() if v not in self.values.get(k, set())}
 
     def add(self, plan: Plan, reasons: Sequence[str]) -> None:
         if not reasons:

@@ -4,7 +4,6 @@ predicted tokens/s into choices (layouts the model cannot separate are one), and
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Set, Tuple

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from harness.plan.construction import model_init_mode
@@ -121,13 +121,24 @@ class JobTime:
                 f"= {self.needed_s / 60:.1f} min")
 
 
+def _startup_s(cfg: Any, total_params: int, model_init: str) -> float:
+    return startup_s(total_params, model_init, cfg.cluster.accelerator,
+                     bool(getattr(cfg.engine, "compiled_ops", False)), cfg.layout.offload_optimizer)
+
+
 def job_time(cfg: Any, step_time_s: float, total_params: int, model_init: str) -> JobTime:
-    """The time a run of `cfg` needs, from its plan's predicted step time and resolved model.init."""
-    bench, engine, layout = cfg.bench, cfg.engine, cfg.layout
-    start = startup_s(total_params, model_init, cfg.cluster.accelerator, bool(getattr(engine, "compiled_ops", False)),
-                      layout.offload_optimizer)
-    return JobTime(start, bench.warmup_steps + bench.steps, step_time_s, warning_lead_s(step_time_s),
-                   limit_seconds(cfg.launcher.time_limit))
+    """The time a Slurm run of `cfg` needs, from its plan's predicted step time and resolved model.init."""
+    bench = cfg.bench
+    return JobTime(_startup_s(cfg, total_params, model_init), bench.warmup_steps + bench.steps, step_time_s,
+                   warning_lead_s(step_time_s), limit_seconds(cfg.launcher.time_limit))
+
+
+def _too_short(limit: str, need: JobTime, bench: Any, fix: str) -> str:
+    """The refusal of a run longer than its limit: the field and its minutes, the time needed part by part, and
+    the value that would do."""
+    return (f"{limit} ({need.limit_s / 60:.0f} min) is shorter than the run: {need.describe()} "
+            f"(bench.warmup_steps={bench.warmup_steps}, bench.steps={bench.steps}); set {fix} or more, or fewer "
+            "bench.steps")
 
 
 def time_limit_problem(cfg: Any, step_time_s: Optional[float], total_params: Optional[int],
@@ -142,11 +153,9 @@ def time_limit_problem(cfg: Any, step_time_s: Optional[float], total_params: Opt
         return str(error)
     if need.fits:
         return None
-    bench = cfg.bench
     minutes = math.ceil(need.needed_s / 60)
-    return (f"launcher.time_limit={cfg.launcher.time_limit} ({need.limit_s / 60:.0f} min) is shorter than the run: "
-            f"{need.describe()} (bench.warmup_steps={bench.warmup_steps}, bench.steps={bench.steps}); "
-            f"set launcher.time_limit={minutes // 60:02d}:{minutes % 60:02d}:00 or more, or fewer bench.steps")
+    return _too_short(f"launcher.time_limit={cfg.launcher.time_limit}", need, cfg.bench,
+                      f"launcher.time_limit={minutes // 60:02d}:{minutes % 60:02d}:00")
 
 
 def _model_init(cfg: Any, plan: Any) -> str:
@@ -168,15 +177,12 @@ def local_timeout_problem(cfg: Any, plan: Any) -> Optional[str]:
     before it measured every step; None off the local launcher or without a predicted step time or a model."""
     if cfg.launcher.backend != "local" or plan.model is None or not plan.step_time_s:
         return None
-    slurm = job_time(replace(cfg, launcher=replace(cfg.launcher, time_limit="UNLIMITED")), plan.step_time_s,
-                     plan.model.total_params, _model_init(cfg, plan))
-    need = replace(slurm, lead_s=0, limit_s=float(cfg.launcher.timeout_s))
+    bench, timeout = cfg.bench, cfg.launcher.timeout_s
+    need = JobTime(_startup_s(cfg, plan.model.total_params, _model_init(cfg, plan)),
+                   bench.warmup_steps + bench.steps, plan.step_time_s, 0, float(timeout))
     if need.fits:
         return None
-    bench = cfg.bench
-    return (f"launcher.timeout_s={cfg.launcher.timeout_s} ({need.limit_s / 60:.0f} min) is shorter than the run: "
-            f"{need.describe()} (bench.warmup_steps={bench.warmup_steps}, bench.steps={bench.steps}); "
-            f"set launcher.timeout_s={math.ceil(need.needed_s)} or more, or fewer bench.steps")
+    return _too_short(f"launcher.timeout_s={timeout}", need, bench, f"launcher.timeout_s={math.ceil(need.needed_s)}")
 
 
 def plan_job_time(cfg: Any, plan: Any) -> Optional[JobTime]:
