@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 from typing import Dict, List, Mapping, Optional, Tuple, Type
@@ -80,7 +81,10 @@ def rank_side(name: str) -> RankSide:
     return engine(name).rank_side()
 
 
+@lru_cache(maxsize=None)
 def _checked(module_name: str, side: type) -> ModuleType:
+    """The module, once it is known to provide `side` (a runtime Protocol check reads every member: the planner
+    asks for an engine's side once per candidate layout, so the answer is kept)."""
     module = importlib.import_module(module_name)
     if not isinstance(module, side):
         raise TypeError(f"{module_name} does not provide the engine contract's {side.__name__}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from operator import mul
 from typing import Any, Dict, List, NamedTuple, Tuple
 
 from harness.plan.conventions import COMPUTE_BYTES
@@ -808,4 +809,4 @@ def staged_bytes(tok: TokenActivations, layout: Any, rank: int, layers: int, tok
         chunk.append(tokens * per_token + out.per_stage)
     loss = tokens * out.loss_per_token + out.last_constant
     moments = distinct_moments(layout.pp_schedule, p, v, layout.grad_accum, rank)
-    return int(max(sum(n * b for n, b in zip(counts, chunk)) + held * loss for counts, held in moments))
+    return int(max(sum(map(mul, counts, chunk)) + held * loss for counts, held in moments))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 from harness.plan.activations import layout_token_activations, rank_activation_bytes
 from harness.plan.compute_time import layer_gemms
@@ -91,12 +91,13 @@ def memory_per_rank(spec: ModelSpec, layout: Any, engine: Any, accelerator: str,
     tok = layout_token_activations(spec, layout, engine, accelerator)
     conv = state_convention(engine.name, layout.precision, layout.zero_stage, engine.fsdp_version,
                             engine.grad_reduce_in_bf16)
+    scaling_of = fp8_scaling_by_layers(spec, layout, engine.name)
     best = None
     for st in rank_states(spec, layout, engine.name, engine.fsdp_version, engine.grad_reduce_in_bf16):
         # weight-shared stacks (HRM, pp = 1 by validation): each run with gradient saves its layer's activations
         saved = spec.saved_layer_runs if spec.layer_runs else st.layers
         activations, recompute = rank_activation_bytes(tok, layout, st.rank, saved, st.first, st.last)
-        scaling = fp8_scaling_bytes(spec, layout, engine.name, st.layers)
+        scaling = scaling_of(st.layers)
         buckets = deepspeed_bucket_bytes(layout, accelerator, st.numel) if engine.name == "deepspeed" else 0
         predicted = (st.param + st.grad + st.master + st.moments + st.optimizer_grad + st.gathered
                      + st.accumulated_grad + activations + recompute + scaling + buckets)
@@ -128,9 +129,10 @@ def allowance_bytes(allowance: Allowance, predicted: int, preallocated: int) -> 
     return int(allowance.fraction * (predicted - preallocated)) + allowance.fixed_bytes
 
 
-def fp8_scaling_bytes(spec: ModelSpec, layout: Any, engine: str, layers: int) -> int:
-    """The FP8 scaling state of a rank's `layers` decoder layers (their weight GEMMs are what FP8 converts)."""
+def fp8_scaling_by_layers(spec: ModelSpec, layout: Any, engine: str) -> Callable[[int], int]:
+    """The FP8 scaling state of a rank's decoder layers, by their number (their weight GEMMs are what FP8
+    converts)."""
     if layout.precision != "fp8":
-        return 0
+        return lambda layers: 0
     linears = sum(count for *_, count in layer_gemms(spec, 1, 1))
-    return fp8_scaling_state_bytes(engine, layers * linears)
+    return lambda layers: fp8_scaling_state_bytes(engine, layers * linears)

@@ -259,7 +259,18 @@ def engine_spec(spec: ModelSpec, engine: str) -> ModelSpec:
     """The model as `engine` runs it: an engine with its own attention layer (EngineSupport.attention) runs that
     kernel whatever transformers' attn_implementation says (GPT-OSS builds in transformers with eager only)."""
     attention = ENGINE_SUPPORT[engine].attention if engine in ENGINE_SUPPORT else ""
-    return replace(spec, attn_implementation=attention) if attention else spec
+    if not attention or spec.attn_implementation == attention:
+        return spec
+    # the same object for the same model: the memory and time memos key on the spec's identity
+    hit = _ENGINE_SPECS.get((id(spec), attention))
+    if hit is None or hit[0] is not spec:
+        if len(_ENGINE_SPECS) > 64:
+            _ENGINE_SPECS.clear()
+        hit = _ENGINE_SPECS[(id(spec), attention)] = (spec, replace(spec, attn_implementation=attention))
+    return hit[1]
+
+
+_ENGINE_SPECS: Dict[tuple, Tuple[ModelSpec, ModelSpec]] = {}
 
 
 def make_plan(cfg: Any, peak_flops_per_device: Optional[float] = None, tokens_per_s: Optional[float] = None,

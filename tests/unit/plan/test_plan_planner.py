@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from harness.plan.planner import GIB, Plan, make_plan, plan_rows, spec_for
+from harness.config.schema import ModelConfig
+from harness.plan.planner import GIB, Plan, engine_spec, make_plan, plan_rows, spec_for
 from harness.plan.records import build
 from plan_helpers import REAL_SHAPES, run_config
 
@@ -193,3 +194,13 @@ def test_megatron_lm_runs_its_own_attention_whatever_attn_implementation_says(en
     assert (eager.memory.total_bytes == sdpa.memory.total_bytes) is same
     if not same:
         assert eager.tokens_per_s < sdpa.tokens_per_s and eager.memory.total_bytes > sdpa.memory.total_bytes
+
+
+def test_an_engine_with_its_own_attention_plans_one_model_object_per_model():
+    # the per-rank states and the time model's kernels are memoised on the model's identity: a fresh copy per plan
+    # would miss them on every candidate of a Megatron-LM search
+    spec = spec_for(ModelConfig(name="llama3_1_8b", hf_config=dict(REAL_SHAPES["llama3_1_8b"],
+                                                                   attn_implementation="eager")))
+    first, second = engine_spec(spec, "megatron_lm"), engine_spec(spec, "megatron_lm")
+    assert first is second and first is not spec and first.attn_implementation == "sdpa"
+    assert engine_spec(spec, "nd") is spec
