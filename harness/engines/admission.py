@@ -30,15 +30,18 @@ class Verdict:
 def judge(cfg: Any, plan: Optional[Plan] = None) -> Verdict:
     """Every reason `cfg` is refused, in one list: the layout and model rules (harness.plan.validate), the
     engine's own rules (its launch side's `check`, asked only of a plannable layout: it reads the plan's
-    degrees), memory (the predicted per-rank total against the device), the launcher's fit to the cluster, and
+    degrees; of any other, its `model_problems`), memory (the predicted per-rank total against the device), the launcher's fit to the cluster, and
     a Slurm run's time limit against its predicted length (harness.plan.time_limit; an export never launches).
     `plan` is cfg's plan when the caller already made it (the recommender makes it without a time)."""
     plan = make_plan(cfg) if plan is None else plan
     errors, warnings = list(plan.errors), list(plan.warnings)
+    engine = engine_module(cfg.engine.name)
     if plan.valid:
-        engine_errors, engine_warnings = engine_module(cfg.engine.name).check(cfg)
+        engine_errors, engine_warnings = engine.check(cfg)
         errors += [e for e in engine_errors if e not in errors]
         warnings += [w for w in engine_warnings if w not in warnings]
+    elif plan.model is not None:  # the engine's rules on the model alone hold whatever the layout breaks
+        errors += [e for e in engine.model_problems(cfg) if e not in errors]
     errors += memory_problems(plan) + launcher_problems(cfg)
     if not errors and not registry.engine(cfg.engine.name).export_only:
         limit = plan_time_limit_problem(cfg, plan)

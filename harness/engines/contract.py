@@ -21,6 +21,10 @@ class LaunchSide(Protocol):
         """(errors, warnings): the engine's own rules beyond the planner's support table, applied before
         `render`; an error names the field, its value and the rule."""
 
+    def model_problems(self, cfg: RunConfig) -> List[str]:
+        """The part of `check`'s errors that no layout changes (the model families the engine runs): asked of
+        every layout, even one the planner refuses, and once before a search."""
+
     def render(self, cfg: RunConfig, run_dir: Path) -> RenderedRun:
         """Write the engine's files into `run_dir` and return how its ranks are started."""
 

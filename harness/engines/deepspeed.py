@@ -137,6 +137,11 @@ def largest_param_partition(cfg: RunConfig) -> int:
     return -(-largest // ParallelDims.of(cfg.layout).dp)
 
 
+def model_problems(cfg: RunConfig) -> List[str]:
+    """None: engine=deepspeed wraps whatever transformers builds."""
+    return []
+
+
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     """(errors, warnings) for engine=deepspeed beyond the planner's support table (which already limits
     pp > 1 to ZeRO 0-1 and DeepSpeed's own 1F1B schedule)."""

@@ -230,6 +230,11 @@ def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:
     return render_launch(cfg, run_dir, "accelerate", [CONFIG_FILE], extra=["--config_file", str(path)])
 
 
+def model_problems(cfg: RunConfig) -> List[str]:
+    """None: engine=fsdp wraps whatever transformers builds."""
+    return []
+
+
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     """(errors, warnings) for running this config with engine=fsdp."""
     return layout_problems(cfg), []

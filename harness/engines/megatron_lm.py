@@ -420,11 +420,20 @@ def _expert_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
     return problems
 
 
+def model_problems(cfg: RunConfig) -> List[str]:
+    """The model families the export cannot write arguments for, whatever the layout."""
+    model_type = spec_for(cfg.model).model_type
+    if model_type not in MEGATRON_FAMILIES:
+        return [f"model_type={model_type!r}: the Megatron-LM export knows {', '.join(MEGATRON_FAMILIES)}"]
+    return []
+
+
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     """(errors, warnings): Megatron-LM's argument rules this layout could break, each naming field and value."""
     spec = spec_for(cfg.model)
-    if spec.model_type not in MEGATRON_FAMILIES:
-        return [f"model_type={spec.model_type!r}: the Megatron-LM export knows {', '.join(MEGATRON_FAMILIES)}"], []
+    family = model_problems(cfg)
+    if family:
+        return family, []
     errors = _layout_problems(spec, cfg) + _shape_problems(spec, cfg) + _expert_problems(spec, cfg)
     warnings: List[str] = []
     if cfg.engine.sequence_parallel and cfg.layout.tp == 1:

@@ -15,6 +15,7 @@ from typing import List, Tuple
 from harness.config.schema import RunConfig
 from harness.engines import nd_plans
 from harness.engines.rendered import RenderedRun, render_launch
+from harness.plan.planner import spec_for
 from harness.rundir import ND_PLAN_FILE, write_text
 
 PLAN_FILE = ND_PLAN_FILE
@@ -23,6 +24,11 @@ PLAN_FILE = ND_PLAN_FILE
 def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     """(errors, warnings) for this config under engine=nd; the planner reports them."""
     return nd_plans.check(cfg)
+
+
+def model_problems(cfg: RunConfig) -> List[str]:
+    """The model families the stage module cannot run, whatever the layout."""
+    return nd_plans.family_problems(spec_for(cfg.model))
 
 
 def render(cfg: RunConfig, run_dir: Path) -> RenderedRun:

@@ -227,14 +227,22 @@ def _tp_problems(spec: ModelSpec, layout: LayoutConfig, cfg: RunConfig) -> List[
     return problems
 
 
-def _model_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
-    layout, problems = cfg.layout, []
+def family_problems(spec: ModelSpec) -> List[str]:
+    """The model families engine=nd's stage module cannot run, whatever the layout."""
     if spec.model_type in STAGE_REFUSED:
         return [f"model.hf_config.model_type={spec.model_type!r}: engine=nd's stage module runs embed_tokens, "
                 f"the decoder layers, norm and lm_head; this family {STAGE_REFUSED[spec.model_type]}"]
     if spec.model_type not in STAGE_FAMILIES:
         return [f"model.hf_config.model_type={spec.model_type!r}: engine=nd runs {', '.join(STAGE_FAMILIES)} "
                 f"(families whose forward its stage module reproduces, checked against one process)"]
+    return []
+
+
+def _model_problems(spec: ModelSpec, cfg: RunConfig) -> List[str]:
+    layout, problems = cfg.layout, []
+    family = family_problems(spec)
+    if family:
+        return family
     if layout.tp > 1:
         problems += nd_tp.tp_plan_problems(cfg.model.hf_config)
     if spec.tied_embeddings and (layout.tp > 1 or layout.pp > 1):

@@ -17,6 +17,7 @@ from harness.config.arguments import OneLineParser, refuse_unknown, slug, whole_
 from harness.config.compose import compose_config, compose_run_config, run_config_to_dict, user_config_dir
 from harness.config.errors import explain as explain_error
 from harness.config.naming import stage_layers_words
+from harness.engines import engine_module
 from harness.engines.admission import judge, launcher_to_add
 from harness.launch.host_profile import measure_host_profile
 from harness.launch.prepare import launch_problems
@@ -342,7 +343,8 @@ def recommend_main(argv: Sequence[str]) -> int:
         print(f"harness recommend: {explain_error(error)}", file=sys.stderr)
         return 2
     # The run's own checks (bench steps, tracking) too: a recipe written here must not be pruned downstream.
-    run_problems = launch_problems(cfg)
+    # and the engine's rules on the model alone: every candidate would be refused for them
+    run_problems = launch_problems(cfg) + engine_module(cfg.engine.name).model_problems(cfg)
     if run_problems:
         print(f"harness recommend: {'; '.join(run_problems)}", file=sys.stderr)
         return 2

@@ -86,3 +86,25 @@ def test_a_constraint_no_candidate_can_have_is_named_with_what_the_search_tries(
 def test_a_constraint_value_is_held_as_the_layout_holds_it():
     from harness.launch.recommend import parse_constraint
     assert parse_constraint(["tp=08", "layout.pp=4"]) == {"tp": "8", "pp": "4"}
+
+
+@pytest.mark.parametrize("engine, family", [("nd", "engine=nd runs llama"),
+                                            ("megatron_lm", "the Megatron-LM export knows")])
+def test_a_model_family_the_engine_cannot_run_is_one_line_before_any_search(engine, family, tmp_path, monkeypatch,
+                                                                             capsys):
+    monkeypatch.setenv("HARNESS_CONFIG_DIR", str(tmp_path))
+    model = "gemma2_9b" if engine == "megatron_lm" else "gpt2"
+    assert recommend_main(["--global-batch", "64", f"model={model}", "cluster=gpu_h100_1x8", f"engine={engine}"]) == 2
+    out, err = capsys.readouterr()
+    assert family in err and len(err.strip().splitlines()) == 1 and "admitted" not in out, (out, err)
+
+
+def test_a_layout_the_planner_refuses_is_also_refused_for_the_model_family():
+    # the engine's own check reads a plannable layout only; its rule on the model holds whatever else is broken,
+    # so a refusal list never calls another rule "the only reason"
+    cfg = compose_run_config(["model=gpt2", "cluster=gpu_h100_1x8", "engine=nd", "layout.dp_shard=4",
+                              "layout.tp=2", "layout.activation_checkpointing=full", "engine.compile=true"])
+    verdict = judge(cfg)
+    assert not verdict.plan.valid
+    assert any("engine.compile=true with tp=2" in e for e in verdict.errors), verdict.errors
+    assert sum("engine=nd runs llama" in e for e in verdict.errors) == 1, verdict.errors
