@@ -30,8 +30,9 @@ class Verdict:
 def judge(cfg: Any, plan: Optional[Plan] = None) -> Verdict:
     """Every reason `cfg` is refused, in one list: the layout and model rules (harness.plan.validate), the
     engine's own rules (its launch side's `check`, asked only of a plannable layout: it reads the plan's
-    degrees; of any other, its `model_problems`), memory (the predicted per-rank total against the device), the launcher's fit to the cluster, and
-    a Slurm run's time limit against its predicted length (harness.plan.time_limit; an export never launches).
+    degrees; of any other, its `model_problems`), memory (the predicted per-rank total against the device), the
+    launcher's fit to the cluster, and a Slurm run's time limit against its predicted length
+    (harness.plan.time_limit; an export never launches).
     `plan` is cfg's plan when the caller already made it (the recommender makes it without a time)."""
     plan = make_plan(cfg) if plan is None else plan
     errors, warnings = list(plan.errors), list(plan.warnings)

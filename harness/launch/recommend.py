@@ -342,8 +342,8 @@ def recommend_main(argv: Sequence[str]) -> int:
     except Exception as error:  # every composition and value error becomes one line
         print(f"harness recommend: {explain_error(error)}", file=sys.stderr)
         return 2
-    # The run's own checks (bench steps, tracking) too: a recipe written here must not be pruned downstream.
-    # and the engine's rules on the model alone: every candidate would be refused for them
+    # The run's own checks (bench steps, tracking) too: a recipe written here must not be pruned downstream; and
+    # the engine's rules on the model alone, which would refuse every candidate.
     run_problems = launch_problems(cfg) + engine_module(cfg.engine.name).model_problems(cfg)
     if run_problems:
         print(f"harness recommend: {'; '.join(run_problems)}", file=sys.stderr)
