@@ -1,4 +1,4 @@
-"""The time model beside two public A100 tables of software stacks it does not model (printed, never calibrated
+"""The time model beside public A100 tables of software stacks it does not model (printed, never calibrated
 on, never a test): what `make_plan` predicts for their layouts on the nearest harness engine.
 
 1. NVIDIA/NeMo-Megatron-Launcher README at 3579cdb3 (2022-09-07), "Training Performance Results": GPT-3 5B on 1-32
@@ -20,9 +20,18 @@ on, never a test): what `make_plan` predicts for their layouts on the nearest ha
    TP8 x PP35 (105 layers, hidden 20,480, 128 heads), micro-batch 1, full activation checkpointing, no sequence
    parallelism (Megatron-DeepSpeed of 2021). Printed as the harness's Megatron-LM export without sequence parallelism.
 
+4. FlagOpen/FlagPerf training/nvidia/llama3_8B-megatron/README.md at 5744755a (2024): Llama-3-8B, sequence 8192,
+   GBS 512 (1,760 on 440 GPUs), micro-batch 1, bf16, megatron-core core_v0.6.0 with Transformer Engine, FlashAttention
+   2 and "recompute-activations" (Megatron's selective recompute); tokens/s per GPU on one DGX A800 80GB (the A100's
+   compute with NVLink at 400 of the A100's 600 GB/s, NVIDIA A800 datasheet: planned as a100_sxm with its bus
+   bandwidth scaled to 160 GB/s) and on 8-440 H100. A 2024 Megatron-core that is not NVIDIA's tuned recipe (no
+   communication overlap is listed), printed for both chips: the same stack's error on each says whether a miss
+   is the chip's or the stack's. Its PP1 DP8 TP1 row ran out of memory and prints the plan's fit.
+
 Usage: .venv/bin/python tools/a100_cross_check.py (part of `make bench`)
 """
 
+from harness.config.compose import compose_run_config
 from harness.config.schema import (BenchConfig, ClusterConfig, LauncherConfig, LayoutConfig, ModelConfig, RunConfig,
                                    engine_config)
 from harness.plan.planner import make_plan
@@ -39,6 +48,37 @@ FLASH = [("gpt3-125m", 768, 12, 12, 8, 1, 1, "none", 32, 256, 1310e3),
          ("gpt3-760m", 1536, 16, 24, 8, 1, 1, "none", 16, 256, 245e3),
          ("gpt3-1.3b", 2048, 16, 24, 8, 1, 1, "none", 8, 512, 169e3),
          ("gpt3-2.7b", 2560, 20, 32, 8, 1, 1, "none", 4, 512, 85e3)]
+
+
+# (accelerator, nodes, pp, dp, tp, global batch, measured tokens/s per GPU; None: out of memory)
+FLAGPERF = [("a100_sxm", 1, pp, dp, tp, 512, t) for pp, dp, tp, t in
+            ((2, 4, 1, 3698.7), (4, 2, 1, 3306.5), (2, 2, 2, 3409.2), (2, 1, 4, 3006.1), (8, 1, 1, 2690.3),
+             (1, 1, 8, 2451.2), (4, 1, 2, 3042.7), (1, 8, 1, None))]
+FLAGPERF += [("h100_sxm", 1, 1, 4, 2, 512, 8103), ("h100_sxm", 2, 1, 8, 2, 512, 7914),
+             ("h100_sxm", 55, 1, 220, 2, 1760, 7047)]
+A800_NVLINK_GBPS = 160 * 8  # 240 GB/s of A100 NVLink bus bandwidth x 400 / 600
+
+
+def flagperf_report() -> None:
+    print("\nFlagPerf 2024, megatron-core 0.6 + Transformer Engine, Llama-3-8B, sequence 8192, selective recompute")
+    for accelerator, nodes, pp, dp, tp, gbs, measured in FLAGPERF:
+        overrides = ["model=llama3_1_8b", "engine=megatron_lm", "cluster=gpu_h100_1x8", f"cluster.nodes={nodes}",
+                     f"cluster.accelerator={accelerator}", f"layout.dp_shard={dp}", f"layout.tp={tp}",
+                     f"layout.pp={pp}", "layout.micro_batch=1", f"layout.grad_accum={gbs // dp}",
+                     "layout.seq_len=8192", "layout.activation_checkpointing=selective", "layout.zero_stage=1",
+                     "layout.precision=bf16", f"engine.sequence_parallel={str(tp > 1).lower()}"]
+        overrides += [f"cluster.intra_node_gbps={A800_NVLINK_GBPS}"] if accelerator == "a100_sxm" else []
+        overrides += ["launcher=slurm_gpu"] if nodes > 1 else []
+        plan = make_plan(compose_run_config(overrides))
+        chip = "A800" if accelerator == "a100_sxm" else "H100"
+        head = f"  {chip} gpus={nodes * 8:<4} pp{pp} dp{dp} tp{tp}"
+        if measured is None:
+            print(f"{head:34} measured out of memory  planned {plan.memory.total_bytes / 2**30:.1f} GiB "
+                  f"(fits: {plan.fits})")
+            continue
+        predicted = plan.tokens_per_s / plan.world_size
+        print(f"{head:34} measured {measured:8.0f}  predicted {predicted:8.0f}  {predicted / measured - 1:+6.1%}  "
+              f"predicted MFU {plan.predicted_mfu:.2f}")
 
 
 def config(row, engine: str, kernel: str, vocab: int, sequence_parallel: bool = True) -> RunConfig:
@@ -77,3 +117,4 @@ if __name__ == "__main__":
     for engine in ("megatron_lm", "fsdp"):
         report(f"flash-attention's GPT3 trainer, 8 x A100 80GB, FlashAttention v1, as {engine}",
                FLASH, engine, "flash_attention_1", 50264)
+    flagperf_report()
