@@ -9,7 +9,7 @@ from harness.plan.conventions import (DEEPSPEED_MAX_REUSE_DISTANCE, StateConvent
                                       state_convention)
 from harness.plan.model_spec import ModelSpec, ParamTensor, param_tensors
 from harness.plan.parallel_dims import ParallelDims
-from harness.plan.pipeline import V_SCHEDULES, rank_layers, rank_stages, stage_layer_counts
+from harness.plan.pipeline import V_SCHEDULES, rank_layers, rank_stages, stage_layer_counts, stage_layer_indices
 from harness.plan.resharding import reshard_after_forward
 from harness.plan.support import ENGINE_SUPPORT
 
@@ -304,16 +304,35 @@ def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: in
     if hit is not None and hit[0] is spec:
         return hit[1]
     counts = stage_layer_counts(spec.num_layers, pp, v, layout.pp_stage_layers)
+    indices = stage_layer_indices(counts)
     result = []
+    seen = set()  # the layers of each local stage, first, last: of the ranks kept (LATER_RANKS_HOLD_NO_MORE)
     for rank in candidate_ranks(pp, layout.pp_schedule, bool(layout.pp_stage_layers)):
         stages = rank_stages(layout.pp_schedule, pp, v, rank)
-        params = rank_params(spec, layout.tp, layout.ep, rank_layers(counts, stages), 0 in stages,
-                             len(counts) - 1 in stages, pp, ENGINE_SUPPORT[engine_name].tp_shards_vocab)
+        layer_ids, first, last = rank_layers(counts, stages), 0 in stages, len(counts) - 1 in stages
+        if layout.pp_schedule in LATER_RANKS_HOLD_NO_MORE:
+            alike = (tuple(tuple(sorted(Counter(spec.layer_pattern[i] for i in indices[s]).items())) for s in stages),
+                     first, last)
+            if alike in seen:
+                continue  # an earlier rank with the same layers has the same states and holds as much in flight
+            seen.add(alike)
+        params = rank_params(spec, layout.tp, layout.ep, layer_ids, first, last, pp,
+                             ENGINE_SUPPORT[engine_name].tp_shards_vocab)
         result.append(place_states(conv, params, layout, rank))
     if len(_RANK_STATES) > 1_000_000:
         _RANK_STATES.clear()
     _RANK_STATES[key] = (spec, tuple(result))
     return tuple(result)
+
+
+# Schedules under which a rank never holds more in flight than an earlier rank running the same layers: GPipe
+# holds every micro-batch everywhere, 1F1B min(pp - rank, micro-batches) (harness.plan.activations.
+# inflight_microbatches), and under the looped interleaved ones each peak moment of a later rank is held, stage by
+# local stage, by one of an earlier rank (distinct_moments; tests/unit/plan/test_pipeline_memory.py checks it over
+# pp 2-16, 1-4 stages a rank and 8-64 micro-batches). The V schedules place a rank's second stage by its
+# distance from the end and do not: every rank of theirs is sized. Two ranks with the same layers have the same
+# states, so only the earlier one's memory can be the larger.
+LATER_RANKS_HOLD_NO_MORE = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble")
 
 
 def candidate_ranks(pp: int, schedule: str, explicit_split: bool) -> Tuple[int, ...]:
