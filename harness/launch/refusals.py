@@ -53,8 +53,9 @@ class Refusals:
         common = self.counts.most_common(shown)
         lines += [f"  {count:,}x {self.examples[rule]}" for rule, count in common]
         # a rule that alone refused candidates every other rule admits, however rare, is the one to lift
+        listed = {rule for rule, _ in common}
         lines += [f"  {count:,}x, the only reason: {self.examples[rule]}" for rule, count in self.alone.most_common()
-                  if rule not in dict(common)][:shown]
+                  if rule not in listed][:shown]
         if self.closest is not None:
             plan = self.closest
             lines.append(f"  closest to fitting: {label(plan)} needs {format_bytes(plan.memory.total_bytes)} per "
