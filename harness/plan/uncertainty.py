@@ -150,7 +150,9 @@ def band_table() -> Dict[str, Any]:
 def band(engine: str, regime_name: str) -> Optional[Band]:
     """The band of a prediction by `engine` in `regime_name` (harness.plan.uncertainty.regime): its group's own
     rows where it has MIN_ROWS, else the pooled rows of its device class (cpu or gpu, every accelerator family)
-    widened (uncalibrated_width); None where the device class has no rows at all."""
+    widened (uncalibrated_width), and never narrower than the band of the engine's own rows in the device class,
+    any regime (engine_residuals): an engine whose few rows miss by more than the pooled band may miss so in its
+    other regimes too. None where the device class has no rows at all."""
     groups = band_table()["groups"]
     own = ((groups.get(engine) or {}).get(regime_name) or {}).get("residuals") or []
     if len(own) >= MIN_ROWS:
@@ -161,12 +163,21 @@ def band(engine: str, regime_name: str) -> Optional[Band]:
     if not pooled:
         return None
     width, coverage = uncalibrated_width(pooled, calibrated_medians(groups, device))
+    engine_rows = engine_residuals(groups, engine, device)
+    if engine_rows and half_width(engine_rows)[0] > width:
+        width, coverage = half_width(engine_rows)
     return Band(width, len(own), "uncalibrated", regime_name, coverage)
 
 
 def pooled_residuals(groups: Dict[str, Dict[str, Any]], device: str) -> List[float]:
     """Every residual of every engine's groups in the device class (cpu or gpu)."""
     return [r for regimes in groups.values() for name, group in regimes.items() if device_class(name) == device
+            for r in group["residuals"]]
+
+
+def engine_residuals(groups: Dict[str, Dict[str, Any]], engine: str, device: str) -> List[float]:
+    """Every residual of one engine's groups in the device class (cpu or gpu)."""
+    return [r for name, group in (groups.get(engine) or {}).items() if device_class(name) == device
             for r in group["residuals"]]
 
 
@@ -186,7 +197,7 @@ def describe(prediction_band: Band) -> str:
     rows = (f"{prediction_band.rows} calibration run(s) of this engine and regime, fewer than {MIN_ROWS}"
             if prediction_band.rows else "no calibration run of this engine and regime")
     return (f"band {width} ({name}) is uncalibrated: {rows}; it is the pooled {device_class(name)} band widened by "
-            "the largest engine bias (harness/plan/uncertainty.py)")
+            f"the largest engine bias, or this engine's own {device_class(name)} band if wider (harness/plan/uncertainty.py)")
 
 
 def overlaps(value: float, value_band: Optional[Band], other: float, other_band: Optional[Band]) -> bool:

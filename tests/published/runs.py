@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import re
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -38,6 +38,8 @@ class PublishedRun:
     table_flops_per_token: Optional[float] = None
     # the config whose FLOPs that column counts, where it differs from `config` (a vocabulary the run did not use)
     flop_config: Optional[RunConfig] = None
+    # a table whose MFU counts 6 x its model's nominal size (FlagPerf: "7B" as 7e9) instead of its FLOPs: that size
+    table_nominal_params: Optional[float] = None
 
 
 def read_rows(path: Path) -> List[Dict[str, str]]:
@@ -285,11 +287,43 @@ def _automodel(row: Row) -> Tuple:
     return label, automodel_config(row), measured, float(row["model_tflops_per_gpu"]) * 1e12 / measured, None
 
 
+# ------------------------------------------------------------------------------- FlagPerf (deepspeed)
+_FLAGPERF_CHIP = {"a100_sxm": "A800", "h100_sxm": "H800"}
+
+
+def flagperf_deepspeed_config(row: Row) -> RunConfig:
+    """FlagPerf's Llama-2-7B under DeepSpeed ZeRO-3 on one node of A800 / H800 as the harness's deepspeed engine:
+    the chip's compute profile with its NVLink bus bandwidth from the row (the CSV's header derives it), and
+    DeepSpeed's fused Adam (ds_config's AdamW: compiled_ops)."""
+    hf = dict(model_type="llama", vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+              tie_word_embeddings=False, attn_implementation="sdpa", **_LLAMA2["llama2-7b"])
+    gpus = int(row["gpus"])
+    layout = LayoutConfig(name=None, dp_shard=gpus, zero_stage=3, micro_batch=int(row["micro_batch"]),
+                          grad_accum=int(row["grad_accum"]), seq_len=int(row["seq_len"]),
+                          activation_checkpointing="none", precision="bf16")
+    cluster = replace(_cluster(gpus, row["accelerator"]), intra_node_gbps=float(row["nvlink_bus_gbps"]))
+    return RunConfig(model=ModelConfig(name="llama2-7b", hf_config=hf), engine=engine_config("deepspeed", compiled_ops=True),
+                     layout=layout, cluster=cluster, launcher=_launcher(gpus), bench=BenchConfig())
+
+
+# The MFU column: token/p/s x 6 x 7e9 over the chip's peak (run_pretraining.py): the nominal "7B", not FLOPs per token.
+_FLAGPERF_PEAK = {"a100_sxm": 312e12, "h100_sxm": 989e12}
+
+
+def _flagperf_deepspeed(row: Row) -> Tuple:
+    label = (f"llama2-7b {_FLAGPERF_CHIP[row['accelerator']]} gpus={row['gpus']} T={row['seq_len']} "
+             f"mb={row['micro_batch']} ga={row['grad_accum']}")
+    measured = float(row["tokens_per_s_per_gpu"])
+    nominal = float(row["mfu"]) * _FLAGPERF_PEAK[row["accelerator"]] / measured / 6
+    return label, flagperf_deepspeed_config(row), measured, None, None, nominal
+
+
 # ----------------------------------------------------------------------------------------------- tables
 @dataclass(frozen=True)
 class Table:
     """A public table: its CSV, the engine its runs map onto, and the mapping of one row onto (label, config,
-    measured tokens/s per GPU, the table's FLOPs per token or None, the config those FLOPs count or None)."""
+    measured tokens/s per GPU, the table's FLOPs per token or None, the config those FLOPs count or None[, the
+    nominal parameter count its MFU counts instead of FLOPs])."""
 
     path: Path
     engine: str
@@ -309,6 +343,7 @@ TABLES: Dict[str, Table] = {
     "dgxc_h100": Table(DATA / "dgxc_h100_bf16.csv", "megatron_lm", _dgxc_mapping(bf16_grads=True)),
     "dgxc_h100_nemo2": Table(DATA / "dgxc_h100_nemo2_bf16.csv", "megatron_lm", _dgxc_mapping(bf16_grads=True)),
     "automodel_h100": Table(DATA / "automodel_h100_bf16.csv", "nd", _automodel),
+    "flagperf_deepspeed": Table(DATA / "flagperf_deepspeed_bf16.csv", "deepspeed", _flagperf_deepspeed),
 }
 
 
@@ -324,8 +359,8 @@ def _mapped(table: str, path: Path) -> List[PublishedRun]:
     spec, source = TABLES[table], source_of(path)
     runs = []
     for row in read_rows(path):
-        label, config, measured, flops, flop_config = spec.mapping(row)
-        runs.append(PublishedRun(table, label, spec.engine, config, measured, source, flops, flop_config))
+        label, config, measured, flops, flop_config, *nominal = spec.mapping(row)
+        runs.append(PublishedRun(table, label, spec.engine, config, measured, source, flops, flop_config, *nominal))
     return runs
 
 

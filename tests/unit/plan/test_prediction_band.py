@@ -128,6 +128,30 @@ def test_a_group_with_too_few_or_no_rows_takes_the_pooled_band_widened(table):
     assert band("nd", "cpu/model-parallel").half_width == 0.2
 
 
+def test_an_uncalibrated_band_holds_its_own_engines_rows_where_they_miss_by_more(monkeypatch):
+    # forty close fsdp rows and four deepspeed rows 18-25% off, none of deepspeed's groups with 4 rows
+    small = [(-1) ** i * (i % 5 + 1) / 100 for i in range(40)]
+    groups = {"fsdp": {"hopper/data-parallel": {"residuals": small}},
+              "deepspeed": {"ampere/data-parallel": {"residuals": [-0.19, -0.2, -0.18]},
+                            "hopper/data-parallel": {"residuals": [-0.25]}}}
+    monkeypatch.setattr(uncertainty, "band_table", lambda: {"groups": groups})
+    uncertainty.band.cache_clear()
+    try:
+        pooled = uncertainty.pooled_residuals(groups, "gpu")
+        # 44 rows: k = ceil(0.9 * 45) = 41, the first of deepspeed's (0.18); widened by fsdp's median bias
+        widened, _ = uncalibrated_width(pooled, uncertainty.calibrated_medians(groups, "gpu"))
+        assert widened < 0.25
+        # deepspeed's four gpu rows, any regime: the largest, 0.25, holding 4/5; every deepspeed gpu regime takes it
+        for name in ("hopper/data-parallel", "ampere/data-parallel", "hopper/offload+multi-node"):
+            assert band("deepspeed", name) == Band(0.25, len(groups["deepspeed"].get(name, {}).get("residuals", [])),
+                                                   "uncalibrated", name, 0.8)
+        # an engine without gpu rows, and fsdp's own uncalibrated regimes, keep the widened pooled band
+        assert band("nd", "hopper/model-parallel").half_width == pytest.approx(widened)
+        assert band("fsdp", "ampere/data-parallel").half_width == pytest.approx(widened)
+    finally:
+        uncertainty.band.cache_clear()
+
+
 def test_no_band_without_any_row_of_the_device_class(monkeypatch):
     monkeypatch.setattr(uncertainty, "band_table", lambda: {"groups": {}})
     uncertainty.band.cache_clear()

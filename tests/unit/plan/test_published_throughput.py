@@ -45,6 +45,10 @@ BOUNDS = {
     # FSDP2 x CP: its gathers copied out and its gradients copied in on the compute stream, 14 bytes a parameter
     # a micro-batch (time_model.fsdp2_copies): +10.7% -> +2.8%
     "automodel_h100": (0.04, 0.04),
+    # DeepSpeed ZeRO-3 on one node, micro-batches of 4-6k tokens: every row 21-34% optimistic, the gap about the
+    # plan's whole data-parallel traffic of a micro-batch (as if none of it overlapped compute), per micro-batch
+    # not per step (the A800 row at 64 accumulation steps misses as the one at 1)
+    "flagperf_deepspeed": (0.27, 0.35),
 }
 
 
@@ -57,10 +61,15 @@ def test_flop_conventions_agree_with_the_table(table):
     # the table's MFU (or TFLOP/s) over its throughput fixes its FLOPs per token; ours under the table's
     # convention must match
     runs = [run for run in published_runs(table) if run.table_flops_per_token is not None]
-    assert runs, f"{table} gives no model FLOPs"
+    nominal = [run for run in published_runs(table) if run.table_nominal_params is not None]
+    assert runs or nominal, f"{table} gives no model FLOPs"
     for run in runs:
         ours = make_plan(run.flop_config or run.config).flops_per_token
         assert ours == pytest.approx(run.table_flops_per_token, rel=0.03), run.label
+    # an MFU over 6 x the nominal size ("7B"): the mapped model's parameters round to it (Llama-2-7B: 6.74e9)
+    for run in nominal:
+        ours = make_plan(run.config).model.total_params
+        assert f"{ours:.0e}" == f"{run.table_nominal_params:.0e}", (run.label, ours, run.table_nominal_params)
 
 
 def report(runs: list[PublishedRun]) -> list[float]:
