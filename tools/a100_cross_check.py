@@ -63,7 +63,8 @@ A800_NVLINK_GBPS = 160 * 8  # 240 GB/s of A100 NVLink bus bandwidth x 400 / 600
 
 
 def flagperf_report() -> None:
-    print("\nFlagPerf 2024, megatron-core 0.6 + Transformer Engine, Llama-3-8B / 70B, sequence 8192, selective recompute")
+    print("\nFlagPerf 2024, megatron-core 0.6 + Transformer Engine, Llama-3-8B / 70B, sequence 8192, selective "
+          "recompute")
     for model, accelerator, nodes, pp, dp, tp, gbs, measured in FLAGPERF:
         overrides = [f"model={model}", "engine=megatron_lm", "cluster=gpu_h100_1x8", f"cluster.nodes={nodes}",
                      f"cluster.accelerator={accelerator}", f"layout.dp_shard={dp}", f"layout.tp={tp}",

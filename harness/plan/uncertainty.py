@@ -196,8 +196,9 @@ def describe(prediction_band: Band) -> str:
                 f"layouts like the {prediction_band.rows} calibration runs of this engine and regime")
     rows = (f"{prediction_band.rows} calibration run(s) of this engine and regime, fewer than {MIN_ROWS}"
             if prediction_band.rows else "no calibration run of this engine and regime")
-    return (f"band {width} ({name}) is uncalibrated: {rows}; it is the pooled {device_class(name)} band widened by "
-            f"the largest engine bias, or this engine's own {device_class(name)} band if wider (harness/plan/uncertainty.py)")
+    device = device_class(name)
+    return (f"band {width} ({name}) is uncalibrated: {rows}; it is the pooled {device} band widened by the largest "
+            f"engine bias, or this engine's own {device} band if wider (harness/plan/uncertainty.py)")
 
 
 def overlaps(value: float, value_band: Optional[Band], other: float, other_band: Optional[Band]) -> bool:

@@ -302,8 +302,9 @@ def flagperf_deepspeed_config(row: Row) -> RunConfig:
                           grad_accum=int(row["grad_accum"]), seq_len=int(row["seq_len"]),
                           activation_checkpointing="none", precision="bf16")
     cluster = replace(_cluster(gpus, row["accelerator"]), intra_node_gbps=float(row["nvlink_bus_gbps"]))
-    return RunConfig(model=ModelConfig(name="llama2-7b", hf_config=hf), engine=engine_config("deepspeed", compiled_ops=True),
-                     layout=layout, cluster=cluster, launcher=_launcher(gpus), bench=BenchConfig())
+    return RunConfig(model=ModelConfig(name="llama2-7b", hf_config=hf),
+                     engine=engine_config("deepspeed", compiled_ops=True), layout=layout, cluster=cluster,
+                     launcher=_launcher(gpus), bench=BenchConfig())
 
 
 # The MFU column: token/p/s x 6 x 7e9 over the chip's peak (run_pretraining.py): the nominal "7B", not FLOPs per token.

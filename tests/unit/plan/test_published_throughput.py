@@ -45,9 +45,9 @@ BOUNDS = {
     # FSDP2 x CP: its gathers copied out and its gradients copied in on the compute stream, 14 bytes a parameter
     # a micro-batch (time_model.fsdp2_copies): +10.7% -> +2.8%
     "automodel_h100": (0.04, 0.04),
-    # DeepSpeed ZeRO-3 on one node, micro-batches of 4-6k tokens: every row 21-34% optimistic, the gap about the
-    # plan's whole data-parallel traffic of a micro-batch (as if none of it overlapped compute), per micro-batch
-    # not per step (the A800 row at 64 accumulation steps misses as the one at 1)
+    # DeepSpeed ZeRO-3 on one node, micro-batches of 4-6k tokens: every row 21-34% optimistic; the missing time is
+    # 0.6-1.3x the plan's whole data-parallel traffic of a micro-batch (as if little of it overlapped compute), and
+    # it is per micro-batch, not per step (the A800 row at 64 accumulation steps misses as the one at 1 does)
     "flagperf_deepspeed": (0.27, 0.35),
 }
 
