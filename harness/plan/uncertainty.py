@@ -164,8 +164,9 @@ def band(engine: str, regime_name: str) -> Optional[Band]:
         return None
     width, coverage = uncalibrated_width(pooled, calibrated_medians(groups, device))
     engine_rows = engine_residuals(groups, engine, device)
-    if engine_rows and half_width(engine_rows)[0] > width:
-        width, coverage = half_width(engine_rows)
+    own_width = half_width(engine_rows) if engine_rows else (0.0, 0.0)
+    if own_width[0] > width:  # the engine's own rows miss by more than the pooled band
+        width, coverage = own_width
     return Band(width, len(own), "uncalibrated", regime_name, coverage)
 
 
