@@ -17,6 +17,10 @@ RANK_PROGRAM = ["-m", "harness.runtime.bench"]
 # range (32768-60999), so a port is never taken by an outgoing connection; two jobs collide only if their ids
 # differ by a multiple of 10000. Used by the job template and by the Megatron-LM export's script.
 PORT_BASE, PORT_SPAN = 20000, 10000
+# Rendezvous ports of local runs: drawn from 10000-19999, below the ephemeral range for the same reason (gloo
+# opens dozens of connections a run, each on an ephemeral port, and one could take a port between the harness's
+# check and the launcher's bind) and apart from the Slurm jobs' ports on a host that also runs them.
+LOCAL_PORTS = range(10000, PORT_BASE)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from harness.config.schema import RunConfig
-from harness.engines.rendered import RenderedRun
+from harness.engines.rendered import LOCAL_PORTS, RenderedRun
 from harness.launch.follow import StepFollower
 from harness.launch.oom import KillEvidence, cgroup_oom_kills, host_oom
 from harness.launch.run_lock import RunLock, live_holder
@@ -37,13 +38,28 @@ LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 29500
 # The launchers' rendezvous port flags (harness.engines.rendered.launcher_argv).
 PORT_FLAGS = ("--master_port", "--main_process_port")
+PORT_DRAWS = 64
 
 
-def free_port() -> int:
-    """A port nobody listens on now, so concurrent local runs do not collide on the rendezvous."""
+def free_port(draw: Callable[[range], int] = random.choice) -> int:
+    """A rendezvous port nobody holds now, drawn at random from LOCAL_PORTS (harness.engines.rendered), so
+    concurrent local runs and other programs' connections do not take it before the launcher binds it."""
+    for _ in range(PORT_DRAWS):
+        port = draw(LOCAL_PORTS)
+        if _bindable(port):
+            return port
+    raise RuntimeError(f"no free rendezvous port in {LOCAL_PORTS.start}-{LOCAL_PORTS.stop - 1} after "
+                       f"{PORT_DRAWS} draws")
+
+
+def _bindable(port: int) -> bool:
+    """Whether a listener could bind `port` on every address now (the rendezvous store listens on all)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def resolve_executable(name: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from harness import REPO_ROOT
+from harness.rundir import COMPLETED, LAUNCH_LOG, read_status
 
 HARNESS = [sys.executable, "-m", "harness.cli"]
 
@@ -24,6 +25,17 @@ def run_harness(args: List[str], results: Path, timeout: int = 900, env: Dict[st
     elapsed = time.monotonic() - start
     run_dirs = sorted(p.parent for p in results.rglob("status.json"))
     return proc, run_dirs, elapsed
+
+
+def failure_report(proc, run_dirs: List[Path]) -> str:
+    """What a failed `harness run` printed, and the end of the launch log of each run that did not complete
+    (a launcher that dies before its ranks start leaves its cause only there)."""
+    logs = []
+    for run_dir in run_dirs:
+        log = run_dir / LAUNCH_LOG
+        if read_status(run_dir).state != COMPLETED and log.exists():
+            logs.append(f"--- {run_dir.name}/launch.log ---\n{log.read_text(errors='replace')[-3000:]}")
+    return "\n".join([proc.stdout[-3000:], proc.stderr[-3000:], *logs])
 
 
 def metrics(run_dir: Path) -> dict:

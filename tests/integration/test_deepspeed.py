@@ -3,7 +3,7 @@ the single-process losses, and each rank holds exactly the state bytes the plann
 
 import pytest
 
-from tests.integration.runs import metrics, run_harness
+from tests.integration.runs import failure_report, metrics, run_harness
 
 pytestmark = pytest.mark.integration
 
@@ -18,7 +18,7 @@ BF16_RTOL = 2e-3
 
 def _grid(results_root, name, args):
     proc, run_dirs, seconds = run_harness([*COMMON, *args], results_root / name, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, failure_report(proc, run_dirs)
     print(f"{name}: {len(run_dirs)} run(s) in {seconds:.1f} s")
     return {d.name.split("-", 1)[0] if d.name[0].isdigit() else d.name: metrics(d) for d in run_dirs}
 

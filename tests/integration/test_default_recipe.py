@@ -6,7 +6,7 @@ import math
 import pytest
 
 from harness.report.wandb_offline import read_offline_config, read_offline_run, read_offline_run_info
-from tests.integration.runs import metrics, run_harness
+from tests.integration.runs import failure_report, metrics, run_harness
 
 pytestmark = pytest.mark.integration
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def default_run(results_root):
     proc, run_dirs, seconds = run_harness(["recipes=cpu_zero2"], results_root / "default")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc, run_dirs)
     assert len(run_dirs) == 1
     print(f"default recipe: {seconds:.1f} s")
     return proc, run_dirs[0]
@@ -26,7 +26,7 @@ def single_process_run(results_root):
         ["recipes=cpu_zero2", "layout.dp_shard=1", "cluster.accelerators_per_node=1", "tracking=disabled"],
         results_root / "single",
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc, run_dirs)
     return run_dirs[0]
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from harness.config.compose import compose_run_config
 from tests.integration.reference import single_process_losses
-from tests.integration.runs import prepare_and_launch, run_harness
+from tests.integration.runs import failure_report, prepare_and_launch, run_harness
 
 pytestmark = pytest.mark.integration
 
@@ -132,7 +132,7 @@ def test_cpu_fsdp_recipe_runs_through_the_cli(tmp_path, record_property):
     proc, run_dirs, seconds = run_harness(["recipes=cpu_fsdp", "tracking=disabled"], tmp_path)
     record_property("wall_time_s", round(seconds, 1))
     print(f"\n  fsdp integration recipe cpu_fsdp (CLI): {seconds:.1f} s wall (2 processes)")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc, run_dirs)
     assert len(run_dirs) == 1 and (run_dirs[0] / "accelerate.yaml").exists()
     result = json.loads((run_dirs[0] / "metrics.json").read_text())
     measured, layout = result["measured"], result["layout"]

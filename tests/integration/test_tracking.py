@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.integration.runs import metrics, run_harness
+from tests.integration.runs import failure_report, metrics, run_harness
 
 pytestmark = pytest.mark.integration
 
@@ -18,7 +18,7 @@ def test_unreachable_wandb_server_never_costs_the_results(results_root):
         # Port 9 (discard) on loopback: nothing listens, so every connection is refused at once.
         env={"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": "http://127.0.0.1:9"},
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, failure_report(proc, run_dirs)
     (run_dir,) = run_dirs
     result = metrics(run_dir)
     assert json.loads((run_dir / "status.json").read_text())["state"] == "COMPLETED"

@@ -1,12 +1,15 @@
 """Local launch: final states come from structured files and the exit code, never from log text."""
 
+import socket
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.cli import split_hydra_flags
-from harness.engines.rendered import RenderedRun
-from harness.launch.local import classify, launch_local
+from harness.engines.rendered import LOCAL_PORTS, PORT_BASE, PORT_SPAN, RenderedRun
+from harness.launch.local import classify, free_port, launch_local
 from harness.rundir import write_error, write_json
 
 
@@ -69,3 +72,31 @@ def test_hydra_flags_are_moved_before_overrides():
     flags, overrides = split_hydra_flags(["recipes=a", "-m", "layout.tp=1,2", "--cfg", "job", "x=1"])
     assert flags == ["-m", "--cfg", "job"]
     assert overrides == ["recipes=a", "layout.tp=1,2", "x=1"]
+
+
+def test_local_rendezvous_ports_lie_below_this_machines_ephemeral_ports_and_apart_from_slurm_jobs():
+    # An outgoing connection (gloo opens dozens a run) takes its local port from the ephemeral range; a
+    # rendezvous port drawn there can be taken between the harness's check and the launcher's bind.
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert LOCAL_PORTS.stop <= ephemeral_low and LOCAL_PORTS.stop <= PORT_BASE
+    assert not set(LOCAL_PORTS) & set(range(PORT_BASE, PORT_BASE + PORT_SPAN))
+    assert all(free_port() in LOCAL_PORTS for _ in range(20))
+
+
+def test_a_port_someone_listens_on_is_never_handed_out():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = held.getsockname()[1]
+        free = free_port()
+        draws = iter([busy, busy, free])
+        assert free_port(draw=lambda ports: next(draws)) == free
+
+
+def test_no_free_port_after_every_draw_is_one_clear_error():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = held.getsockname()[1]
+        with pytest.raises(RuntimeError, match="no free rendezvous port in 10000-19999 after 64 draws"):
+            free_port(draw=lambda ports: busy)
