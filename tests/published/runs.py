@@ -288,32 +288,39 @@ def _automodel(row: Row) -> Tuple:
 
 
 # ------------------------------------------------------------------------------- FlagPerf (deepspeed)
-_FLAGPERF_CHIP = {"a100_sxm": "A800", "h100_sxm": "H800"}
+# The tables' models (the CSV's header: the benchmarks' config.json; ChatGLM3-6B's shapes as a Qwen2 decoder)
+_FLAGPERF_MODELS = {
+    "llama2-7b": dict(model_type="llama", vocab_size=32000, max_position_embeddings=4096, **_LLAMA2["llama2-7b"]),
+    "chatglm3-6b": dict(model_type="qwen2", vocab_size=65024, max_position_embeddings=8192, hidden_size=4096,
+                        intermediate_size=13696, num_hidden_layers=28, num_attention_heads=32, num_key_value_heads=2),
+}
 
 
 def flagperf_deepspeed_config(row: Row) -> RunConfig:
-    """FlagPerf's Llama-2-7B under DeepSpeed ZeRO-3 on one node of A800 / H800 as the harness's deepspeed engine:
-    the chip's compute profile with its NVLink bus bandwidth from the row (the CSV's header derives it), and
-    DeepSpeed's fused Adam (ds_config's AdamW: compiled_ops)."""
-    hf = dict(model_type="llama", vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
-              tie_word_embeddings=False, attn_implementation="sdpa", **_LLAMA2["llama2-7b"])
+    """FlagPerf's DeepSpeed ZeRO-3 runs on one node of A800 / H800 / H100 as the harness's deepspeed engine: the
+    chip's compute profile with its NVLink bus bandwidth and the attention kernel from the row (the CSV's header
+    derives them), and DeepSpeed's fused Adam (ds_config's AdamW: compiled_ops)."""
+    hf = dict(rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="sdpa",
+              **_FLAGPERF_MODELS[row["model"]])
     gpus = int(row["gpus"])
     layout = LayoutConfig(name=None, dp_shard=gpus, zero_stage=3, micro_batch=int(row["micro_batch"]),
                           grad_accum=int(row["grad_accum"]), seq_len=int(row["seq_len"]),
                           activation_checkpointing="none", precision="bf16")
-    cluster = replace(_cluster(gpus, row["accelerator"]), intra_node_gbps=float(row["nvlink_bus_gbps"]))
-    return RunConfig(model=ModelConfig(name="llama2-7b", hf_config=hf),
+    cluster = replace(_cluster(gpus, row["accelerator"], attention_kernel=AttentionKernel(row["attention_kernel"])),
+                      intra_node_gbps=float(row["nvlink_bus_gbps"]))
+    return RunConfig(model=ModelConfig(name=row["model"], hf_config=hf),
                      engine=engine_config("deepspeed", compiled_ops=True), layout=layout, cluster=cluster,
                      launcher=_launcher(gpus), bench=BenchConfig())
 
 
-# The MFU column: token/p/s x 6 x 7e9 over the chip's peak (run_pretraining.py): the nominal "7B", not FLOPs per token.
+# The MFU column: token/p/s x 6 x a rounded size over the chip's peak (run_pretraining.py): the nominal "7B" / "6B",
+# not FLOPs per token.
 _FLAGPERF_PEAK = {"a100_sxm": 312e12, "h100_sxm": 989e12}
 
 
 def _flagperf_deepspeed(row: Row) -> Tuple:
-    label = (f"llama2-7b {_FLAGPERF_CHIP[row['accelerator']]} gpus={row['gpus']} T={row['seq_len']} "
-             f"mb={row['micro_batch']} ga={row['grad_accum']}")
+    label = (f"{row['model']} {row['chip']} gpus={row['gpus']} T={row['seq_len']} mb={row['micro_batch']} "
+             f"ga={row['grad_accum']}")
     measured = float(row["tokens_per_s_per_gpu"])
     nominal = float(row["mfu"]) * _FLAGPERF_PEAK[row["accelerator"]] / measured / 6
     return label, flagperf_deepspeed_config(row), measured, None, None, nominal
