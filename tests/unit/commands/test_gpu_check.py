@@ -46,7 +46,7 @@ def test_every_gpu_stage_composes_plans_to_fit_an_h100_and_renders(tmp_path):
     runs = [s.name for s in gpu_check.stages(gpu_check.gpu_mode("h100_sxm", 128))
             if s.kind in ("engine", "shape")]
     lines = proc.stdout.splitlines()
-    assert len(runs) == 6 and [line.split(":")[0] for line in lines] == [f"[gpu-check dry-run] {n}" for n in runs]
+    assert len(runs) == 7 and [line.split(":")[0] for line in lines] == [f"[gpu-check dry-run] {n}" for n in runs]
     assert all("GiB per rank of 80" in line for line in lines)
     plans = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("runs/*/*/plan.json")}
     assert sorted(plans) == sorted(runs)
