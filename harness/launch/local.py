@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -48,8 +49,9 @@ def free_port(draw: Callable[[range], int] = random.choice) -> int:
         port = draw(LOCAL_PORTS)
         if _bindable(port):
             return port
-    raise RuntimeError(f"no free rendezvous port in {LOCAL_PORTS.start}-{LOCAL_PORTS.stop - 1} after "
-                       f"{PORT_DRAWS} draws")
+    # an OSError: the command line's guard prints it as one line (harness.cli)
+    raise OSError(errno.EADDRINUSE, f"no free rendezvous port in {LOCAL_PORTS.start}-{LOCAL_PORTS.stop - 1} "
+                                    f"after {PORT_DRAWS} draws")
 
 
 def _bindable(port: int) -> bool:

@@ -98,5 +98,6 @@ def test_no_free_port_after_every_draw_is_one_clear_error():
         held.bind(("127.0.0.1", 0))
         held.listen()
         busy = held.getsockname()[1]
-        with pytest.raises(RuntimeError, match="no free rendezvous port in 10000-19999 after 64 draws"):
+        with pytest.raises(OSError, match="no free rendezvous port in 10000-19999 after 64 draws") as raised:
             free_port(draw=lambda ports: busy)
+        assert raised.value.strerror == "no free rendezvous port in 10000-19999 after 64 draws"
