@@ -20,21 +20,12 @@ on, never a test): what `make_plan` predicts for their layouts on the nearest ha
    TP8 x PP35 (105 layers, hidden 20,480, 128 heads), micro-batch 1, full activation checkpointing, no sequence
    parallelism (Megatron-DeepSpeed of 2021). Printed as the harness's Megatron-LM export without sequence parallelism.
 
-4. FlagOpen/FlagPerf training/nvidia/llama3_8B-megatron/README.md at 5744755a (2024): Llama-3-8B, sequence 8192,
-   GBS 512 (1,760 on 440 GPUs), micro-batch 1, bf16, megatron-core core_v0.6.0 with Transformer Engine, FlashAttention
-   2 and "recompute-activations" (Megatron's selective recompute); tokens/s per GPU on one DGX A800 80GB (the A100's
-   compute with NVLink at 400 of the A100's 600 GB/s, NVIDIA A800 datasheet: planned as a100_sxm with its bus
-   bandwidth scaled to 160 GB/s) and on 8-440 H100. A 2024 Megatron-core that is not NVIDIA's tuned recipe (no
-   communication overlap is listed), printed for both chips: the same stack's error on each says whether a miss
-   is the chip's or the stack's. Its PP1 DP8 TP1 row ran out of memory and prints the plan's fit. The same stack's
-   Llama-3-70B row (training/nvidia/llama3_70B-megatron/README.md at ddd8f62a, 2024-06: PP4 DP2 TP8 on 64 H100,
-   sequence 8192, GBS 512, micro-batch 1, sequence parallel, distributed optimizer, 851 tokens/s per GPU) prints
-   beside them, mapped as the 8B rows are.
+FlagPerf's 2024 Megatron-core Llama-3 rows on A800 and H100 are not printed here: they are a calibration
+table (tests/data/flagperf_megatron_bf16.csv).
 
 Usage: .venv/bin/python tools/a100_cross_check.py (part of `make bench`)
 """
 
-from harness.config.compose import compose_run_config
 from harness.config.schema import (BenchConfig, ClusterConfig, LauncherConfig, LayoutConfig, ModelConfig, RunConfig,
                                    engine_config)
 from harness.plan.planner import make_plan
@@ -51,38 +42,6 @@ FLASH = [("gpt3-125m", 768, 12, 12, 8, 1, 1, "none", 32, 256, 1310e3),
          ("gpt3-760m", 1536, 16, 24, 8, 1, 1, "none", 16, 256, 245e3),
          ("gpt3-1.3b", 2048, 16, 24, 8, 1, 1, "none", 8, 512, 169e3),
          ("gpt3-2.7b", 2560, 20, 32, 8, 1, 1, "none", 4, 512, 85e3)]
-
-
-# (model, accelerator, nodes, pp, dp, tp, global batch, measured tokens/s per GPU; None: out of memory)
-FLAGPERF = [("llama3_1_8b", "a100_sxm", 1, pp, dp, tp, 512, t) for pp, dp, tp, t in
-            ((2, 4, 1, 3698.7), (4, 2, 1, 3306.5), (2, 2, 2, 3409.2), (2, 1, 4, 3006.1), (8, 1, 1, 2690.3),
-             (1, 1, 8, 2451.2), (4, 1, 2, 3042.7), (1, 8, 1, None))]
-FLAGPERF += [("llama3_1_8b", "h100_sxm", 1, 1, 4, 2, 512, 8103), ("llama3_1_8b", "h100_sxm", 2, 1, 8, 2, 512, 7914),
-             ("llama3_1_8b", "h100_sxm", 55, 1, 220, 2, 1760, 7047), ("llama3_1_70b", "h100_sxm", 8, 4, 2, 8, 512, 851)]
-A800_NVLINK_GBPS = 160 * 8  # 240 GB/s of A100 NVLink bus bandwidth x 400 / 600
-
-
-def flagperf_report() -> None:
-    print("\nFlagPerf 2024, megatron-core 0.6 + Transformer Engine, Llama-3-8B / 70B, sequence 8192, selective "
-          "recompute")
-    for model, accelerator, nodes, pp, dp, tp, gbs, measured in FLAGPERF:
-        overrides = [f"model={model}", "engine=megatron_lm", "cluster=gpu_h100_1x8", f"cluster.nodes={nodes}",
-                     f"cluster.accelerator={accelerator}", f"layout.dp_shard={dp}", f"layout.tp={tp}",
-                     f"layout.pp={pp}", "layout.micro_batch=1", f"layout.grad_accum={gbs // dp}",
-                     "layout.seq_len=8192", "layout.activation_checkpointing=selective", "layout.zero_stage=1",
-                     "layout.precision=bf16", f"engine.sequence_parallel={str(tp > 1).lower()}"]
-        overrides += [f"cluster.intra_node_gbps={A800_NVLINK_GBPS}"] if accelerator == "a100_sxm" else []
-        overrides += ["launcher=slurm_gpu"] if nodes > 1 else []
-        plan = make_plan(compose_run_config(overrides))
-        chip = "A800" if accelerator == "a100_sxm" else "H100"
-        head = f"  {model.split('_')[-1]:>3} {chip} gpus={nodes * 8:<4} pp{pp} dp{dp} tp{tp}"
-        if measured is None:
-            print(f"{head:34} measured out of memory  planned {plan.memory.total_bytes / 2**30:.1f} GiB "
-                  f"(fits: {plan.fits})")
-            continue
-        predicted = plan.tokens_per_s / plan.world_size
-        print(f"{head:34} measured {measured:8.0f}  predicted {predicted:8.0f}  {predicted / measured - 1:+6.1%}  "
-              f"predicted MFU {plan.predicted_mfu:.2f}")
 
 
 def config(row, engine: str, kernel: str, vocab: int, sequence_parallel: bool = True) -> RunConfig:
@@ -121,4 +80,3 @@ if __name__ == "__main__":
     for engine in ("megatron_lm", "fsdp"):
         report(f"flash-attention's GPT3 trainer, 8 x A100 80GB, FlashAttention v1, as {engine}",
                FLASH, engine, "flash_attention_1", 50264)
-    flagperf_report()

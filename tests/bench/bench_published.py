@@ -20,9 +20,9 @@ from typing import Dict, List, Optional, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.plan.planner import GIB, make_plan  # noqa: E402
-from tests.published.runs import (REPEATS, TABLES, PublishedRun, gpus_of, label_without_gpus,  # noqa: E402
-                                  layout_key, predicted_tokens_per_s_per_gpu, prediction_error, published_runs,
-                                  repeated_layouts, weak_scaling_groups)
+from tests.published.runs import (REPEATS, SAME_SITE, TABLES, PublishedRun, beyond_site, gpus_of,  # noqa: E402
+                                  label_without_gpus, layout_key, predicted_tokens_per_s_per_gpu, prediction_error,
+                                  published_runs, repeated_layouts, weak_scaling_groups)
 
 Result = Tuple[PublishedRun, float, float, Optional[bool], float]  # run, predicted, error, fits, GiB per rank
 
@@ -93,6 +93,20 @@ def repeats(results: List[Result], worst: int) -> List[str]:
     return lines
 
 
+def same_site(results: List[Result]) -> List[str]:
+    """Per table measured at the site of a reference table (tests.published.runs.SAME_SITE): each row's error and
+    what it misses beyond the reference engine's median error at that site on the same chip."""
+    lines = []
+    for table in [t for t in SAME_SITE if any(run.table == t for run, _, _, _, _ in results)]:
+        rows = beyond_site(table)
+        beyond = [abs(left) for _, _, left in rows]
+        lines.append(f"  {table} beside {SAME_SITE[table]}: median |beyond| {statistics.median(beyond):.1%}, "
+                     f"max {max(beyond):.1%}")
+        for run, error, left in rows:
+            lines.append(f"  {run.label:<50} error {error:+6.1%}  beyond the site {left:+6.1%}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", choices=list(TABLES), help="one table only")
@@ -125,6 +139,9 @@ def main() -> None:
     print(f"planned as not fitting though they ran: {len(misfits)} of {len(results)}")
     print("\nthe sources' own repeat: one layout measured in two campaigns (earlier campaign: tests/data, REPEATS)")
     print("\n".join(repeats(results, args.worst)) or "  (no table here has an earlier campaign)")
+
+    print("\none site's engines: a row's error beyond the reference engine's median error at its site, same chip")
+    print("\n".join(same_site(results)) or "  (no table here has a reference table at its site)")
 
     print(f"\nworst {args.worst} rows by |error|")
     for run, predicted, error, _, _ in sorted(results, key=lambda r: -abs(r[2]))[:args.worst]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import re
+import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -326,6 +327,29 @@ def _flagperf_deepspeed(row: Row) -> Tuple:
     return label, flagperf_deepspeed_config(row), measured, None, None, nominal
 
 
+# ------------------------------------------------------------------------------- FlagPerf (megatron)
+# The same site's Megatron-core runs (the CSV's header), mapped as the dgxc rows are: Llama 3's shapes are Llama 3.1's
+_FLAGPERF_MEGATRON_SHAPES = {"llama3-8b": "llama3.1-8b", "llama3-70b": "llama3.1-70b"}
+
+
+def flagperf_megatron_config(row: Row) -> RunConfig:
+    """FlagPerf's Megatron-LM runs as the harness's export (dgxc_config: the distributed optimizer, sequence parallel
+    where tp > 1, no recompute) with fp32 main gradients, tied embeddings, and the row's chip and NVLink."""
+    config = dgxc_config({**row, "model": _FLAGPERF_MEGATRON_SHAPES[row["model"]]})
+    model = ModelConfig(name=row["model"], hf_config={**config.model.hf_config, "tie_word_embeddings": True})
+    gpus, nvlink = int(row["gpus"]), float(row["nvlink_bus_gbps"])
+    cluster = _cluster(gpus, row["accelerator"])
+    return replace(config, model=model, cluster=replace(cluster, intra_node_gbps=nvlink) if nvlink else cluster,
+                   bench=BenchConfig())
+
+
+def _flagperf_megatron(row: Row) -> Tuple:
+    label = f"{row['model']} {row['chip']} gpus={row['gpus']} tp={row['tp']} pp={row['pp']}"
+    measured = float(row["tokens_per_s_per_gpu"])
+    nominal = float(row["mfu"]) * _FLAGPERF_PEAK[row["accelerator"]] / measured / 6
+    return label, flagperf_megatron_config(row), measured, None, None, nominal
+
+
 # ----------------------------------------------------------------------------------------------- tables
 @dataclass(frozen=True)
 class Table:
@@ -352,6 +376,7 @@ TABLES: Dict[str, Table] = {
     "dgxc_h100_nemo2": Table(DATA / "dgxc_h100_nemo2_bf16.csv", "megatron_lm", _dgxc_mapping(bf16_grads=True)),
     "automodel_h100": Table(DATA / "automodel_h100_bf16.csv", "nd", _automodel),
     "flagperf_deepspeed": Table(DATA / "flagperf_deepspeed_bf16.csv", "deepspeed", _flagperf_deepspeed),
+    "flagperf_megatron": Table(DATA / "flagperf_megatron_bf16.csv", "megatron_lm", _flagperf_megatron),
 }
 
 
@@ -422,3 +447,25 @@ def weak_scaling_groups(runs: List[PublishedRun]) -> List[List[PublishedRun]]:
         layout = {k: v for k, v in asdict(run.config.layout).items() if k not in ("name", "dp_shard", "dp_replicate")}
         groups[(run.table, label_without_gpus(run), repr(sorted(layout.items())))].append(run)
     return [sorted(group, key=gpus_of) for group in groups.values() if len({gpus_of(run) for run in group}) > 1]
+
+
+# A table measured at the same site and on the same chips as another one whose engine the model matches elsewhere:
+# (table, its reference table). FlagPerf ran its DeepSpeed and its Megatron-core benchmarks on the same DGX A800 and
+# H100 / H800 nodes (each CSV's header); NVIDIA's own Megatron-core runs of the same Llama 3 models on H100
+# (dgxc_h100*.csv) are within a few percent of the model, FlagPerf's are not.
+SAME_SITE = {"flagperf_deepspeed": "flagperf_megatron"}
+
+
+def beyond_site(table: str) -> List[Tuple[PublishedRun, float, float]]:
+    """(row, its error, what it misses beyond its site) for each row of a SAME_SITE table. Beyond its site: (1 +
+    error) / (1 + m) - 1, m the median error of the reference table's rows on the row's accelerator profile, so that
+    what both engines miss at that site (its machines, its software stack) is taken out and what is left is the
+    engine's own."""
+    reference: Dict[str, List[float]] = defaultdict(list)
+    for run in published_runs(SAME_SITE[table]):
+        reference[run.config.cluster.accelerator].append(prediction_error(run))
+    rows = []
+    for run in published_runs(table):
+        error = prediction_error(run)
+        rows.append((run, error, (1 + error) / (1 + statistics.median(reference[run.config.cluster.accelerator])) - 1))
+    return rows

@@ -17,8 +17,9 @@ import pytest
 from harness.plan.hardware import RANK_STALL_SHARE
 from harness.plan.planner import make_plan
 from harness.plan.time_model import lockstep_ranks
-from tests.published.runs import (TABLES, PublishedRun, gpus_of, predicted_tokens_per_s_per_gpu, prediction_error,
-                                  published_runs, repeated_layouts, weak_scaling_groups)
+from tests.published.runs import (SAME_SITE, TABLES, PublishedRun, beyond_site, flagperf_megatron_config, gpus_of,
+                                  predicted_tokens_per_s_per_gpu, prediction_error, published_runs, read_rows,
+                                  repeated_layouts, weak_scaling_groups)
 
 # table -> (median |error|, max |error|) bounds: the current state plus headroom, not a target met.
 BOUNDS = {
@@ -50,6 +51,11 @@ BOUNDS = {
     # 1 does), and it shrinks with the tokens, not with the traffic: ChatGLM3's A800 rows miss 0.27 s a micro-batch
     # at 4096 tokens and 0.15 s at 2048, the same parameters gathered and reduced at both
     "flagperf_deepspeed": (0.27, 0.36),
+    # The same site's Megatron-core runs of Llama 3 8B / 70B on A800 and H100: every row 11-24% optimistic, where
+    # NVIDIA's own Megatron-core runs of the same models on H100 (dgxc_h100*) are within 4.4% (8B: 10,254 tokens/s
+    # a GPU at CP 2 against FlagPerf's 8,103 at TP 2, the model 10,401 and 9,801): the site's machines or its early
+    # 2024 stack, which no public figure separates
+    "flagperf_megatron": (0.19, 0.25),
 }
 
 
@@ -103,6 +109,36 @@ def test_published_layouts_plan_as_fitting(capsys):
             print(f"{run.table}: {run.label}: {plan.memory.total_bytes / 2**30:.1f} GiB planned per rank")
     print(f"{len(misses)} published runs plan as not fitting")
     assert not misses
+
+
+def test_the_published_layout_that_ran_out_of_memory_plans_as_not_fitting(capsys):
+    # FlagPerf's A800 ablation: Llama 3 8B at PP1 DP8 TP1, 8k tokens, ran out of memory (its README: OOM), where the
+    # table's other layouts on the same node ran
+    row = {**read_rows(TABLES["flagperf_megatron"].path)[0], "tp": "1", "pp": "1", "sequence_parallel": "false"}
+    assert int(row["gpus"]) == 8 and row["chip"] == "A800"
+    plan = make_plan(flagperf_megatron_config(row))
+    print(f"llama3-8b A800 pp1 dp8 tp1: {plan.memory.total_bytes / 2**30:.1f} GiB planned per rank")
+    assert plan.fits is False
+
+
+# table -> (median, max) of |what its rows miss beyond the same site's reference engine| (SAME_SITE), as BOUNDS
+SITE_BOUNDS = {
+    # FlagPerf's DeepSpeed ZeRO-3 rows miss 15-35%, its Megatron-core rows on the same chips 11-24%: beyond those,
+    # DeepSpeed's own share is -5% to +15%
+    "flagperf_deepspeed": (0.08, 0.16),
+}
+
+
+@pytest.mark.parametrize("table", list(SAME_SITE))
+def test_what_a_table_misses_beyond_its_sites_reference_engine(table, capsys):
+    rows = beyond_site(table)
+    for run, error, beyond in rows:
+        print(f"{run.label}: error {error:+.1%}, beyond the site's {SAME_SITE[table]} rows {beyond:+.1%}")
+    beyond = [abs(left) for _, _, left in rows]
+    median, worst = statistics.median(beyond), max(beyond)
+    print(f"{table}: median |beyond| {median:.1%}, max {worst:.1%}")
+    assert set(SITE_BOUNDS) == set(SAME_SITE)
+    assert median <= SITE_BOUNDS[table][0] and worst <= SITE_BOUNDS[table][1]
 
 
 def test_weak_scaling_groups_hold_the_rows_that_differ_only_in_gpu_count(capsys):
