@@ -450,9 +450,10 @@ def weak_scaling_groups(runs: List[PublishedRun]) -> List[List[PublishedRun]]:
 
 
 # A table measured at the same site and on the same chips as another one whose engine the model matches elsewhere:
-# (table, its reference table). FlagPerf ran its DeepSpeed and its Megatron-core benchmarks on the same DGX A800 and
-# H100 / H800 nodes (each CSV's header); NVIDIA's own Megatron-core runs of the same Llama 3 models on H100
-# (dgxc_h100*.csv) are within a few percent of the model, FlagPerf's are not.
+# (table, its reference table). FlagPerf ran its DeepSpeed and its Megatron-core benchmarks on the same DGX A800 nodes
+# and on Hopper nodes (H100; one DeepSpeed row on H800, an H100's compute): each CSV's header. NVIDIA's own
+# Megatron-core runs of the same Llama 3 models on H100 (dgxc_h100*.csv) are within a few percent of the model,
+# FlagPerf's are not.
 SAME_SITE = {"flagperf_deepspeed": "flagperf_megatron"}
 
 
@@ -466,6 +467,9 @@ def beyond_site(table: str) -> List[Tuple[PublishedRun, float, float]]:
         reference[run.config.cluster.accelerator].append(prediction_error(run))
     rows = []
     for run in published_runs(table):
+        site = reference.get(run.config.cluster.accelerator)
+        if not site:
+            raise ValueError(f"{table}: {run.label}: {SAME_SITE[table]} has no row on {run.config.cluster.accelerator}")
         error = prediction_error(run)
-        rows.append((run, error, (1 + error) / (1 + statistics.median(reference[run.config.cluster.accelerator])) - 1))
+        rows.append((run, error, (1 + error) / (1 + statistics.median(site)) - 1))
     return rows
