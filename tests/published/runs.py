@@ -319,11 +319,16 @@ def flagperf_deepspeed_config(row: Row) -> RunConfig:
 _FLAGPERF_PEAK = {"a100_sxm": 312e12, "h100_sxm": 989e12}
 
 
+def _flagperf_nominal(row: Row, measured: float) -> float:
+    """The nominal parameter count a FlagPerf row's MFU column counts: MFU x peak / (6 x token/p/s)."""
+    return float(row["mfu"]) * _FLAGPERF_PEAK[row["accelerator"]] / measured / 6
+
+
 def _flagperf_deepspeed(row: Row) -> Tuple:
     label = (f"{row['model']} {row['chip']} gpus={row['gpus']} T={row['seq_len']} mb={row['micro_batch']} "
              f"ga={row['grad_accum']}")
     measured = float(row["tokens_per_s_per_gpu"])
-    nominal = float(row["mfu"]) * _FLAGPERF_PEAK[row["accelerator"]] / measured / 6
+    nominal = _flagperf_nominal(row, measured)
     return label, flagperf_deepspeed_config(row), measured, None, None, nominal
 
 
@@ -346,7 +351,7 @@ def flagperf_megatron_config(row: Row) -> RunConfig:
 def _flagperf_megatron(row: Row) -> Tuple:
     label = f"{row['model']} {row['chip']} gpus={row['gpus']} tp={row['tp']} pp={row['pp']}"
     measured = float(row["tokens_per_s_per_gpu"])
-    nominal = float(row["mfu"]) * _FLAGPERF_PEAK[row["accelerator"]] / measured / 6
+    nominal = _flagperf_nominal(row, measured)
     return label, flagperf_megatron_config(row), measured, None, None, nominal
 
 
