@@ -142,8 +142,12 @@ class HardwareProfile:
 #   NCCL: latencies of NCCL's tuning model (src/graph/tuning.cc, ncclTunerConstantsDefaults, as mirrored by
 #         torch/_inductor/comm_analysis.py): Ring/Simple base 8.4 us, per step NVLink 3.4 us, network 14 us.
 #   Bus bandwidth: nccl-tests all_reduce_perf on DGX H100 reaches ~480 GB/s busbw over NVLink 4 (NVIDIA DGX
-#         H100 user guide / NCCL release notes); torch comm_analysis uses 370 GB/s (Hopper) and 240 GB/s
-#         (Ampere) NVLink, 50 GB/s (NDR 400G) and 25 GB/s (HDR 200G) per GPU across nodes.
+#         H100 user guide / NCCL release notes); torch comm_analysis uses 370 GB/s (Hopper) NVLink, 50 GB/s
+#         (NDR 400G) and 25 GB/s (HDR 200G) per GPU across nodes. Ampere: 233 GB/s, the all-reduce bus bandwidth
+#         FlagPerf measured on one DGX A100 (A100 40GB SXM) at 4 GiB: 232.3 GB/s with ncclAllReduce and 233.9 GB/s
+#         with torch.distributed (FlagOpen/FlagPerf, base/toolkits/ and base/benchmarks/
+#         interconnect-MPI_intraserver/nvidia/A100/README.md: 464.65 / 467.87 GB/s, which their code doubles to
+#         count both directions); torch comm_analysis's 240 GB/s is 3% above both.
 #   Across nodes: NCCL's rings (and trees) open several channels whose node crossings fall on different
 #         accelerators, so every NIC of the node is busy at once: the bus bandwidth of a collective over g ranks
 #         per node is g x the per-NIC rate (stas00/ml-engineering, network/README.md, "Inter-node speed depends on
@@ -276,10 +280,10 @@ _NVIDIA_NCCL = dict(nic_per_accelerator=True, collective_base_latency_s=NCCL_SIM
                     host_op_latency_s=14.7 * US, rank_stall_share=RANK_STALL_SHARE)
 HARDWARE: Dict[str, HardwareProfile] = {
     "a100_sxm": HardwareProfile("a100_sxm", 0.869, _A100_FA2, _A100_FA2, 2039 * GB, 0.90, gpus_per_node=8,
-                                intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
+                                intra_node_bandwidth=233 * GB, inter_node_bandwidth=25 * GB,
                                 host_link_bandwidth=25 * GB, **_A100, **_NVIDIA_NCCL),
     "a100_sxm_40gb": HardwareProfile("a100_sxm_40gb", 0.869, _A100_FA2, _A100_FA2, 1555 * GB, 0.90, gpus_per_node=8,
-                                     intra_node_bandwidth=240 * GB, inter_node_bandwidth=25 * GB,
+                                     intra_node_bandwidth=233 * GB, inter_node_bandwidth=25 * GB,
                                      host_link_bandwidth=25 * GB, **_A100, **_NVIDIA_NCCL),
     "h100_sxm": HardwareProfile("h100_sxm", 0.803, _H100_FA2, _H100_FA2, 3350 * GB, 0.90, gpus_per_node=8,
                                 intra_node_bandwidth=370 * GB, inter_node_bandwidth=50 * GB,
