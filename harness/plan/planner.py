@@ -188,7 +188,7 @@ def clear_caches() -> None:
     from harness.plan import comm, compute_time, pipeline
 
     for memo in (activations.distinct_moments, comm.collective_time, comm.axis_group, compute_time.layer_time,
-                 compute_time.outside_time, pipeline.rank_layers, pipeline.rank_stages):
+                 compute_time.outside_time, pipeline.rank_layers, pipeline.rank_stages, states.stage_kinds):
         memo.cache_clear()
 
 

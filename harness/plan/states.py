@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
 from harness.plan.conventions import (DEEPSPEED_MAX_REUSE_DISTANCE, StateConvention, flat_shard_numel, partition_numel,
@@ -304,15 +305,14 @@ def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: in
     if hit is not None and hit[0] is spec:
         return hit[1]
     counts = stage_layer_counts(spec.num_layers, pp, v, layout.pp_stage_layers)
-    indices = stage_layer_indices(counts)
     result = []
     seen = set()  # the layers of each local stage, first, last: of the ranks kept (LATER_RANKS_HOLD_NO_MORE)
     for rank in candidate_ranks(pp, layout.pp_schedule, bool(layout.pp_stage_layers)):
         stages = rank_stages(layout.pp_schedule, pp, v, rank)
         layer_ids, first, last = rank_layers(counts, stages), 0 in stages, len(counts) - 1 in stages
         if layout.pp_schedule in LATER_RANKS_HOLD_NO_MORE:
-            alike = (tuple(tuple(sorted(Counter(spec.layer_pattern[i] for i in indices[s]).items())) for s in stages),
-                     first, last)
+            kinds = stage_kinds(spec.layer_pattern, tuple(counts))
+            alike = (tuple(kinds[s] for s in stages), first, last)
             if alike in seen:
                 continue  # an earlier rank with the same layers has the same states and holds as much in flight
             seen.add(alike)
@@ -323,6 +323,14 @@ def rank_states(spec: ModelSpec, layout: Any, engine_name: str, fsdp_version: in
         _RANK_STATES.clear()
     _RANK_STATES[key] = (spec, tuple(result))
     return tuple(result)
+
+
+@lru_cache(maxsize=4096)
+def stage_kinds(layer_pattern: Tuple[int, ...], counts: Tuple[int, ...]) -> Tuple[Tuple[Tuple[int, int], ...], ...]:
+    """Each stage's decoder layers as a multiset of layer kinds, (kind, how many) in kind order: two stages
+    with the same one hold the same states (memoised: a search meets the same split under many shardings)."""
+    return tuple(tuple(sorted(Counter(layer_pattern[i] for i in layers).items()))
+                 for layers in stage_layer_indices(counts))
 
 
 # Schedules under which a rank never holds more in flight than an earlier rank running the same layers: GPipe
