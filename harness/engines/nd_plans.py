@@ -279,13 +279,9 @@ def check(cfg: RunConfig) -> Tuple[List[str], List[str]]:
     if layout.precision == "fp16":
         errors.append("layout.precision=fp16: engine=nd trains bf16 or fp32 (fp16 needs a loss scaler)")
     errors += _data_parallel_problems(layout)
-    if layout.cp > 1:
-        if layout.pp > 1:
-            errors.append(f"layout.cp={layout.cp} with pp={layout.pp}: engine=nd runs context parallelism without "
-                          f"pipeline parallelism")
-        if layout.seq_len % (2 * layout.cp):
-            errors.append(f"layout.cp={layout.cp} needs seq_len={layout.seq_len} divisible by 2*cp={2 * layout.cp} "
-                          f"(load-balanced causal chunks)")
+    if layout.cp > 1 and layout.seq_len % (2 * layout.cp):
+        errors.append(f"layout.cp={layout.cp} needs seq_len={layout.seq_len} divisible by 2*cp={2 * layout.cp} "
+                      f"(load-balanced causal chunks)")
     errors += _tp_problems(spec, layout, cfg) + _pipeline_problems(spec, layout)
     if layout.tp == 1 and engine.sequence_parallel:
         warnings.append("engine.sequence_parallel has no effect with tp=1")

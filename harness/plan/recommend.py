@@ -55,7 +55,7 @@ def structures(spec: Any, world: int, gpus_per_node: int, engine: str) -> Iterat
         for cp in (_divisors(world // tp, 8) if support.cp else [1]):
             for pp in (_divisors(world // (tp * cp), min(64, spec.num_layers)) if support.pp_schedules else [1]):
                 dp = world // (tp * cp * pp)
-                if dp * tp * cp * pp != world:
+                if dp * tp * cp * pp != world or (cp > 1 and pp > 1 and not support.cp_with_pp):
                     continue
                 for schedule, chunks in (SCHEDULES if pp > 1 else (("1F1B", 1),)):
                     if pp > 1 and schedule not in support.pp_schedules:
@@ -143,13 +143,22 @@ def candidates(cfg: Any, global_batch: int, admit: Admit, pinned: Sequence[str] 
         for precision, compiled in tried:
             engine = replace(tensor_parallel_options(cfg.engine, fields["tp"], pinned), compile=compiled)
             structure = replace(cfg, layout=replace(cfg.layout, precision=precision, **fields), engine=engine)
-            yield from _batch_shapes(structure, dp, global_batch, admit)
+            yield from _batch_shapes(structure, dp, global_batch, admit,
+                                     searched_compile=compiled and not cfg.engine.compile)
 
 
-def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit) -> Iterator[Plan]:
+def _batch_shapes(cfg: Any, dp: int, global_batch: int, admit: Admit,
+                  searched_compile: bool = False) -> Iterator[Plan]:
+    """`searched_compile`: compile is a regime the search added (regimes), not the config's own. A checkpointing
+    mode that cannot compile (harness.plan.support.compile_problem, the rule validation applies) is then not
+    tried: the eager regime tries the same layouts, and a refusal for an option the user never set is noise."""
     before: Set[str] = set()  # the rules the previous mode's smallest micro-batch broke (before its time)
     first: Set[str] = set()  # the reasons this mode's smallest micro-batch was refused for, numbers and all
+    layout, engine = cfg.layout, cfg.engine
     for checkpointing in CHECKPOINTING_BY_MEMORY:
+        if searched_compile and compile_problem(engine.name, True, engine.fsdp_version, layout.pp,
+                                                layout.pp_schedule, layout.tp, checkpointing):
+            continue
         smallest = True  # the first micro-batch this mode tries
         for micro in MICRO_BATCHES:
             accum, rest = divmod(global_batch, dp * micro)

@@ -47,6 +47,8 @@ class EngineSupport:
     # Why engine.compile=true is refused ("" where the engine compiles), and the FSDP versions it compiles under.
     compile_reason: str = ""
     compile_fsdp_versions: Tuple[int, ...] = (1, 2)
+    # Whether context and pipeline parallelism compose (cp > 1 together with pp > 1).
+    cp_with_pp: bool = True
 
 
 # Why an engine cannot shard over part of the data ranks (dp_replicate > 1) at a sharded stage.
@@ -96,7 +98,10 @@ ENGINE_SUPPORT: Dict[str, EngineSupport] = {
         zero_stages=(0, 2, 3), zero_reason="FSDP2 has no optimizer-only sharding level",
         tp=True, cp=True, ep=False, pp_schedules=ALL_SCHEDULES, pp_zero_stages=(0, 2, 3),
         hybrid_zero_stages=(0, 2, 3), offload_optimizer={"cpu": (3,)}, offload_params={"cpu": (3,)},
-        offload_together=True, tp_shards_vocab=(True, True), activation_profile="hf", meta_init_stages=(0, 2, 3)),
+        offload_together=True, tp_shards_vocab=(True, True), activation_profile="hf", meta_init_stages=(0, 2, 3),
+        # its step runs ring attention around one whole model's forward and backward (nd_session,
+        # context_parallel_loss), not inside a pipeline schedule's stages
+        cp_with_pp=False),
     # Megatron-LM command line (export only): zero_stage 1 is --use-distributed-optimizer; 1F1B and
     # interleaved 1F1B (--num-layers-per-virtual-pipeline-stage); experts via --expert-model-parallel-size.
     "megatron_lm": EngineSupport(

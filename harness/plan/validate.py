@@ -193,6 +193,9 @@ def check_engine(engine: str, unmet_options: Tuple[Tuple[str, Any], ...], zero: 
         elif value > 1 and accelerator == "cpu" and degree in support.gpu_only_axes:
             errors.append(f"engine={engine} runs {degree}={value} on GPU only, not accelerator={accelerator} "
                           f"({support.gpu_only_reason})")
+    if cp > 1 and pp > 1 and not support.cp_with_pp:
+        errors.append(f"layout.cp={cp} with pp={pp}: engine={engine} runs context parallelism without pipeline "
+                      "parallelism")
     if pp > 1 and not support.pp_schedules:
         errors.append(f"engine={engine} does not support pp={pp}")
     elif pp > 1:

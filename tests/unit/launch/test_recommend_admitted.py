@@ -52,7 +52,7 @@ def test_every_recommended_layout_is_admitted_and_renders(tmp_path_factory, mode
 
 
 def test_nd_is_never_offered_context_with_pipeline_parallelism():
-    # engine=nd runs context parallelism without pipeline parallelism (harness.engines.nd_plans.check): the
+    # engine=nd runs context parallelism without pipeline parallelism (harness.plan.support, cp_with_pp): the
     # recommender used to rank cp x pp layouts of Llama-3.1-70B on 64 H100 that plan and sweep then refused
     overrides, launcher = recommend_overrides(["model=llama3_1_70b", "cluster=h100_8x8", "engine=nd",
                                                "layout.seq_len=4096"])

@@ -39,7 +39,7 @@ def test_nothing_admitted_prints_the_reasons_by_count_and_the_closest_layout(tmp
     head = re.match(r"harness recommend: no layout fits: ([\d,]+) candidate layouts refused; the most common "
                     r"reasons:$", err[0])
     assert head, err
-    counts = [int(re.match(r"  ([\d,]+)x \S", line).group(1).replace(",", "")) for line in err[1:4]]
+    counts = [int(re.match(r"  ([\d,]+)x(, the only reason:)? \S", line).group(1).replace(",", "")) for line in err[1:4]]
     assert counts == sorted(counts, reverse=True) and counts[0] <= int(head.group(1).replace(",", ""))
     # ZeRO 0-2 build the whole 405B on each of 8 ranks: 12 TiB of fp32 on a 2 TiB host
     assert any("the host runs out of memory first" in line for line in err[1:4])
@@ -108,3 +108,15 @@ def test_a_layout_the_planner_refuses_is_also_refused_for_the_model_family():
     assert not verdict.plan.valid
     assert any("engine.compile=true with tp=2" in e for e in verdict.errors), verdict.errors
     assert sum("engine=nd runs llama" in e for e in verdict.errors) == 1, verdict.errors
+
+
+def test_a_compile_the_search_adds_leaves_no_refusal_for_it_and_a_compile_the_user_sets_does(capsys):
+    # nd cannot compile tp > 1 blocks under full recomputation nor zero-bubble stages (compile_problem): the search
+    # skips those modes of the compiled regime it adds, whose eager twins it tries anyway; asked for, it says why
+    args = ["--no-write", "--global-batch", "512", "model=llama3_1_70b", "cluster=gpu_h100_1x8", "engine=nd"]
+    assert recommend_main(args) != 0
+    searched = capsys.readouterr().err
+    assert "no layout fits" in searched and "engine.compile=true" not in searched, searched
+    assert recommend_main([*args, "engine.compile=true"]) != 0
+    asked = capsys.readouterr().err
+    assert "engine.compile=true with tp=2 and layout.activation_checkpointing=full" in asked, asked

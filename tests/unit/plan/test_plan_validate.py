@@ -155,6 +155,17 @@ def test_nd_compile_with_tensor_parallelism_and_full_recomputation_is_refused():
     assert errors_of(**{**tp2, "tp": 1, "dp_shard": 2}) == []
 
 
+def test_nd_context_parallelism_with_a_pipeline_is_refused_as_the_support_table_says_and_megatron_runs_it():
+    # nd runs ring attention around one whole model's forward and backward, never inside pipeline stages; the
+    # planner refuses it before sizing memory, and the recommender never generates it (structures)
+    both = dict(cp=2, pp=2, dp_shard=2, zero_stage=0, grad_accum=4, seq_len=64,
+                hf_config=dict(REAL_SHAPES["tiny_llama"], num_hidden_layers=4), cluster=H100)
+    assert "layout.cp=2 with pp=2: engine=nd runs context parallelism without pipeline parallelism" in errors_of(
+        engine=dict(name="nd"), **both)
+    assert errors_of(engine=dict(name="nd"), **{**both, "pp": 1, "dp_shard": 4}) == []
+    assert errors_of(engine=dict(name="megatron_lm"), **{**both, "zero_stage": 1}) == []
+
+
 @pytest.mark.parametrize("axis", ["tp", "cp"])
 def test_fsdp_runs_tensor_and_context_parallelism_on_gpu_only(axis):
     layout = dict(engine=dict(name="fsdp"), zero_stage=3, seq_len=64, **{axis: 2})
