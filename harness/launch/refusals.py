@@ -46,20 +46,20 @@ class Refusals:
         if over_device_only and (self.closest is None or plan.margin_bytes > self.closest.margin_bytes):
             self.closest = plan
 
-    def _alone_mark(self, rule: str, count: int) -> str:
-        """', the only reason:' where every candidate this rule refused had no other reason."""
-        return ", the only reason:" if self.alone[rule] == count else ""
+    def _line(self, rule: str, count: int) -> str:
+        """`count` refusals by `rule`, marked ', the only reason:' where each of those candidates had no other."""
+        alone = ", the only reason:" if self.alone[rule] == count else ""
+        return f"  {count:,}x{alone} {self.examples[rule]}"
 
     def summary(self, label: Any, shown: int = 3) -> List[str]:
         """Lines for the user: how many were refused, the `shown` most common reasons with their counts and an
         example, and the closest to fitting (`label` names a plan's layout)."""
         lines = [f"{self.candidates:,} candidate layouts refused; the most common reasons:"]
         common = self.counts.most_common(shown)
-        lines += [f"  {count:,}x{self._alone_mark(rule, count)} {self.examples[rule]}" for rule, count in common]
+        lines += [self._line(rule, count) for rule, count in common]
         # a rule that alone refused candidates every other rule admits, however rare, is the one to lift
         listed = {rule for rule, _ in common}
-        lines += [f"  {count:,}x, the only reason: {self.examples[rule]}" for rule, count in self.alone.most_common()
-                  if rule not in listed][:shown]
+        lines += [self._line(rule, count) for rule, count in self.alone.most_common() if rule not in listed][:shown]
         if self.closest is not None:
             plan = self.closest
             lines.append(f"  closest to fitting: {label(plan)} needs {format_bytes(plan.memory.total_bytes)} per "
