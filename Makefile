@@ -102,6 +102,7 @@ bench: setup ## overhead and planning benchmarks
 	$(PY) tests/bench/bench_time_model.py
 	$(PY) tests/bench/bench_published.py
 	$(PY) tools/a100_cross_check.py
+	$(PY) tools/gemm_public_check.py
 	$(PY) tests/bench/bench_overhead.py
 	$(PY) tests/bench/bench_verdicts.py --times 3
 	$(PY) tests/unit/report/bench_build_report.py 100
