@@ -40,8 +40,8 @@ table (tests/data/flagperf_megatron_bf16.csv).
 Usage: .venv/bin/python tools/a100_cross_check.py (part of `make bench`)
 """
 
-from harness.config.schema import (BenchConfig, ClusterConfig, LauncherConfig, LayoutConfig, ModelConfig, RunConfig,
-                                   engine_config)
+from harness.config.schema import (DEFAULT_ATTENTION_KERNEL, BenchConfig, ClusterConfig, LauncherConfig, LayoutConfig,
+                                   ModelConfig, RunConfig, engine_config)
 from harness.plan.planner import make_plan
 
 # (model, hidden, heads, layers, gpus, tp, pp, recompute, micro-batch, GBS, measured tokens/s of the job)
@@ -67,6 +67,14 @@ FLASH = [("gpt3-125m", 768, 12, 12, 8, 1, 1, "none", 32, 256, 1310e3),
          ("gpt3-2.7b", 2560, 20, 32, 8, 1, 1, "none", 4, 512, 85e3)]
 
 
+def a100_nodes(gpus: int, kernel=DEFAULT_ATTENTION_KERNEL):
+    """(cluster, launcher) of a run over whole nodes of 8 A100 80GB (fewer GPUs: one node), under Slurm past one."""
+    cluster = ClusterConfig(name="a100_sxm", nodes=max(1, gpus // 8), accelerators_per_node=min(8, gpus),
+                            accelerator="a100_sxm", host_memory_gib=2048, attention_kernel=kernel)
+    launcher = LauncherConfig(backend="slurm", exclusive=True, time_limit="02:00:00") if gpus > 8 else LauncherConfig()
+    return cluster, launcher
+
+
 def config(row, engine: str, kernel: str, vocab: int, sequence_parallel: bool = True) -> RunConfig:
     name, hidden, heads, layers, gpus, tp, pp, recompute, micro, gbs, _ = row
     hf = dict(model_type="gpt2", n_embd=hidden, n_head=heads, n_layer=layers, n_positions=2048, vocab_size=vocab,
@@ -76,9 +84,7 @@ def config(row, engine: str, kernel: str, vocab: int, sequence_parallel: bool = 
     layout = LayoutConfig(name=None, dp_shard=dp, tp=tp, pp=pp, zero_stage=1 if engine == "megatron_lm" else 2,
                           micro_batch=micro, grad_accum=gbs // (micro * dp), seq_len=2048,
                           activation_checkpointing=recompute, precision="bf16")
-    cluster = ClusterConfig(name="a100_sxm", nodes=max(1, gpus // 8), accelerators_per_node=min(8, gpus),
-                            accelerator="a100_sxm", host_memory_gib=2048, attention_kernel=kernel)
-    launcher = LauncherConfig(backend="slurm", exclusive=True, time_limit="02:00:00") if gpus > 8 else LauncherConfig()
+    cluster, launcher = a100_nodes(gpus, kernel)
     eng = (engine_config("megatron_lm", sequence_parallel=sequence_parallel and tp > 1) if engine == "megatron_lm"
            else engine_config("fsdp", fsdp_version=2))
     return RunConfig(model=ModelConfig(name=name, hf_config=hf), engine=eng, layout=layout, cluster=cluster,
@@ -93,9 +99,7 @@ def zero3_config(row) -> RunConfig:
               tie_word_embeddings=False, attn_implementation="sdpa", **LLAMA2[name])
     layout = LayoutConfig(name=None, dp_shard=gpus, zero_stage=3, micro_batch=micro, grad_accum=1, seq_len=seq_len,
                           activation_checkpointing="full", precision="bf16")
-    cluster = ClusterConfig(name="a100_sxm", nodes=max(1, gpus // 8), accelerators_per_node=min(8, gpus),
-                            accelerator="a100_sxm", host_memory_gib=2048)
-    launcher = LauncherConfig(backend="slurm", exclusive=True, time_limit="02:00:00") if gpus > 8 else LauncherConfig()
+    cluster, launcher = a100_nodes(gpus)
     eng = engine_config("deepspeed", compiled_ops=True) if engine == "deepspeed" else engine_config("fsdp")
     return RunConfig(model=ModelConfig(name=name, hf_config=hf), engine=eng, layout=layout, cluster=cluster,
                      launcher=launcher, bench=BenchConfig())
